@@ -1,0 +1,278 @@
+"""Throughput of one reward worker: our managers versus verl's own ``rate_limited``, same run.
+
+What one ``RewardLoopWorker`` does with a batch is ``asyncio.gather`` over ``run_single`` of every
+sample; this script does exactly that in-process for each manager, against the local server over
+real loopback HTTP, and reports samples/s, the ratio to verl's ``rate_limited`` measured in the same
+run, and our overhead per sample.
+
+Scenarios:
+1. ``overhead``: an async user function with no I/O. Pure manager overhead: verl ``rate_limited``
+   vs ``async_rate_limited``.
+2. ``judge``: a zero-latency local judge over HTTP. verl ``rate_limited`` running a user function
+   that calls the judge with aiohttp (as a user would write it) vs our ``llm_judge``.
+3. ``capacity``: judge latency 100 ms, server capacity 64: 1024 samples vs the ideal 1024*0.1/64 s.
+
+Run: ``python benchmarks/manager_throughput.py [--samples 2048] [--json bench_out/manager_throughput.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf, open_dict
+
+USER_FUNCTIONS = '''
+import aiohttp
+
+_sessions = {}
+
+async def exact_match(data_source, solution_str, ground_truth, extra_info=None):
+    return float(str(ground_truth) in solution_str)
+
+async def judge_over_http(data_source, solution_str, ground_truth, extra_info=None, judge_url=None):
+    """What a user of verl's rate_limited writes to call an LLM judge: one shared session."""
+    import asyncio
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(loop)
+    if session is None:
+        session = _sessions[loop] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    body = {"model": "judge", "messages": [{"role": "user", "content":
+            f"<reference>{ground_truth}</reference><response>{solution_str}</response> Verdict as [[n]]"}]}
+    async with session.post(judge_url, json=body) as resp:
+        reply = await resp.json()
+    text = reply["choices"][0]["message"]["content"]
+    return float(text.rsplit("[[", 1)[1].split("]]", 1)[0]) / 10
+'''
+
+
+def compose_config(tokenizer_dir: Path) -> Any:
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[f"actor_rollout_ref.model.path={tokenizer_dir}"])
+
+
+def make_config(
+    base: Any,
+    manager: str,
+    *,
+    async_reward: dict | None = None,
+    reward: dict | None = None,
+    function: tuple[str, str] | None = None,
+    reward_kwargs: dict | None = None,
+) -> Any:
+    config = OmegaConf.create(OmegaConf.to_container(base, resolve=False))
+    with open_dict(config):
+        config.reward.reward_manager.name = manager
+        config.reward.num_workers = 1
+        config.reward.async_reward = async_reward or {}
+        for key, value in (reward or {}).items():
+            config.reward[key] = value
+        if function is not None:
+            config.reward.custom_reward_function.path, config.reward.custom_reward_function.name = function
+            config.reward.custom_reward_function.reward_kwargs = reward_kwargs or {}
+    return config
+
+
+def make_batch(tokenizer: Any, n: int) -> Any:
+    from verl import DataProto
+
+    prompt_len, response_len = 32, 32
+    pad = tokenizer.pad_token_id
+    prompts, responses, masks, truths = [], [], [], []
+    for i in range(n):
+        p = tokenizer.encode(f"What is {i} + 1?")[-prompt_len:]
+        answer = i + 1 if i % 2 == 0 else i + 2
+        r = tokenizer.encode(f"The answer is {answer}")[:response_len]
+        prompts.append([pad] * (prompt_len - len(p)) + p)
+        responses.append(r + [pad] * (response_len - len(r)))
+        masks.append([0] * (prompt_len - len(p)) + [1] * (len(p) + len(r)) + [0] * (response_len - len(r)))
+        truths.append({"ground_truth": str(i + 1)})
+    prompts_t, responses_t = torch.tensor(prompts), torch.tensor(responses)
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts_t,
+            "responses": responses_t,
+            "attention_mask": torch.tensor(masks),
+            "input_ids": torch.cat([prompts_t, responses_t], dim=1),
+        },
+        non_tensors={
+            "data_source": np.array(["bench"] * n, dtype=object),
+            "reward_model": np.array(truths, dtype=object),
+            "uid": np.array([str(i) for i in range(n)], dtype=object),
+        },
+    )
+
+
+async def run_worker(manager: Any, batch: Any) -> tuple[float, list[dict]]:
+    """What verl's RewardLoopWorker.compute_score_batch does, timed."""
+    items = [batch[i : i + 1] for i in range(len(batch))]
+    start = time.perf_counter()
+    outputs = await asyncio.gather(*(manager.run_single(item) for item in items))
+    return time.perf_counter() - start, outputs
+
+
+async def _close_user_sessions(manager: Any) -> None:
+    """The baseline's user function keeps one aiohttp session per loop; close it as its owner would."""
+    fn = getattr(manager, "compute_score", None)
+    raw = fn.args[0] if isinstance(fn, functools.partial) and fn.args else None
+    for session in getattr(raw, "__globals__", {}).get("_sessions", {}).values():
+        await session.close()
+
+
+def build_manager(config: Any, tokenizer: Any) -> Any:
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    return load_reward_manager(config, tokenizer)
+
+
+async def measure(config: Any, tokenizer: Any, batch: Any, repeats: int) -> dict[str, float]:
+    manager = build_manager(config, tokenizer)
+    await run_worker(manager, batch[: min(64, len(batch))])  # warm-up: sessions, thread pools
+    times = []
+    outputs: list[dict] = []
+    for _ in range(repeats):
+        elapsed, outputs = await run_worker(manager, batch)
+        times.append(elapsed)
+    await _close_user_sessions(manager)
+    best = statistics.median(times)
+    scores = [float(o["reward_score"]) for o in outputs]
+    return {
+        "seconds": best,
+        "samples_per_s": len(batch) / best,
+        "ms_per_sample": 1000 * best / len(batch),
+        "mean_score": float(np.mean(scores)),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    # verl's rate_limited keeps its limiter in class state, created on first use: reset per scenario.
+    from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
+
+    import async_reward  # noqa: F401  (registers our managers)
+    from async_reward.server_process import ServerProcess
+    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+
+    workdir = Path(tempfile.mkdtemp(prefix="async-reward-bench-"))
+    tokenizer = build_tiny_tokenizer(workdir / "tokenizer")
+    functions = workdir / "user_functions.py"
+    functions.write_text(USER_FUNCTIONS)
+    base = compose_config(workdir / "tokenizer")
+    batch = make_batch(tokenizer, args.samples)
+    concurrency = args.concurrency
+    results: dict[str, Any] = {"samples": args.samples, "concurrency": concurrency}
+
+    verl_limits = {"max_concurrent": concurrency, "timeout": 60.0}
+    ours_limits = {"limits": {"max_concurrency": concurrency}}
+
+    with ServerProcess("--seed", "0") as server:
+        scenarios = {
+            "overhead": {
+                "verl_rate_limited": make_config(
+                    base, "rate_limited", reward=verl_limits, function=(str(functions), "exact_match")
+                ),
+                "async_rate_limited": make_config(
+                    base,
+                    "async_rate_limited",
+                    async_reward=ours_limits,
+                    function=(str(functions), "exact_match"),
+                ),
+            },
+            "judge": {
+                "verl_rate_limited": make_config(
+                    base,
+                    "rate_limited",
+                    reward=verl_limits,
+                    function=(str(functions), "judge_over_http"),
+                    reward_kwargs={"judge_url": server.url + "/v1/chat/completions"},
+                ),
+                "llm_judge": make_config(
+                    base, "llm_judge", async_reward={**ours_limits, "judge": {"base_url": server.url + "/v1"}}
+                ),
+            },
+        }
+        for scenario, configs in scenarios.items():
+            results[scenario] = {}
+            for name, config in configs.items():
+                RateLimitedRewardManager._class_initialized = False
+                results[scenario][name] = await measure(config, tokenizer, batch, args.repeats)
+            ours = next(k for k in configs if k != "verl_rate_limited")
+            results[scenario]["ratio_vs_verl"] = (
+                results[scenario][ours]["samples_per_s"]
+                / results[scenario]["verl_rate_limited"]["samples_per_s"]
+            )
+
+        # Capacity-bound run: 100 ms per call, 64 concurrent on the server.
+        server.update_config(latency_ms=[100.0, 100.0], capacity=64, overflow="queue")
+        server.reset()
+        config = make_config(
+            base,
+            "llm_judge",
+            async_reward={"limits": {"max_concurrency": 64}, "judge": {"base_url": server.url + "/v1"}},
+        )
+        capacity_batch = make_batch(tokenizer, 1024)
+        manager = build_manager(config, tokenizer)
+        elapsed, outputs = await run_worker(manager, capacity_batch)
+        ideal = 1024 * 0.1 / 64
+        results["capacity"] = {
+            "seconds": elapsed,
+            "ideal_s": ideal,
+            "ratio_to_ideal": elapsed / ideal,
+            "server_max_in_flight": server.stats()["max_in_flight"],
+            "statuses": sorted({o["reward_extra_info"]["status"] for o in outputs}),
+        }
+        from async_reward.http import close_sessions
+
+        await close_sessions()
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"\nOne reward worker, {results['samples']} samples, concurrency {results['concurrency']}")
+    print(f"{'scenario':<10} {'manager':<20} {'samples/s':>10} {'ms/sample':>10} {'mean score':>10}")
+    for scenario in ("overhead", "judge"):
+        for name, row in results[scenario].items():
+            if isinstance(row, dict):
+                print(
+                    f"{scenario:<10} {name:<20} {row['samples_per_s']:>10.0f} {row['ms_per_sample']:>10.3f}"
+                    f" {row['mean_score']:>10.2f}"
+                )
+        print(f"{scenario:<10} {'ratio ours / verl':<20} {results[scenario]['ratio_vs_verl']:>10.2f}")
+    cap = results["capacity"]
+    print(
+        f"\ncapacity: 1024 samples, 100 ms, 64 concurrent: {cap['seconds']:.2f} s"
+        f" vs ideal {cap['ideal_s']:.2f} s"
+        f" = {cap['ratio_to_ideal']:.3f}x (server max in flight {cap['server_max_in_flight']})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2048, help="samples per measured batch")
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrency cap of every manager")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per manager (median reported)")
+    parser.add_argument("--json", type=Path, default=Path("bench_out/manager_throughput.json"))
+    args = parser.parse_args(argv)
+    results = asyncio.run(main_async(args))
+    print_table(results)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print(f"\nraw numbers: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

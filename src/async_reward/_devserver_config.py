@@ -1,0 +1,141 @@
+"""Configuration and counters of the dev server (see ``async_reward.devserver``).
+
+Separate from the HTTP handlers so the CLI can build and validate a config without the app, and so
+each module stays one concept.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from async_reward._devserver_judge import VerdictFormat
+
+__all__ = ["FAULT_KINDS", "RUNTIME_CONFIG_KEYS", "DevServerConfig", "ServerStats", "coerce_runtime_value"]
+
+FAULT_KINDS: tuple[str, ...] = ("429", "500", "503", "hang", "malformed", "drop", "400")
+"""Fault kinds understood by ``fault_rates`` and by ``@@fault:KIND@@`` markers."""
+RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
+    "latency_ms",
+    "capacity",
+    "overflow",
+    "retry_after_s",
+    "fault_rates",
+    "verdict_format",
+    "think",
+    "echo_response",
+    "api_key",
+)
+"""Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
+_VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
+_REQUEST_TIMES_KEPT = 100_000
+
+
+@dataclass
+class DevServerConfig:
+    """How the dev server behaves. All fields but ``seed`` can change at runtime (``RUNTIME_CONFIG_KEYS``)."""
+
+    latency_ms: tuple[float, float] = (0.0, 0.0)
+    """Each service request sleeps uniform(lo, hi) ms while holding its capacity slot (a slow service)."""
+    capacity: int | None = None
+    """Most service requests served at once (latency + answering). None: unlimited."""
+    overflow: Literal["queue", "reject"] = "queue"
+    """Over capacity: ``queue`` waits FIFO for a slot (latency starts once it is held), ``reject``
+    answers 429 at once with a ``Retry-After`` of ``retry_after_s``."""
+    retry_after_s: float = 1.0
+    """Retry-After sent with every 429: whole seconds (rounded up) in ``Retry-After``, exact in
+    ``retry-after-ms`` (the OpenAI header), so fast tests can use sub-second values."""
+    fault_rates: dict[str, float] = field(default_factory=dict)
+    """Probability per service request of each fault kind (see ``FAULT_KINDS``); the sum must be <= 1."""
+    seed: int | None = 0
+    """Seed of the one RNG drawing faults and latency, so a run is reproducible. None: unseeded."""
+    api_key: str | None = field(default=None, repr=False)
+    """When set, service and admin requests need ``Authorization: Bearer <api_key>`` (else 401).
+    Kept out of ``repr`` so it cannot leak into logs."""
+    verdict_format: VerdictFormat = "brackets"
+    """How the judge states its verdict: ``Rating: [[7]]``, ``\\boxed{7}``, ``Score: 7`` or
+    ``{"score": 7, "reason": ...}``."""
+    think: bool = False
+    """Prefix replies with a ``<think>`` block holding a decoy verdict, to test parsers skip it."""
+    echo_response: bool = False
+    """Quote the policy response before the verdict, to test parsers take the final verdict only."""
+
+    def validate(self) -> None:
+        """Raise ValueError on a bad value; called on start-up and on every runtime change."""
+        lo, hi = self.latency_ms
+        if not 0 <= lo <= hi:
+            raise ValueError(f"latency_ms must be (lo, hi) with 0 <= lo <= hi, got {self.latency_ms}")
+        capacity = self.capacity
+        if capacity is not None and (type(capacity) is not int or capacity < 1):  # bool is not a capacity
+            raise ValueError(f"capacity must be an integer >= 1 or None, got {self.capacity!r}")
+        if self.overflow not in ("queue", "reject"):
+            raise ValueError(f"overflow must be 'queue' or 'reject', got {self.overflow!r}")
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+        unknown = sorted(set(self.fault_rates) - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; valid kinds: {list(FAULT_KINDS)}")
+        rates = self.fault_rates.values()
+        if any(not 0 <= rate <= 1 for rate in rates) or sum(rates) > 1:
+            raise ValueError(f"fault rates must be in [0, 1] and sum to <= 1, got {self.fault_rates}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("api_key must be a non-empty string or None")
+        if self.verdict_format not in _VERDICT_FORMATS:
+            raise ValueError(f"verdict_format must be one of {list(_VERDICT_FORMATS)}")
+
+
+def coerce_runtime_value(key: str, value: Any) -> Any:
+    """Turn a JSON value into the field's type, or raise ValueError (types from JSON are not trusted)."""
+    if key == "latency_ms":
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ValueError("latency_ms must be [lo, hi]")
+        return (float(value[0]), float(value[1]))
+    if key == "capacity":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError("capacity must be an integer or null")
+        return value
+    if key == "retry_after_s":
+        return float(value)
+    if key == "fault_rates":
+        if not isinstance(value, dict):
+            raise ValueError("fault_rates must be an object of kind -> rate")
+        return {str(kind): float(rate) for kind, rate in value.items()}
+    if key in ("think", "echo_response") and not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false")
+    return value
+
+
+class ServerStats:
+    """Counters behind ``/admin/stats``. Touched only from the server's event loop, so no lock."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0  # holding a capacity slot: what tests compare with ``capacity``
+        self.in_flight_total = 0  # every service request inside the server: queued, served, hanging
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the counters; requests still inside keep counting, so the maxima restart from them."""
+        self.requests_by_path: Counter[str] = Counter()
+        self.responses_by_status: Counter[str] = Counter()
+        self.faults_injected: Counter[str] = Counter()
+        self.request_times: deque[float] = deque(maxlen=_REQUEST_TIMES_KEPT)
+        self.overflow_rejected = 0
+        self.tokens_total = 0
+        self.max_in_flight = self.in_flight
+        self.max_in_flight_total = self.in_flight_total
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests_total": sum(self.requests_by_path.values()),
+            "requests_by_path": dict(self.requests_by_path),
+            "responses_by_status": dict(self.responses_by_status),
+            "faults_injected": dict(self.faults_injected),
+            "overflow_rejected": self.overflow_rejected,
+            "in_flight": self.in_flight,
+            "in_flight_total": self.in_flight_total,
+            "max_in_flight": self.max_in_flight,
+            "max_in_flight_total": self.max_in_flight_total,
+            "request_times": list(self.request_times),
+            "tokens_total": self.tokens_total,
+        }

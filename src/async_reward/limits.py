@@ -1,0 +1,226 @@
+"""Admission for outbound calls: a concurrency slot, then a request budget, then a token budget.
+
+The configured RPM / TPM are budgets of the whole job. verl starts ``reward.num_workers`` reward
+processes and its own ``rate_limited`` manager gives each of them the full budget, so the job sends
+up to ``num_workers`` times what was configured. Here each process takes ``budget / worker_count``.
+The split is static on purpose: verl hands every worker an equal chunk of the batch, so equal shares
+match the load, and a shared bucket in a Ray actor would add a round trip to every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiolimiter import AsyncLimiter
+
+from .config import ConfigError, LimitsConfig
+
+__all__ = ["Admission", "TokenReservation", "strict_minute_limiter"]
+
+_WINDOW_S = 60.0
+_ROUNDING_MARGIN = 0.1
+"""Part of one unit kept unused so float rounding in aiolimiter's leak can never admit an extra unit."""
+_MAX_TOKEN_BURST_SHARE = 0.05
+"""Largest token bucket as a share of the per-worker minute budget; sustained rate is the rest (>= 95 %)."""
+
+
+def strict_minute_limiter(budget: float, capacity: int) -> AsyncLimiter:
+    """An ``AsyncLimiter`` that admits at most ``floor(budget)`` whole units in ANY 60-second window.
+
+    ``capacity`` is the bucket size: the burst admitted at once, and the largest single ``acquire``.
+    Raises ValueError if ``budget < 1`` or ``capacity`` is not in ``[1, floor(budget)]``.
+    """
+    whole = math.floor(budget)
+    if whole < 1:
+        raise ValueError(f"a budget of {budget} per minute is less than one unit")
+    if not 1 <= capacity <= whole:
+        raise ValueError(f"bucket capacity must be in [1, {whole}], got {capacity}")
+    # A leaky bucket of capacity C leaking r units/s admits `amount` when level + amount <= C. Over any
+    # window [t, t + 60] the units admitted are (level after the last admission) - (level before the
+    # first) + (what leaked in between) <= C - 0 + 60 r. AsyncLimiter(budget, 60) has C = budget and
+    # r = budget / 60, so a fresh bucket admits a full burst and keeps leaking: up to 2 x budget in the
+    # first minute. We need C + 60 r <= budget instead. Amounts are whole numbers, so "at most budget"
+    # means "at most B = floor(budget)", and C + 60 r < B + 1 already guarantees it; we take
+    # C + 60 r = B + 1 - 0.1. So 60 r = B + 0.9 - C units a minute are sustained: >= 95 % of B when
+    # C <= 0.05 B + 0.9. No strict limiter sustains more than B a minute (back-to-back windows each
+    # hold at most B). aiolimiter is parameterised as (max_rate=C, time_period=C / r).
+    per_minute = whole + 1 - _ROUNDING_MARGIN - capacity
+    return AsyncLimiter(capacity, time_period=_WINDOW_S * capacity / per_minute)
+
+
+class TokenReservation:
+    """Tokens charged for one admitted call; ``settle`` corrects the charge once usage is known."""
+
+    __slots__ = ("_admission", "charged", "estimated")
+
+    def __init__(self, admission: Admission, estimated: int) -> None:
+        self._admission = admission
+        self.estimated = estimated
+        """Tokens charged before the call."""
+        self.charged = estimated
+        """Tokens charged so far, the estimate plus any correction."""
+
+    def settle(self, actual_tokens: int | None) -> None:
+        """Record the usage the response reported (None: unknown, keep the estimate).
+
+        Usage above the charge becomes debt that the next admission pays before its own tokens, so
+        the caller that learnt it is not blocked, and the budget still sees every token. Usage below
+        the charge is not refunded: aiolimiter has no way to put capacity back, and erring towards
+        fewer calls is the safe side of a paid API's limit. Settling twice charges only the increase.
+        """
+        if actual_tokens is None or actual_tokens <= self.charged:
+            return
+        self._admission._add_token_debt(actual_tokens - self.charged)
+        self.charged = actual_tokens
+
+
+class Admission:
+    """Admission for outbound calls: concurrency slot, then request budget, then token budget.
+
+    One instance per reward worker process and event loop (aiolimiter binds to the loop it first
+    runs on). ``worker_count`` is the number of processes sharing the job-wide RPM / TPM;
+    ``request_budget`` and ``token_budget`` are this process's shares per minute (None: unlimited).
+
+    The token guarantee is on tokens charged. A call up to the token bucket's size is charged when
+    admitted, as the provider counts it; a larger one is charged piece by piece while it waits, so
+    the provider may see a window exceed the share by the pre-charged part of such calls straddling
+    its start. Usage above an estimate is charged after the call (see ``TokenReservation.settle``).
+    """
+
+    __slots__ = (
+        "_in_flight",
+        "_limits",
+        "_max_in_flight",
+        "_requests",
+        "_slots",
+        "_token_chunk",
+        "_token_debt",
+        "_token_whole",
+        "_tokens",
+        "_waiting",
+        "request_budget",
+        "token_budget",
+    )
+
+    def __init__(self, limits: LimitsConfig, worker_count: int = 1) -> None:
+        if worker_count < 1:
+            raise ValueError(f"worker_count must be >= 1, got {worker_count}")
+        limits.validate(worker_count)
+        self._limits = limits
+        self._slots = asyncio.Semaphore(limits.max_concurrency)
+        self._in_flight = self._max_in_flight = self._waiting = 0
+        self._token_debt = 0
+
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        self.request_budget = None if rpm is None else rpm / worker_count
+        self.token_budget = None if tpm is None else tpm / worker_count
+        # Capacity 1 paces requests evenly (one every 60 / (B - 0.1) s) instead of in bursts: several
+        # providers enforce a per-minute limit over shorter sub-windows, and steady pacing meets both.
+        self._requests = (
+            None if self.request_budget is None else strict_minute_limiter(self.request_budget, 1)
+        )
+        self._tokens: AsyncLimiter | None = None
+        self._token_whole = self._token_chunk = 0
+        if self.token_budget is not None:
+            self._token_whole = math.floor(self.token_budget)
+            if self._token_whole < 1:
+                raise ConfigError(
+                    f"tokens_per_minute={tpm} split over {worker_count} workers leaves less than one "
+                    "token each"
+                )
+            if limits.estimated_tokens_per_request > self._token_whole:
+                raise ConfigError(
+                    f"limits.estimated_tokens_per_request={limits.estimated_tokens_per_request} exceeds "
+                    f"this worker's share of tokens_per_minute ({tpm} / {worker_count} workers); "
+                    "no request could ever be admitted"
+                )
+            # A typical request is charged in one piece, as the provider counts it; the bucket stays
+            # under 5 % of the share so >= 95 % of it is sustained. Larger charges go in pieces.
+            burst_cap = max(1, math.floor(_MAX_TOKEN_BURST_SHARE * self._token_whole))
+            self._token_chunk = max(1, min(limits.estimated_tokens_per_request, burst_cap))
+            self._tokens = strict_minute_limiter(self.token_budget, self._token_chunk)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls admitted and not yet finished."""
+        return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most calls ever in flight at once (a check that max_concurrency holds)."""
+        return self._max_in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Calls queued for a slot or for budget (queue depth)."""
+        return self._waiting
+
+    @asynccontextmanager
+    async def admit(self, estimated_tokens: int | None = None) -> AsyncIterator[TokenReservation]:
+        """Wait for a slot, one request and ``estimated_tokens`` tokens, then run the body.
+
+        The slot is taken first and held while waiting for the budgets: it caps the sockets, keeps the
+        semaphore's first-come order (aiolimiter wakes smaller amounts first, which would let small
+        calls overtake large ones), and bounds how many tasks wait inside the limiters. Nothing is
+        lost by it: when a budget is the bottleneck, slots are not. The per-call timeout should start
+        inside the body, so it measures the service and not this queue.
+
+        ``estimated_tokens`` defaults to ``limits.estimated_tokens_per_request``. Raises ValueError at
+        once, rather than waiting, if it exceeds this worker's whole minute token budget.
+        The slot is released on exit, exception and cancellation; a task cancelled while waiting
+        releases nothing. Budget already charged is not refunded.
+        """
+        tokens = self._limits.estimated_tokens_per_request if estimated_tokens is None else estimated_tokens
+        tokens = math.ceil(tokens)  # whole units: the window guarantee counts whole tokens
+        if tokens < 0:
+            raise ValueError(f"estimated_tokens must be >= 0, got {tokens}")
+        if self._tokens is not None and tokens > self._token_whole:
+            raise ValueError(
+                f"a request estimated at {tokens} tokens exceeds this worker's whole budget of "
+                f"{self._token_whole} tokens per minute (tokens_per_minute / worker_count): no minute "
+                "could hold it. Raise tokens_per_minute, lower reward.num_workers, or shorten the request."
+            )
+        queued = True
+        self._waiting += 1
+        try:
+            async with self._slots:
+                if self._requests is not None:
+                    await self._requests.acquire(1)
+                if self._tokens is not None:
+                    await self._charge_tokens(tokens)
+                self._waiting -= 1
+                queued = False
+                self._in_flight += 1
+                self._max_in_flight = max(self._max_in_flight, self._in_flight)
+                try:
+                    yield TokenReservation(self, tokens)
+                finally:
+                    self._in_flight -= 1
+        finally:
+            if queued:
+                self._waiting -= 1
+
+    async def _charge_tokens(self, tokens: int) -> None:
+        assert self._tokens is not None
+        # Debt (usage beyond estimates) first, so the budget sees tokens in the order they were spent.
+        while self._token_debt > 0:
+            chunk = min(self._token_debt, self._token_chunk)
+            self._token_debt -= chunk  # claimed before waiting, so two payers never pay it twice
+            try:
+                await self._tokens.acquire(chunk)
+            except BaseException:
+                self._token_debt += chunk  # aiolimiter charges only on success: still owed
+                raise
+        # A charge larger than the bucket waits for its tokens piece by piece; the window bound holds
+        # for every piece, so it holds for the total.
+        while tokens > 0:
+            chunk = min(tokens, self._token_chunk)
+            await self._tokens.acquire(chunk)
+            tokens -= chunk
+
+    def _add_token_debt(self, tokens: int) -> None:
+        if self._tokens is not None:
+            self._token_debt += math.ceil(tokens)

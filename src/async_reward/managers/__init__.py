@@ -1,0 +1,24 @@
+"""Reward managers registered with verl on import."""
+
+from __future__ import annotations
+
+from async_reward.managers.base import AsyncRewardManager, RewardScoringError
+from async_reward.managers.llm_judge import LLMJudgeRewardManager
+from async_reward.managers.naive import AsyncNaiveRewardManager
+from async_reward.managers.rate_limited import AsyncRateLimitedRewardManager
+from async_reward.managers.remote import AsyncRemoteRewardManager
+from async_reward.managers.stateful import AsyncStatefulRewardManager
+
+__all__ = [
+    "MANAGER_NAMES",
+    "AsyncNaiveRewardManager",
+    "AsyncRateLimitedRewardManager",
+    "AsyncRemoteRewardManager",
+    "AsyncRewardManager",
+    "AsyncStatefulRewardManager",
+    "LLMJudgeRewardManager",
+    "RewardScoringError",
+]
+
+#: The names our managers are registered under in verl's registry.
+MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")

@@ -1,0 +1,245 @@
+"""``AsyncRewardManager``: the one ``run_single`` every async-reward manager shares.
+
+A manager subclass only implements ``score(sample) -> RewardResult``. Everything that must be right
+for every manager lives here once: decoding a verl ``DataProto`` item into a ``RewardSample``,
+admission (concurrency, job-wide RPM/TPM), per-attempt deadlines, retries of transient failures,
+the failure policy (``fallback`` with an explicit status, or ``raise``), consistent extras keys, and
+conversion to verl's ``{"reward_score", "reward_extra_info"}`` dict.
+
+Fixes over verl's own managers, on purpose: a failed call is never a silent 0.0 (status says what
+happened), nothing waits without a deadline, and rate budgets are per job, not per worker process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+from async_reward.config import AsyncRewardConfig, load_config
+from async_reward.http import HTTPStatusError, MalformedResponseError
+from async_reward.judge import VerdictError
+from async_reward.limits import Admission, TokenReservation
+from async_reward.postprocess import apply_group_postprocessing
+from async_reward.result import RewardResult, RewardSample, Status
+from async_reward.retry import AttemptsExhausted, retry_async
+
+__all__ = ["AsyncRewardManager", "RewardScoringError"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class RewardScoringError(RuntimeError):
+    """Raised by a manager with ``on_failure: raise`` when a sample cannot be scored."""
+
+
+class AsyncRewardManager(RewardManagerBase):
+    """Base class of all async-reward managers; subclass it and implement :meth:`score`.
+
+    Users may subclass it in their own file and load it with
+    ``reward.reward_manager.source=importlib``; they get the same admission, deadlines, retries and
+    status reporting as the built-in managers.
+    """
+
+    #: Extras keys this manager always emits besides the standard ones (filled when a sample fails),
+    #: with the neutral value used for a sample that has none.
+    extra_defaults: ClassVar[dict[str, Any]] = {}
+    #: Whether outbound calls are subject to RPM/TPM budgets (concurrency always applies).
+    uses_rate_budgets: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        compute_score: Callable[..., Any] | None = None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+        **_: Any,
+    ) -> None:
+        super().__init__(config, tokenizer, compute_score)
+        self.settings: AsyncRewardConfig = load_config(config)
+        limits = self.settings.limits
+        if not self.uses_rate_budgets:
+            limits = type(limits)(max_concurrency=limits.max_concurrency)
+        self.admission = Admission(limits, worker_count=self.settings.worker_count)
+        self.reward_router_address = reward_router_address
+        self.reward_model_tokenizer = reward_model_tokenizer
+        # Keys seen in user extras, with a neutral value per key, so a failed sample carries the same
+        # keys as its batch mates (verl stacks extras per key and fails on a missing one).
+        self._extra_defaults: dict[str, Any] = dict(self.extra_defaults)
+        self._executor: Executor | None = None
+
+    # ----------------------------------------------------------------- subclass API
+    async def score(self, sample: RewardSample) -> RewardResult:
+        """Score one decoded sample. Raise on failure; the base class turns errors into statuses."""
+        raise NotImplementedError
+
+    def postprocess_spec(self) -> tuple[str, ...] | None:
+        """Identifies a group post-processor for ``assemble_rm_scores`` on the driver (None: none)."""
+        return None
+
+    # ----------------------------------------------------------------- verl entry points
+    async def run_single(self, data: DataProto) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            sample = self.decode(data)
+        except Exception as exc:  # a malformed item must not take the batch down
+            result = RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}")
+        else:
+            result = await self._score_safely(sample)
+        if result.latency_s == 0.0:
+            result.latency_s = time.monotonic() - started
+        if not result.ok and self.settings.on_failure == "raise":
+            raise RewardScoringError(
+                f"sample scoring failed with status {result.status.value}: {result.failure_reason}"
+            )
+        return self._to_verl(result)
+
+    @classmethod
+    def assemble_rm_scores(cls, data: DataProto, scores: list[float]) -> torch.Tensor:
+        """verl calls this on the driver with the whole batch: run group post-processing here."""
+        uids = data.non_tensor_batch.get("uid") if data.non_tensor_batch else None
+        processed = apply_group_postprocessing(list(uids) if uids is not None else None, scores)
+        return super().assemble_rm_scores(data, processed)
+
+    # ----------------------------------------------------------------- helpers for subclasses
+    async def call_with_policy(
+        self,
+        attempt: Callable[[TokenReservation], Awaitable[_T]],
+        *,
+        estimated_tokens: int | None = None,
+    ) -> tuple[_T, int]:
+        """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
+
+        Admission comes first so the deadline measures the service, not our own queue.
+        Returns ``(value, attempts)``; raises the last error (with ``attempts`` attached).
+        """
+
+        async def admitted_attempt() -> _T:
+            async with self.admission.admit(estimated_tokens) as reservation:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    return await attempt(reservation)
+
+        return await retry_async(admitted_attempt, self.settings.retry)
+
+    async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """Call a user function, sync or async; sync ones run off the event loop."""
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
+            return await fn(**kwargs)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._get_executor(), _call_kwargs, fn, kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    # ----------------------------------------------------------------- internals
+    def decode(self, data: DataProto) -> RewardSample:
+        """Decode the last item of ``data`` (verl scores multi-sequence outputs on the last one)."""
+        item = data[len(data) - 1]
+        response_ids = item.batch["responses"]
+        response_length = response_ids.shape[-1]
+        valid_length = int(item.batch["attention_mask"][-response_length:].sum())
+        # Decoding inline: fast tokenizers decode a response in microseconds, far less than the
+        # thread-pool hop verl's managers pay for it.
+        response = self.tokenizer.decode(response_ids[:valid_length].tolist(), skip_special_tokens=True)
+        non_tensor = item.non_tensor_batch
+        prompt: str | list[dict[str, Any]] | None = None
+        raw_prompt = non_tensor.get("raw_prompt")
+        if raw_prompt is not None:
+            prompt = [dict(message) for message in raw_prompt]
+        elif "prompts" in item.batch.keys():  # noqa: SIM118 (TensorDict membership needs keys())
+            prompt_ids = item.batch["prompts"]
+            prompt_mask = item.batch["attention_mask"][: prompt_ids.shape[-1]].bool()
+            prompt = self.tokenizer.decode(prompt_ids[prompt_mask].tolist(), skip_special_tokens=True)
+        reward_model = non_tensor.get("reward_model") or {}
+        extra_info = non_tensor.get("extra_info")
+        uid = non_tensor.get("uid")
+        return RewardSample(
+            index=int(extra_info.get("index", -1)) if isinstance(extra_info, dict) else -1,
+            uid=None if uid is None else str(uid),
+            data_source=str(non_tensor.get("data_source", "unknown")),
+            prompt=prompt,
+            response=response,
+            ground_truth=reward_model.get("ground_truth") if hasattr(reward_model, "get") else None,
+            extra_info=dict(extra_info) if isinstance(extra_info, dict) else {},
+        )
+
+    async def _score_safely(self, sample: RewardSample) -> RewardResult:
+        started = time.monotonic()
+        result = await self.guard(self.score(sample))
+        result.latency_s = time.monotonic() - started
+        return result
+
+    @staticmethod
+    async def guard(scoring: Awaitable[RewardResult]) -> RewardResult:
+        """Await ``scoring`` and turn any error (but cancellation) into a failed ``RewardResult``."""
+        try:
+            return await scoring
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _failure_from_exception(exc)
+
+    def _to_verl(self, result: RewardResult) -> dict[str, Any]:
+        for key, value in result.extras.items():
+            if key not in self._extra_defaults:
+                self._extra_defaults[key] = _neutral_value(value)
+        for key, default in self._extra_defaults.items():
+            result.extras.setdefault(key, default)
+        return result.to_verl(self.settings.fallback_score, self.postprocess_spec())
+
+    def _get_executor(self) -> Executor | None:
+        if self.settings.executor == "thread" and self.settings.executor_workers is None:
+            return None  # the loop's default thread pool
+        if self._executor is None:
+            workers = self.settings.executor_workers
+            if self.settings.executor == "process":
+                self._executor = ProcessPoolExecutor(max_workers=workers)
+            else:
+                self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="async-reward")
+        return self._executor
+
+
+def _call_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    return fn(**kwargs)
+
+
+def _neutral_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, float, np.number)):
+        return math.nan
+    return None
+
+
+def _failure_from_exception(exc: BaseException) -> RewardResult:
+    """Map an exception to the status contract: timeout / invalid / error."""
+    attempts = int(getattr(exc, "attempts", 1) or 1)
+    root = exc
+    if isinstance(exc, AttemptsExhausted):
+        attempts = exc.attempts
+        root = exc.last_error
+    if isinstance(root, (TimeoutError, asyncio.TimeoutError)):
+        return RewardResult.failure(Status.TIMEOUT, "deadline exceeded", attempts=attempts)
+    if isinstance(root, (MalformedResponseError, VerdictError)):
+        return RewardResult.failure(Status.INVALID, str(root), attempts=attempts)
+    if isinstance(root, HTTPStatusError):
+        return RewardResult.failure(
+            Status.ERROR, f"HTTP {root.status}: {root.body_excerpt}", attempts=attempts
+        )
+    return RewardResult.failure(Status.ERROR, f"{type(root).__name__}: {root}", attempts=attempts)

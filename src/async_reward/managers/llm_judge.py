@@ -1,0 +1,132 @@
+"""``llm_judge``: an OpenAI-compatible ``/v1/chat/completions`` endpoint as the reward.
+
+The policy's response is delimited and escaped in the judge prompt (``judge.build_messages``) and
+only the judge's final verdict is parsed, so text inside the response cannot pose as the verdict.
+Identical requests in flight share one call; with ``judge.cache`` their verdicts are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from typing import Any, ClassVar
+
+from async_reward.http import MalformedResponseError, post_json
+from async_reward.judge import build_messages, normalize_score, parse_verdict, request_key, resolve_template
+from async_reward.limits import TokenReservation
+from async_reward.managers.base import AsyncRewardManager
+from async_reward.registry import register_manager
+from async_reward.result import RewardResult, RewardSample
+
+__all__ = ["LLMJudgeRewardManager"]
+
+
+@register_manager("llm_judge")
+class LLMJudgeRewardManager(AsyncRewardManager):
+    """Scores each sample by asking an LLM judge, under admission, deadline and retry."""
+
+    extra_defaults: ClassVar[dict[str, Any]] = {
+        "judge_verdict": math.nan,
+        "judge_tokens": 0,
+        "judge_shared": False,
+    }
+
+    def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, tokenizer, compute_score, **kwargs)
+        self.judge = self.settings.judge
+        self.judge.validate()
+        self.template = resolve_template(self.judge.template)
+        self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
+        self._headers: dict[str, str] = {}
+        if self.judge.api_key_env:
+            # The key lives only in this private header dict: never logged, never in a repr.
+            self._headers["Authorization"] = f"Bearer {os.environ[self.judge.api_key_env]}"
+        self._params: dict[str, Any] = {
+            "temperature": self.judge.temperature,
+            "max_tokens": self.judge.max_tokens,
+            **self.judge.extra_body,
+        }
+        self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
+        self._cache: dict[str, RewardResult] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        ground_truth = None if sample.ground_truth is None else str(sample.ground_truth)
+        messages = build_messages(
+            self.template,
+            prompt=sample.prompt_text,
+            response=sample.response,
+            ground_truth=ground_truth,
+            system_prompt=self.judge.system_prompt,
+        )
+        key = request_key(self.judge.model, messages, self._params)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return _shared_copy(cached)
+        shared = self._in_flight.get(key)
+        if shared is not None:
+            return _shared_copy(await asyncio.shield(shared))
+        # The call runs as its own task so that a cancelled caller does not cancel the callers
+        # sharing it; every caller is bounded by the same deadline and retry budget.
+        task = asyncio.ensure_future(self.guard(self._ask_judge(messages)))
+        self._in_flight[key] = task
+        task.add_done_callback(lambda _t: self._in_flight.pop(key, None))
+        result = await asyncio.shield(task)
+        if self.judge.cache and result.ok:
+            self._cache[key] = result
+        return result
+
+    async def _ask_judge(self, messages: list[dict[str, str]]) -> RewardResult:
+        body = {"model": self.judge.model, "messages": messages, **self._params}
+
+        async def attempt(reservation: TokenReservation) -> dict[str, Any]:
+            reply, _headers = await post_json(self.url, body, headers=self._headers)
+            usage = reply.get("usage") if isinstance(reply, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+                reservation.settle(usage["total_tokens"])
+            return reply
+
+        reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None)
+        content = _reply_text(reply)
+        verdict = parse_verdict(content, self.judge.parser)
+        score = normalize_score(
+            verdict,
+            min_score=self.judge.min_score,
+            max_score=self.judge.max_score,
+            normalize_to=self.judge.normalize_to,
+        )
+        usage = reply.get("usage") or {}
+        return RewardResult(
+            score=score,
+            attempts=attempts,
+            extras={
+                "judge_verdict": verdict,
+                "judge_tokens": int(usage.get("total_tokens") or 0),
+                "judge_shared": False,
+            },
+        )
+
+
+def _reply_text(reply: Any) -> str:
+    try:
+        content = reply["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise MalformedResponseError(f"judge reply is not a chat completion: missing {exc}") from None
+    if not isinstance(content, str):
+        raise MalformedResponseError("judge reply content is not text")
+    return content
+
+
+def _shared_copy(result: RewardResult) -> RewardResult:
+    extras = dict(result.extras)
+    extras["judge_shared"] = True
+    return RewardResult(
+        score=result.score,
+        status=result.status,
+        extras=extras,
+        failure_reason=result.failure_reason,
+        attempts=0,
+    )

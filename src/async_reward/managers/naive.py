@@ -1,0 +1,42 @@
+"""``async_naive``: the user's ``custom_reward_function`` with deadlines and failure isolation."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from async_reward.managers.base import AsyncRewardManager
+from async_reward.managers.user_function import resolve_user_function
+from async_reward.registry import register_manager
+from async_reward.result import RewardResult, RewardSample, normalize_user_result
+
+__all__ = ["AsyncNaiveRewardManager"]
+
+
+@register_manager("async_naive")
+class AsyncNaiveRewardManager(AsyncRewardManager):
+    """Scores with the user's function (sync or async), or verl's default scorer for the data source.
+
+    Only the concurrency cap applies (no RPM/TPM budgets): use ``async_rate_limited`` for a function
+    that calls a rate-limited service.
+    """
+
+    uses_rate_budgets: ClassVar[bool] = False
+
+    def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, tokenizer, compute_score, **kwargs)
+        self.score_fn = resolve_user_function(config, compute_score, self.settings.executor)
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        async def attempt(_reservation: Any) -> Any:
+            return await self.run_user_function(
+                self.score_fn,
+                data_source=sample.data_source,
+                solution_str=sample.response,
+                ground_truth=sample.ground_truth,
+                extra_info=sample.extra_info,
+            )
+
+        value, attempts = await self.call_with_policy(attempt)
+        result = normalize_user_result(value)
+        result.attempts = attempts
+        return result

@@ -1,0 +1,77 @@
+"""``async_remote``: a user's HTTP reward service. Each sample is POSTed as JSON; the reply's
+``score`` is the reward and its other keys become extras."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from async_reward.http import MalformedResponseError, post_json
+from async_reward.managers.base import AsyncRewardManager
+from async_reward.registry import register_manager
+from async_reward.result import RewardResult, RewardSample, Status, normalize_user_result
+
+__all__ = ["AsyncRemoteRewardManager", "sample_payload"]
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars/arrays and other non-JSON values from a dataset, made JSON-safe."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if hasattr(value, "tolist"):
+        return _jsonable(value.tolist())
+    return str(value)
+
+
+def sample_payload(sample: RewardSample) -> dict[str, Any]:
+    """The JSON body sent to the reward service for one sample."""
+    return _jsonable(
+        {
+            "index": sample.index,
+            "uid": sample.uid,
+            "data_source": sample.data_source,
+            "prompt": sample.prompt,
+            "response": sample.response,
+            "ground_truth": sample.ground_truth,
+            "extra_info": sample.extra_info,
+        }
+    )
+
+
+@register_manager("async_remote")
+class AsyncRemoteRewardManager(AsyncRewardManager):
+    """POSTs each sample to ``reward.async_reward.remote.url`` under admission, deadline and retry."""
+
+    def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, tokenizer, compute_score, **kwargs)
+        self.remote = self.settings.remote
+        self.remote.validate()
+        self._headers = dict(self.remote.headers)
+        if self.remote.api_key_env:
+            # The key lives only in this private header dict: never logged, never in a repr.
+            self._headers["Authorization"] = f"Bearer {os.environ[self.remote.api_key_env]}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.remote.url!r})"
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        payload = sample_payload(sample)
+        url = self.remote.url
+        assert url is not None
+
+        async def attempt(_reservation: Any) -> Any:
+            body, _headers = await post_json(url, payload, headers=self._headers)
+            return body
+
+        body, attempts = await self.call_with_policy(attempt)
+        if not isinstance(body, dict):
+            raise MalformedResponseError(f"reward service replied with {type(body).__name__}, not an object")
+        result = normalize_user_result(body)
+        if result.status is Status.OK:
+            result.extras = {k: v for k, v in body.items() if k != "score"}
+        result.attempts = attempts
+        return result

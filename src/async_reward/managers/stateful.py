@@ -1,0 +1,60 @@
+"""``async_stateful``: a user class (the recipe's ``RewardAgent`` shape), one instance per worker.
+
+``custom_reward_function.path`` + ``name`` name a class with
+``compute_score(data_source, solution_str, ground_truth, extra_info)`` (sync or async) returning a
+number, a dict with ``score``, or ``(score, query, explanation)``; and optionally
+``post_process_scores(scores) -> scores``, run once per complete ``uid`` group with failed scores as
+NaN (on the driver in verl's plain path, in the pipeline for the pipelined path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from async_reward.config import ConfigError
+from async_reward.managers.base import AsyncRewardManager
+from async_reward.postprocess import load_user_instance, make_postprocess_spec
+from async_reward.registry import register_manager
+from async_reward.result import RewardResult, RewardSample, normalize_user_result
+
+__all__ = ["AsyncStatefulRewardManager"]
+
+
+@register_manager("async_stateful")
+class AsyncStatefulRewardManager(AsyncRewardManager):
+    """Holds one instance of the user's class per worker process and scores with its methods."""
+
+    def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, tokenizer, compute_score, **kwargs)
+        fn_config = config.reward.get("custom_reward_function") or {}
+        path, name = fn_config.get("path"), fn_config.get("name")
+        if not path or not name:
+            raise ConfigError(
+                "async_stateful needs reward.custom_reward_function.path and .name naming a class"
+            )
+        if self.settings.executor == "process":
+            raise ConfigError("async_stateful keeps one instance per worker process; use executor=thread")
+        self._spec = make_postprocess_spec(str(path), str(name), self.settings.stateful.init_kwargs)
+        # One instance per process, shared by every manager built in it (load_user_instance caches).
+        self.instance = load_user_instance(self._spec)
+        if not callable(getattr(self.instance, "compute_score", None)):
+            raise ConfigError(f"class {name!r} in {path} has no compute_score method")
+        self._has_postprocess = callable(getattr(self.instance, "post_process_scores", None))
+
+    def postprocess_spec(self) -> tuple[str, ...] | None:
+        return self._spec if self._has_postprocess else None
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        async def attempt(_reservation: Any) -> Any:
+            return await self.run_user_function(
+                self.instance.compute_score,
+                data_source=sample.data_source,
+                solution_str=sample.response,
+                ground_truth=sample.ground_truth,
+                extra_info=sample.extra_info,
+            )
+
+        value, attempts = await self.call_with_policy(attempt)
+        result = normalize_user_result(value)
+        result.attempts = attempts
+        return result

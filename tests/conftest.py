@@ -1,0 +1,222 @@
+"""Shared fixtures: a locally built tokenizer, real verl configs and batches, one Ray cluster per session,
+and the local judge/reward server on loopback."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "config")
+
+
+def build_tokenizer(directory: Path) -> Any:
+    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(directory)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+def make_batch(
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    *,
+    prompt_length: int = 48,
+    response_length: int = 64,
+    group_size: int = 1,
+) -> Any:
+    """A real verl ``DataProto`` shaped like a rollout: left-padded prompts, right-padded responses.
+
+    Each row: ``prompt``, ``response`` (text) or ``response_ids``, ``ground_truth``, optional
+    ``data_source``, ``uid``, ``extra_info``. Rows without ``uid`` get one per ``group_size`` rows.
+    """
+    from verl import DataProto
+
+    pad = tokenizer.pad_token_id
+    prompts, responses, masks = [], [], []
+    for row in rows:
+        p_ids = tokenizer.encode(row.get("prompt", "question"))[-prompt_length:]
+        r_ids = row.get("response_ids")
+        if r_ids is None:
+            r_ids = tokenizer.encode(row["response"])
+        r_ids = list(r_ids)[:response_length]
+        p = [pad] * (prompt_length - len(p_ids)) + p_ids
+        r = r_ids + [pad] * (response_length - len(r_ids))
+        mask = (
+            [0] * (prompt_length - len(p_ids))
+            + [1] * len(p_ids)
+            + [1] * len(r_ids)
+            + [0] * (response_length - len(r_ids))
+        )
+        prompts.append(p)
+        responses.append(r)
+        masks.append(mask)
+    prompts_t = torch.tensor(prompts, dtype=torch.long)
+    responses_t = torch.tensor(responses, dtype=torch.long)
+    attention_mask = torch.tensor(masks, dtype=torch.long)
+    uids = []
+    group_uid = ""
+    for i, row in enumerate(rows):
+        if i % group_size == 0:
+            group_uid = uuid.uuid4().hex
+        uids.append(row.get("uid", group_uid))
+    non_tensor = {
+        "data_source": np.array([row.get("data_source", "test") for row in rows], dtype=object),
+        "reward_model": np.array(
+            [{"ground_truth": row.get("ground_truth"), "style": "rule"} for row in rows], dtype=object
+        ),
+        "uid": np.array(uids, dtype=object),
+        "extra_info": np.array(
+            [dict(row.get("extra_info", {"index": i})) for i, row in enumerate(rows)], dtype=object
+        ),
+    }
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts_t,
+            "responses": responses_t,
+            "input_ids": torch.cat([prompts_t, responses_t], dim=1),
+            "attention_mask": attention_mask,
+        },
+        non_tensors=non_tensor,
+    )
+
+
+@pytest.fixture(scope="session")
+def batch_factory(tokenizer: Any) -> Callable[..., Any]:
+    return lambda rows, **kw: make_batch(tokenizer, rows, **kw)
+
+
+def compose_verl_config(overrides: list[str] | None = None) -> DictConfig:
+    """verl's real ``ppo_trainer`` config, composed by hydra as ``main_ppo`` would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides or [])
+
+
+@pytest.fixture(scope="session")
+def verl_config_factory(tokenizer_dir: Path) -> Callable[..., DictConfig]:
+    base = compose_verl_config([f"actor_rollout_ref.model.path={tokenizer_dir}"])
+
+    def factory(
+        manager: str = "async_naive",
+        async_reward: dict[str, Any] | None = None,
+        num_workers: int = 1,
+        custom_reward_function: dict[str, Any] | None = None,
+    ) -> DictConfig:
+        config = OmegaConf.create(OmegaConf.to_container(base, resolve=False))
+        with open_dict(config):
+            config.reward.reward_manager.name = manager
+            config.reward.num_workers = num_workers
+            config.reward.async_reward = async_reward or {}
+            if custom_reward_function:
+                config.reward.custom_reward_function.update(custom_reward_function)
+        return config
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the whole session, with our worker setup hook."""
+    import ray
+
+    from async_reward.integration import ray_runtime_env
+
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
+    )
+    yield
+    ray.shutdown()
+
+
+def shutdown_reward_loop(manager: Any) -> None:
+    """Kill a verl ``RewardLoopManager``'s named workers and wait until their names are free."""
+    import ray
+
+    names = []
+    for worker in manager.reward_loop_workers:
+        names.append(worker._ray_actor_name if hasattr(worker, "_ray_actor_name") else None)
+        ray.kill(worker, no_restart=True)
+    deadline = time.monotonic() + 30
+    for i in range(len(manager.reward_loop_workers)):
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(f"reward_loop_worker_{i}")
+            except ValueError:
+                break
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def reward_loop(ray_cluster: None) -> Iterator[Callable[[DictConfig], Any]]:
+    """Build verl's real ``RewardLoopManager`` (Ray workers) and tear it down after the test."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+    created: list[Any] = []
+
+    def build(config: DictConfig) -> Any:
+        manager = RewardLoopManager(config)
+        created.append(manager)
+        return manager
+
+    yield build
+    for manager in created:
+        shutdown_reward_loop(manager)
+
+
+@pytest.fixture(scope="session")
+def judge_server() -> Iterator[Any]:
+    """The local OpenAI-compatible judge + reward service, shared by the session (reset per use)."""
+    from async_reward.devserver import DevServerConfig, ThreadedDevServer
+
+    server = ThreadedDevServer(DevServerConfig(seed=0))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(judge_server: Any) -> Any:
+    """The session's server with counters and knobs reset for this test."""
+    judge_server.update_config(
+        latency_ms=[0.0, 0.0],
+        capacity=None,
+        overflow="queue",
+        fault_rates={},
+        verdict_format="brackets",
+        think=False,
+        echo_response=False,
+    )
+    judge_server.reset()
+    return judge_server

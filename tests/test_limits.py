@@ -1,0 +1,294 @@
+"""Admission: concurrency slots, and per-worker RPM / TPM shares that hold in every 60-second window.
+
+Budget tests run on a virtual-time event loop: ``loop.time()`` reads a fake clock, and whenever the
+loop would block waiting for a timer, the clock jumps to that timer instead. aiolimiter schedules its
+wake-ups with ``loop.call_at`` and reads ``loop.time()``, so minutes of limiter behaviour run in
+milliseconds and nothing sleeps for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import math
+import random
+import selectors
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from aiolimiter import AsyncLimiter
+
+from async_reward.config import ConfigError, LimitsConfig
+from async_reward.limits import Admission, strict_minute_limiter
+
+T = TypeVar("T")
+
+
+class _Clock:
+    now = 0.0
+    """Seconds of virtual time."""
+
+
+class _FastForwardSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """Polls instead of blocking, and moves the clock forward by the time the loop would have waited."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        events = super().select(0)
+        if not events and timeout is None:
+            raise RuntimeError("deadlock: the loop would wait forever with no timer scheduled")
+        # Every pass of the loop takes a microsecond, as real time would: a timer due "now" whose
+        # callback finds a float residue still to wait (aiolimiter reschedules itself then) must see
+        # time move, or it would spin forever at one instant.
+        self._clock.now += max(0.0 if events else timeout or 0.0, 1e-6)
+        return events
+
+
+class _VirtualTimeLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self.clock = _Clock()
+        super().__init__(_FastForwardSelector(self.clock))
+
+    def time(self) -> float:
+        return self.clock.now
+
+
+def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
+    loop = _VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def max_window_sum(events: list[tuple[float, int]], window_s: float = 60.0) -> int:
+    """Largest total amount in any closed window [t, t + window_s] (the worst one starts at an event)."""
+    events = sorted(events)
+    times = [t for t, _ in events]
+    prefix = [0, *itertools.accumulate(amount for _, amount in events)]
+    return max(
+        (prefix[bisect.bisect_right(times, t + window_s)] - prefix[i] for i, t in enumerate(times)), default=0
+    )
+
+
+async def record_admissions(
+    admit_once: Callable[[], Awaitable[None]], *, tasks: int, duration_s: float
+) -> list[tuple[float, int]]:
+    """Keep ``tasks`` callers admitting back to back for ``duration_s``; return (time, 1) per admission."""
+    loop = asyncio.get_running_loop()
+    events: list[tuple[float, int]] = []
+
+    async def caller() -> None:
+        while loop.time() < duration_s:
+            await admit_once()
+            events.append((loop.time(), 1))
+
+    await asyncio.gather(*(caller() for _ in range(tasks)))
+    return events
+
+
+def test_virtual_clock_does_not_sleep_for_real() -> None:
+    async def main() -> float:
+        await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    assert run_virtual(main()) == pytest.approx(3600)
+
+
+def test_plain_aiolimiter_admits_two_budgets_in_the_first_minute() -> None:
+    """The flaw we fix, and proof that the window check can see it."""
+
+    async def main() -> list[tuple[float, int]]:
+        limiter = AsyncLimiter(100, time_period=60)
+        return await record_admissions(limiter.acquire, tasks=4, duration_s=180)
+
+    assert max_window_sum(run_virtual(main())) >= 195
+
+
+@pytest.mark.parametrize(
+    ("rpm", "worker_count", "share"),
+    [(600, 4, 150), (10, 1, 10), (7, 2, 3), (1000, 3, 333), (2, 2, 1)],
+)
+def test_request_share_holds_in_every_window_and_is_used(rpm: float, worker_count: int, share: int) -> None:
+    admission = Admission(LimitsConfig(max_concurrency=8, requests_per_minute=rpm), worker_count)
+    assert admission.request_budget == pytest.approx(rpm / worker_count)
+    minutes = 10
+
+    async def admit_once() -> None:
+        async with admission.admit():
+            await asyncio.sleep(0.05)  # the call itself, in virtual time
+
+    events = run_virtual(record_admissions(admit_once, tasks=8, duration_s=minutes * 60))
+    assert max_window_sum(events) <= share
+    # No strict limiter can sustain more than floor(share) a minute; we keep at least 95 % of it
+    # (a share of one request a minute sustains 0.9 of it: the 0.1 rounding margin).
+    admitted = sum(1 for t, _ in events if t < minutes * 60)
+    assert admitted >= (0.95 if share > 1 else 0.9) * share * minutes
+
+
+@pytest.mark.parametrize(("tpm", "worker_count"), [(100_000, 4), (30_000, 1), (9_000, 3)])
+def test_token_share_holds_in_every_window_with_oversized_requests_and_debt(
+    monkeypatch: pytest.MonkeyPatch, tpm: int, worker_count: int
+) -> None:
+    share = math.floor(tpm / worker_count)
+    admission = Admission(
+        LimitsConfig(max_concurrency=16, tokens_per_minute=tpm, estimated_tokens_per_request=512),
+        worker_count,
+    )
+    charges: list[tuple[float, int]] = []
+    acquire = AsyncLimiter.acquire
+
+    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
+        await acquire(self, amount)
+        charges.append((asyncio.get_running_loop().time(), int(amount)))
+
+    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    minutes = 10
+    rng = random.Random(0)
+
+    async def caller() -> None:
+        loop = asyncio.get_running_loop()
+        while loop.time() < minutes * 60:
+            estimate = rng.randint(50, 2_000)  # some larger than the bucket: charged in pieces
+            async with admission.admit(estimate) as reservation:
+                await asyncio.sleep(rng.uniform(0.1, 3.0))
+                # Usage differs from the estimate both ways; the excess is charged as debt.
+                reservation.settle(int(estimate * rng.uniform(0.5, 1.5)))
+
+    async def main() -> None:
+        await asyncio.gather(*(caller() for _ in range(16)))
+
+    run_virtual(main())
+    assert max_window_sum(charges) <= share
+    charged = sum(amount for t, amount in charges if t < minutes * 60)
+    assert charged >= 0.95 * share * minutes
+
+
+def test_settle_charges_only_usage_above_the_charge() -> None:
+    async def main() -> None:
+        admission = Admission(LimitsConfig(tokens_per_minute=10_000), 1)
+        async with admission.admit(100) as reservation:
+            reservation.settle(None)
+            reservation.settle(40)  # less than charged: aiolimiter cannot refund, nothing happens
+            assert (reservation.charged, admission._token_debt) == (100, 0)
+            reservation.settle(130)
+            reservation.settle(150)  # a second settle charges only the increase
+            assert (reservation.charged, admission._token_debt) == (150, 50)
+        async with admission.admit(0):
+            assert admission._token_debt == 0  # the next admission paid it first
+
+    run_virtual(main())
+
+
+def test_request_larger_than_the_whole_token_share_fails_fast() -> None:
+    admission = Admission(
+        LimitsConfig(tokens_per_minute=1_000, estimated_tokens_per_request=100), worker_count=2
+    )
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(ValueError, match="exceeds this worker's whole budget of 500 tokens"):
+            async with admission.admit(501):
+                pass
+        assert (admission.waiting, admission.in_flight) == (0, 0) and loop.time() < 1e-3  # no waiting
+        async with admission.admit(500):  # the whole share fits, in pieces of the 25-token bucket
+            pass
+        return loop.time()
+
+    assert run_virtual(main()) < 61  # about a minute: a whole minute of budget
+
+
+def test_budgets_too_small_to_split_are_rejected() -> None:
+    with pytest.raises(ValueError, match="less than one token"):
+        Admission(LimitsConfig(tokens_per_minute=1), worker_count=2)
+    with pytest.raises(ValueError, match="estimated_tokens_per_request=512 exceeds"):
+        Admission(LimitsConfig(tokens_per_minute=1_000), worker_count=4)
+    with pytest.raises(ConfigError, match="less than one request"):
+        Admission(LimitsConfig(requests_per_minute=3), worker_count=4)
+    with pytest.raises(ValueError):
+        strict_minute_limiter(10, capacity=11)
+
+
+async def test_unlimited_budgets_admit_at_once() -> None:
+    admission = Admission(LimitsConfig(max_concurrency=2))
+    async with admission.admit(10**9) as reservation:
+        reservation.settle(10**10)
+        assert admission.in_flight == 1
+
+
+async def _settle_tasks() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_concurrency_is_capped_exactly() -> None:
+    admission = Admission(LimitsConfig(max_concurrency=3))
+    gate = asyncio.Event()
+
+    async def call() -> None:
+        async with admission.admit():
+            await gate.wait()
+
+    tasks = [asyncio.create_task(call()) for _ in range(20)]
+    await _settle_tasks()
+    assert (admission.in_flight, admission.waiting) == (3, 17)
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert (admission.max_in_flight, admission.in_flight, admission.waiting) == (3, 0, 0)
+
+
+async def test_cancelled_waiter_releases_nothing_it_did_not_hold() -> None:
+    admission = Admission(LimitsConfig(max_concurrency=1))
+    gate = asyncio.Event()
+
+    async def call() -> None:
+        async with admission.admit():
+            await gate.wait()
+
+    holder = asyncio.create_task(call())
+    waiter = asyncio.create_task(call())
+    await _settle_tasks()
+    assert (admission.in_flight, admission.waiting) == (1, 1)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (admission.in_flight, admission.waiting) == (1, 0)
+    gate.set()
+    await holder
+
+    # Still exactly one slot: had the cancelled waiter released a slot, two would now get in.
+    gate.clear()
+    tasks = [asyncio.create_task(call()) for _ in range(3)]
+    await _settle_tasks()
+    assert (admission.in_flight, admission.waiting) == (1, 2)
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert admission.max_in_flight == 1
+
+
+async def test_cancel_while_waiting_for_budget_frees_the_slot() -> None:
+    # One request a minute: the second caller holds the slot while it waits for the budget.
+    admission = Admission(LimitsConfig(max_concurrency=1, requests_per_minute=1))
+    async with admission.admit():
+        pass
+    blocked = asyncio.create_task(admission.admit().__aenter__())
+    await _settle_tasks()
+    assert (admission.in_flight, admission.waiting) == (0, 1)
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    assert admission.waiting == 0
+    # The slot came back: a new caller gets past the semaphore and waits on the budget in its turn.
+    nxt = asyncio.create_task(admission.admit().__aenter__())
+    await _settle_tasks()
+    assert admission._slots.locked() and admission.waiting == 1
+    nxt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await nxt
+    assert not admission._slots.locked()

@@ -1,0 +1,206 @@
+"""Each manager end to end through verl's own ``RewardLoopManager.compute_rm_score``: real Ray worker
+processes (which find our managers through the worker setup hook), a locally built tokenizer, and
+the local server over loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import open_dict
+
+from async_reward import MANAGER_NAMES, prepare_verl_config
+from tests.test_managers import STATEFUL_CLASS, USER_FUNCTIONS, write_module
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+ROWS = [
+    {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"},
+    {"prompt": "What is 2+3?", "response": "The answer is 6", "ground_truth": "5"},
+    {"prompt": "What is 4*4?", "response": "It is \\boxed{16}", "ground_truth": "16"},
+    {"prompt": "What is 4*4?", "response": "It is 15", "ground_truth": "16"},
+]
+EXPECTED = [1.0, 0.0, 1.0, 0.0]
+
+
+def per_sample_scores(output: Any, batch: Any) -> list[float]:
+    """Scores sit on the last valid response token, as verl's assemble_rm_scores puts them."""
+    rm_scores = output.batch["rm_scores"]
+    prompt_length = batch.batch["prompts"].shape[1]
+    last = batch.batch["attention_mask"][:, prompt_length:].sum(dim=1) - 1
+    assert torch.count_nonzero(rm_scores.sum(dim=1) - rm_scores[torch.arange(len(batch)), last]) == 0
+    return rm_scores[torch.arange(len(batch)), last].tolist()
+
+
+def assert_statuses(output: Any, expected: list[str]) -> None:
+    assert "status" in output.meta_info["reward_extra_keys"]
+    assert list(output.non_tensor_batch["status"]) == expected
+
+
+@pytest.mark.parametrize("manager_name", ["llm_judge", "async_remote", "async_naive", "async_rate_limited"])
+def test_manager_through_verl_reward_loop(
+    manager_name, server, tmp_path, verl_config_factory, reward_loop, batch_factory
+):
+    settings: dict[str, Any] = {"retry": {"initial_backoff_s": 0.01, "jitter_s": 0.0}}
+    custom = None
+    if manager_name == "llm_judge":
+        settings["judge"] = {"base_url": server.url + "/v1"}
+    elif manager_name == "async_remote":
+        settings["remote"] = {"url": server.url + "/score"}
+    else:
+        name = "sync_score" if manager_name == "async_naive" else "async_score"
+        custom = {"path": write_module(tmp_path, USER_FUNCTIONS), "name": name}
+        settings["limits"] = {"requests_per_minute": 6000}
+    config = verl_config_factory(manager_name, settings, num_workers=2, custom_reward_function=custom)
+    batch = batch_factory(ROWS)
+    output = reward_loop(config).compute_rm_score(batch)
+    assert per_sample_scores(output, batch) == EXPECTED
+    assert_statuses(output, ["ok"] * 4)
+    assert set(output.non_tensor_batch["attempts"]) == {1}
+    if manager_name in ("llm_judge", "async_remote"):
+        assert server.stats()["requests_total"] >= 4
+
+
+def test_stateful_group_postprocessing_in_plain_verl_path(
+    tmp_path, verl_config_factory, reward_loop, batch_factory
+):
+    """verl assembles scores on the driver: post_process_scores runs there, once per uid group."""
+    path = write_module(tmp_path, STATEFUL_CLASS, "agent.py")
+    config = verl_config_factory(
+        "async_stateful", {}, num_workers=2, custom_reward_function={"path": path, "name": "RewardAgent"}
+    )
+    rows = [
+        {"response": "3", "ground_truth": "3", "uid": "a"},
+        {"response": "fail", "ground_truth": "3", "uid": "a"},
+        {"response": "2", "ground_truth": "3", "uid": "a"},
+        {"response": "3", "ground_truth": "3", "uid": "a"},
+        {"response": "fail", "ground_truth": "3", "uid": "b"},
+        {"response": "3", "ground_truth": "3", "uid": "b"},
+    ]
+    batch = batch_factory(rows)
+    output = reward_loop(config).compute_rm_score(batch)
+    # group a: [1, nan, 0, 1] -> nan := 2/3; group b: [nan, 1] -> 1
+    assert per_sample_scores(output, batch) == pytest.approx([1.0, 2 / 3, 0.0, 1.0, 1.0, 1.0])
+    assert_statuses(output, ["ok", "error", "ok", "ok", "error", "ok"])
+    assert list(output.non_tensor_batch["judge_explanation"]) == [
+        "explanation",
+        "",
+        "explanation",
+        "explanation",
+        "",
+        "explanation",
+    ]
+
+
+USER_MANAGER = '''
+from async_reward import AsyncRewardManager, RewardResult
+
+
+class LengthRewardManager(AsyncRewardManager):
+    """A user's own manager: reward = response length in characters / 100."""
+
+    async def score(self, sample):
+        return RewardResult(score=len(sample.response) / 100, extras={"chars": len(sample.response)})
+'''
+
+
+def test_importlib_loaded_user_manager(tmp_path, verl_config_factory, reward_loop, batch_factory):
+    path = write_module(tmp_path, USER_MANAGER, "my_manager.py")
+    config = verl_config_factory("LengthRewardManager", {}, num_workers=2)
+    with open_dict(config):
+        config.reward.reward_manager.source = "importlib"
+        config.reward.reward_manager.module.path = path
+    batch = batch_factory(ROWS)
+    output = reward_loop(config).compute_rm_score(batch)
+    lengths = [len(row["response"]) for row in ROWS]
+    assert per_sample_scores(output, batch) == pytest.approx([n / 100 for n in lengths])
+    assert list(output.non_tensor_batch["chars"]) == lengths
+    assert_statuses(output, ["ok"] * 4)
+
+
+def test_legacy_reward_model_key_through_our_entry_point(server, tokenizer_dir, reward_loop, batch_factory):
+    from tests.conftest import compose_verl_config
+
+    config = compose_verl_config(
+        [
+            f"actor_rollout_ref.model.path={tokenizer_dir}",
+            "reward_model.reward_manager=llm_judge",
+            "reward_model.num_workers=2",
+            f"+reward.async_reward.judge.base_url={server.url}/v1",
+        ]
+    )
+    assert config.reward.reward_manager.name == "naive"  # what verl's own main_ppo would use
+    config = prepare_verl_config(config)
+    assert config.reward.reward_manager.name == "llm_judge"
+    assert config.reward.num_workers == 2
+    assert (
+        config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
+        == "async_reward.integration.setup_worker"
+    )
+    batch = batch_factory(ROWS)
+    output = reward_loop(config).compute_rm_score(batch)
+    assert per_sample_scores(output, batch) == EXPECTED
+
+
+def test_job_wide_rpm_across_two_worker_processes(server, verl_config_factory, reward_loop, batch_factory):
+    """Two reward worker processes together stay within the configured requests per minute."""
+    rpm = 600.0  # 10 requests/s for the whole job, i.e. 5/s per worker
+    settings = {"judge": {"base_url": server.url + "/v1"}, "limits": {"requests_per_minute": rpm}}
+    config = verl_config_factory("llm_judge", settings, num_workers=2)
+    rows = [{"response": f"The answer is {i}", "ground_truth": str(i)} for i in range(60)]
+    batch = batch_factory(rows)
+    manager = reward_loop(config)
+    server.reset()
+    output = manager.compute_rm_score(batch)
+    assert_statuses(output, ["ok"] * len(rows))
+    times = np.sort(np.array(server.stats()["request_times"]))
+    assert len(times) == len(rows)
+    # In any window of w seconds the job admits at most rpm*w/60 plus one bucket per worker.
+    for window in (1.0, 2.0, 4.0):
+        counts = np.searchsorted(times, times + window, side="left") - np.arange(len(times))
+        assert counts.max() <= rpm * window / 60 + 2, (window, counts.max())
+    # ...and the budget is used, not wasted: 60 requests at 10/s take about 6 s, not 12.
+    assert times[-1] - times[0] < 12.0
+
+
+def test_all_five_managers_are_registered_in_ray_workers(ray_cluster):
+    import ray
+
+    @ray.remote
+    def registered() -> list[str]:
+        from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+        return sorted(REWARD_MANAGER)
+
+    names = ray.get(registered.remote())
+    assert set(MANAGER_NAMES) <= set(names)
+
+
+def test_registration_is_idempotent_and_refuses_collisions(tmp_path):
+    from verl.utils.import_utils import load_extern_object
+
+    from async_reward.registry import register_manager
+
+    source = """
+from async_reward import AsyncRewardManager, register_manager
+
+@register_manager("test_reexecuted_manager")
+class ReexecutedManager(AsyncRewardManager):
+    pass
+"""
+    path = write_module(tmp_path, source, "reexec.py")
+    first = load_extern_object(path, "ReexecutedManager")
+    second = load_extern_object(path, "ReexecutedManager")  # the file runs again: a new class object
+    assert first is not second
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_manager("test_reexecuted_manager")
+        class Other:  # a genuinely different class under a taken name
+            pass
+
+    with pytest.raises(ValueError, match="built-in"):
+        register_manager("naive")(type("X", (), {}))
+    assert isinstance(Path(path), Path)
