@@ -35,6 +35,9 @@ from omegaconf import OmegaConf, open_dict
 USER_FUNCTIONS = '''
 import aiohttp
 
+from async_reward.judge import BUILTIN_TEMPLATES, build_messages
+
+TEMPLATE = BUILTIN_TEMPLATES["correctness"]
 _sessions = {}
 
 async def exact_match(data_source, solution_str, ground_truth, extra_info=None):
@@ -47,8 +50,9 @@ async def judge_over_http(data_source, solution_str, ground_truth, extra_info=No
     session = _sessions.get(loop)
     if session is None:
         session = _sessions[loop] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    body = {"model": "judge", "messages": [{"role": "user", "content":
-            f"<reference>{ground_truth}</reference><response>{solution_str}</response> Verdict as [[n]]"}]}
+    # The same messages llm_judge sends, so both sides put the same bytes on the wire.
+    messages = build_messages(TEMPLATE, prompt="", response=solution_str, ground_truth=str(ground_truth))
+    body = {"model": "judge", "messages": messages, "temperature": 0.0, "max_tokens": 512}
     async with session.post(judge_url, json=body) as resp:
         reply = await resp.json()
     text = reply["choices"][0]["message"]["content"]

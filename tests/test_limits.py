@@ -292,3 +292,25 @@ async def test_cancel_while_waiting_for_budget_frees_the_slot() -> None:
     with pytest.raises(asyncio.CancelledError):
         await nxt
     assert not admission._slots.locked()
+
+
+async def test_fifo_slots_serve_in_arrival_order_and_survive_cancellation() -> None:
+    from async_reward.limits import FifoSlots
+
+    slots = FifoSlots(1)
+    order: list[int] = []
+    await slots.acquire()  # held by us
+
+    async def worker(n: int) -> None:
+        async with slots:
+            order.append(n)
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(worker(n)) for n in range(5)]
+    await asyncio.sleep(0)
+    tasks[2].cancel()  # a cancelled waiter must neither take nor leak a slot
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert order == [0, 1, 3, 4]
+    await asyncio.wait_for(slots.acquire(), timeout=1)  # the slot came back

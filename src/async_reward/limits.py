@@ -11,20 +11,71 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import TracebackType
 
 from aiolimiter import AsyncLimiter
 
 from .config import ConfigError, LimitsConfig
 
-__all__ = ["Admission", "TokenReservation", "strict_minute_limiter"]
+__all__ = ["Admission", "FifoSlots", "TokenReservation", "strict_minute_limiter"]
 
 _WINDOW_S = 60.0
 _ROUNDING_MARGIN = 0.1
 """Part of one unit kept unused so float rounding in aiolimiter's leak can never admit an extra unit."""
 _MAX_TOKEN_BURST_SHARE = 0.05
 """Largest token bucket as a share of the per-worker minute budget; sustained rate is the rest (>= 95 %)."""
+
+
+class FifoSlots:
+    """Concurrency slots handed out first come, first served, in O(1) per acquire.
+
+    Written here instead of using ``asyncio.Semaphore``: CPython 3.11's ``Semaphore.acquire`` calls
+    ``locked()``, which scans every waiter, so thousands of samples queued for a few dozen slots cost
+    O(n) each (0.25 ms per acquire at 1000 waiters, more than the rest of a manager's overhead). A
+    released slot goes straight to the oldest live waiter, so no late arrival can overtake it.
+    """
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot arrived as we were cancelled: pass it on
+            raise  # a cancelled waiter stays in the deque and is skipped by release()
+
+    def locked(self) -> bool:
+        """No slot is free right now."""
+        return self._free == 0
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
 
 
 def strict_minute_limiter(budget: float, capacity: int) -> AsyncLimiter:
@@ -110,7 +161,7 @@ class Admission:
             raise ValueError(f"worker_count must be >= 1, got {worker_count}")
         limits.validate(worker_count)
         self._limits = limits
-        self._slots = asyncio.Semaphore(limits.max_concurrency)
+        self._slots = FifoSlots(limits.max_concurrency)
         self._in_flight = self._max_in_flight = self._waiting = 0
         self._token_debt = 0
 
