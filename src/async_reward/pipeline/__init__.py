@@ -1,0 +1,24 @@
+"""Pipelined rewards: submit a batch, take its rewards back in chunks of complete groups.
+
+``PipelinedRewardLoopManager(config)`` takes the same verl config as verl's ``RewardLoopManager``::
+
+    manager = PipelinedRewardLoopManager(config)
+    ticket = manager.submit(batch)                 # returns at once; scoring starts
+    chunk = manager.get_chunk(ticket, 256)         # >= 256 samples of complete groups
+    batch[chunk.indices] ... chunk.rm_scores ...   # rm_scores laid out for batch[chunk.indices]
+    manager.ticket_metrics(ticket)                 # timing_s/reward_*, reward/* metrics
+    manager.close()
+
+Chunks hold complete groups only (``uid``; groups may differ in size and need not be adjacent),
+taken in index order of each group's first member among the complete ones; the call that asks for
+at least what is left returns "the rest" once it is all scored. Older tickets get workers' free
+slots first. Importing this package does not start Ray.
+"""
+
+from __future__ import annotations
+
+from async_reward.pipeline.chunks import RewardChunk
+from async_reward.pipeline.manager import PipelinedRewardLoopManager
+from async_reward.pipeline.state import RewardChunkTimeout, Ticket, TicketError
+
+__all__ = ["PipelinedRewardLoopManager", "RewardChunk", "RewardChunkTimeout", "Ticket", "TicketError"]
