@@ -154,7 +154,8 @@ class AsyncRewardManager(RewardManagerBase):
         valid_length = int(item.batch["attention_mask"][-response_length:].sum())
         # Decoding inline: fast tokenizers decode a response in microseconds, far less than the
         # thread-pool hop verl's managers pay for it.
-        response = self.tokenizer.decode(response_ids[:valid_length].tolist(), skip_special_tokens=True)
+        tokenizer: Any = self.tokenizer  # verl annotates it as AutoTokenizer, a factory without decode()
+        response = tokenizer.decode(response_ids[:valid_length].tolist(), skip_special_tokens=True)
         non_tensor = item.non_tensor_batch
         prompt: str | list[dict[str, Any]] | None = None
         raw_prompt = non_tensor.get("raw_prompt")
@@ -163,7 +164,7 @@ class AsyncRewardManager(RewardManagerBase):
         elif "prompts" in item.batch.keys():  # noqa: SIM118 (TensorDict membership needs keys())
             prompt_ids = item.batch["prompts"]
             prompt_mask = item.batch["attention_mask"][: prompt_ids.shape[-1]].bool()
-            prompt = self.tokenizer.decode(prompt_ids[prompt_mask].tolist(), skip_special_tokens=True)
+            prompt = tokenizer.decode(prompt_ids[prompt_mask].tolist(), skip_special_tokens=True)
         reward_model = non_tensor.get("reward_model") or {}
         extra_info = non_tensor.get("extra_info")
         uid = non_tensor.get("uid")

@@ -51,4 +51,4 @@ def resolve_user_function(
     path = fn_config.get("path")
     if not path:
         return compute_score  # verl's default scorer is a plain module function: picklable
-    return ExternFunction(path, fn_config.get("name"), dict(fn_config.get("reward_kwargs") or {}))
+    return ExternFunction(str(path), str(fn_config.get("name")), dict(fn_config.get("reward_kwargs") or {}))
