@@ -13,9 +13,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 from async_reward._devserver_config import FAULT_KINDS, DevServerConfig
+from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
+from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
 
 __all__ = ["build_parser", "main"]
 
@@ -28,13 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_serve_parser(subparsers)
+    _add_bench_parser(subparsers)
+    _add_score_parser(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``async-reward`` script; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Known args only, so that a subcommand which forwards its options (bench) receives the rest;
+    # for every other subcommand an unknown argument is the usual argparse error.
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "forwards_rest", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     try:
         return int(args.handler(args))
     except _UsageError as exc:
@@ -192,6 +203,206 @@ async def _serve_forever(config: DevServerConfig, host: str, port: int) -> None:
         print(f"  OpenAI base_url: {server.url}/v1   reward service: {server.url}/score", flush=True)
         print(f"  {config!r}", flush=True)  # repr leaves the API key out
         await stop.wait()
+
+
+# -- bench ----------------------------------------------------------------------------------------
+
+
+def _add_bench_parser(subparsers: Any) -> None:
+    bench = subparsers.add_parser(
+        "bench",
+        help="pipeline speed-up benchmark against a local judge server (make bench runs --quick)",
+        usage="%(prog)s [-h] [--quick] [--bench-help] [BENCHMARK_OPTION ...]",
+        description=(
+            "Run the pipeline speed-up benchmark (async_reward.benchmark.speedup): the step time of each "
+            "schedule strategy against a slow, bounded local judge, with a table on stdout and raw JSON "
+            "and timelines in the output directory."
+        ),
+        epilog=(
+            "Every other option is passed to the benchmark unchanged (e.g. --steps 3 --out DIR); "
+            "'async-reward bench --bench-help' lists them."
+        ),
+        allow_abbrev=False,  # an abbreviation of ours must not swallow one of the benchmark's options
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="the short run 'make bench' does: the recipe regime only, fewer steps and samples",
+    )
+    bench.add_argument("--bench-help", action="store_true", help="show the benchmark's own options and exit")
+    bench.set_defaults(handler=_run_bench, subparser=bench, forwards_rest=True)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from async_reward.benchmark import speedup
+
+    argv = ["--help"] if args.bench_help else [*(["--quick"] if args.quick else []), *args.rest]
+    try:
+        return speedup.main(argv)
+    except SystemExit as exc:  # the benchmark's own argparse: --help (0) or a bad option (2)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+
+
+# -- score ----------------------------------------------------------------------------------------
+
+
+def _override(text: str) -> str:
+    key, sep, _value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. judge.base_url=http://...), got {text!r}")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _add_score_parser(subparsers: Any) -> None:
+    score = subparsers.add_parser(
+        "score",
+        help="score a JSONL file of (prompt, response, ground truth) rows offline, resumably",
+        description=(
+            "Score every row of a JSONL file with a reward manager (the same manager, admission, "
+            "deadlines and retries as in training) and append one row per input row to --output as "
+            "soon as it is scored. Input rows: {id?, prompt, response, ground_truth, data_source?, "
+            "extra_info?, uid?}; 'response' is required text. A row's id is its --id-field value, or "
+            "its line number when it has none. Output rows: the input's fields plus input_line, "
+            "score, status (ok/timeout/error/invalid), attempts, latency_s, failure_reason and the "
+            "manager's extras, in completion order. A failed row scores fallback_score and says why; "
+            "a line that is not a valid row is recorded as status invalid. Rerunning the same "
+            "command resumes: ids already in --output are skipped, and a last line cut short by a "
+            "crash is removed first. Ctrl-C keeps every scored row. Group post-processing "
+            "(post_process_scores) is not applied: rows are written one by one."
+        ),
+        epilog=(
+            "exit status: 0 all rows recorded (failed rows included), 1 stopped by on_failure=raise, "
+            "2 bad arguments or configuration, 130 interrupted (rerun to resume)"
+        ),
+    )
+    score.add_argument(
+        "--input", required=True, type=Path, metavar="PATH", help="JSONL file of rows to score"
+    )
+    score.add_argument(
+        "--output", required=True, type=Path, metavar="PATH", help="JSONL file to append scored rows to"
+    )
+    score.add_argument("--manager", required=True, choices=MANAGER_NAMES, help="reward manager to score with")
+    score.add_argument(
+        "--config",
+        metavar="YAML",
+        help="YAML file holding the reward.async_reward mapping (timeout_s, limits, retry, judge, ...)",
+    )
+    score.add_argument(
+        "--set",
+        dest="overrides",
+        type=_override,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a reward.async_reward setting (omegaconf dotlist, applied after --config), "
+        "e.g. --set judge.base_url=http://127.0.0.1:8000/v1 limits.max_concurrency=16",
+    )
+    score.add_argument(
+        "--function-path",
+        metavar="PATH",
+        help="custom_reward_function file, for " + ", ".join(FUNCTION_MANAGERS),
+    )
+    score.add_argument(
+        "--function-name",
+        default="compute_score",
+        metavar="NAME",
+        help="function (async_stateful: class) in --function-path (default: %(default)s)",
+    )
+    score.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="rows in flight at once; the manager's limits.* apply on top (default: %(default)s)",
+    )
+    score.add_argument(
+        "--id-field",
+        default="id",
+        metavar="FIELD",
+        help="input field holding the row id used for resuming (default: %(default)s)",
+    )
+    score.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    score.set_defaults(handler=_run_score, subparser=score)
+
+
+def _score_job(args: argparse.Namespace) -> Any:
+    from async_reward.config import ConfigError
+    from async_reward.offline_score import ScoreJob, load_settings
+
+    if not args.input.is_file():
+        raise _UsageError(f"--input {args.input} is not a file")
+    if args.output.exists() and args.output.resolve() == args.input.resolve():
+        raise _UsageError("--output must differ from --input")
+    if args.id_field in RESULT_FIELDS:
+        raise _UsageError(f"--id-field must not be one of the fields score adds: {', '.join(RESULT_FIELDS)}")
+    if args.function_path is not None:
+        if args.manager not in FUNCTION_MANAGERS:
+            raise _UsageError(f"--function-path is used by {', '.join(FUNCTION_MANAGERS)} only")
+        if not Path(args.function_path).is_file():
+            raise _UsageError(f"--function-path {args.function_path} is not a file")
+    elif args.manager == "async_stateful":
+        raise _UsageError("async_stateful needs --function-path (and --function-name naming its class)")
+    try:
+        settings = load_settings(args.config, args.overrides)
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
+    return ScoreJob(
+        input_path=args.input,
+        output_path=args.output,
+        manager=args.manager,
+        async_reward=settings,
+        function_path=args.function_path,
+        function_name=args.function_name,
+        concurrency=args.concurrency,
+        id_field=args.id_field,
+        progress=not args.no_progress,
+    )
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    from async_reward.config import ConfigError
+    from async_reward.managers.base import RewardScoringError
+    from async_reward.offline_score import OutputFileError, ScoreProgress, score_file
+
+    job = _score_job(args)
+    progress = ScoreProgress()
+    try:
+        score_file(job, progress, notify=lambda message: print(message, file=sys.stderr, flush=True))
+    except (ConfigError, OutputFileError) as exc:
+        raise _UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: wrote {progress.written} rows to {job.output_path} in this run; "
+            f"{progress.remaining} of {progress.total_rows} rows remain (rerun the same command to resume)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
+    except RewardScoringError as exc:
+        print(
+            f"async-reward score: stopped (on_failure=raise): {exc}; wrote {progress.written} rows, "
+            f"{progress.remaining} remain",
+            file=sys.stderr,
+        )
+        return 1
+    skipped = f", skipped {progress.skipped} already in the output" if progress.skipped else ""
+    print(
+        f"scored {progress.written} rows into {job.output_path} in {progress.elapsed_s:.1f} s: "
+        f"{progress.status_counts()}{skipped}",
+        flush=True,
+    )
+    return 0
 
 
 if __name__ == "__main__":

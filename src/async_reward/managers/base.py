@@ -93,15 +93,21 @@ class AsyncRewardManager(RewardManagerBase):
 
     # ----------------------------------------------------------------- verl entry points
     async def run_single(self, data: DataProto) -> dict[str, Any]:
-        started = time.monotonic()
         try:
             sample = self.decode(data)
         except Exception as exc:  # a malformed item must not take the batch down
-            result = RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}")
-        else:
-            result = await self._score_safely(sample)
-        if result.latency_s == 0.0:
-            result.latency_s = time.monotonic() - started
+            return self._finish(RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}"))
+        return await self.score_decoded(sample)
+
+    async def score_decoded(self, sample: RewardSample) -> dict[str, Any]:
+        """``run_single`` for a sample that is already text (offline scoring, other front-ends).
+
+        Returns verl's ``{"reward_score", "reward_extra_info"}`` dict; raises
+        :class:`RewardScoringError` on failure when ``on_failure`` is ``raise``.
+        """
+        return self._finish(await self._score_safely(sample))
+
+    def _finish(self, result: RewardResult) -> dict[str, Any]:
         if not result.ok and self.settings.on_failure == "raise":
             raise RewardScoringError(
                 f"sample scoring failed with status {result.status.value}: {result.failure_reason}"
