@@ -1,0 +1,102 @@
+"""The benchmark's environment: tokenizer, judge server, Ray and the pipelined reward manager.
+
+Built once per benchmark run (Ray and worker start-up are the slow part) and shared by every
+(regime, strategy): between runs only the judge's latency and counters are reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from async_reward.benchmark.speedup import BenchConfig
+
+__all__ = ["bench_environment"]
+
+
+@contextlib.contextmanager
+def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
+    """Yield ``{"server", "manager", "factory"}``: the judge (latency 0 until a regime sets it), a
+    ``PipelinedRewardLoopManager`` running ``llm_judge`` on ``cfg.num_workers`` Ray workers, and the
+    batch factory. Starts Ray unless it is running (and then shuts it down again)."""
+    import ray
+
+    from async_reward.benchmark.backend import BatchFactory
+    from async_reward.integration import ray_runtime_env
+    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+
+    for key, value in (
+        ("RAY_DEDUP_LOGS", "0"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+    ):
+        os.environ.setdefault(key, value)
+    with contextlib.ExitStack() as stack:
+        directory = Path(tempfile.mkdtemp(prefix="async-reward-bench-"))
+        stack.callback(shutil.rmtree, directory, ignore_errors=True)
+        tokenizer = build_tiny_tokenizer(directory)
+        server = _start_server(cfg)
+        stack.callback(server.stop)
+        if not ray.is_initialized():
+            ray.init(
+                num_cpus=max(4, cfg.num_workers + 2),
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
+            )
+            stack.callback(ray.shutdown)
+        manager = PipelinedRewardLoopManager(
+            _verl_config(cfg, directory, server.url), max_concurrency=cfg.per_worker_concurrency
+        )
+        stack.callback(manager.close)
+        factory = BatchFactory(tokenizer, cfg.prompts, cfg.group_size, seed=cfg.seed, tag=-1)
+        # Warm-up at zero latency: worker imports, HTTP connections, first-call costs are paid here.
+        warm = factory.make(0)
+        manager.get_chunk(manager.submit(warm), len(warm), timeout=120)
+        yield {"server": server, "manager": manager, "factory": factory}
+
+
+def _start_server(cfg: BenchConfig) -> Any:
+    """The judge, in a thread of this process or in a child process (``cfg.server``)."""
+    if cfg.server == "thread":
+        from async_reward.devserver import DevServerConfig, ThreadedDevServer
+
+        threaded = ThreadedDevServer(DevServerConfig(capacity=cfg.capacity, overflow="queue", seed=cfg.seed))
+        threaded.start()
+        return threaded
+    from async_reward.server_process import ServerProcess
+
+    process = ServerProcess("--capacity", str(cfg.capacity), "--overflow", "queue", "--seed", str(cfg.seed))
+    process.start()
+    return process
+
+
+def _verl_config(cfg: BenchConfig, model_dir: Path, server_url: str) -> Any:
+    """verl's ``ppo_trainer`` config composed by hydra (as ``main_ppo`` does), set up for ``llm_judge``."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    config_dir = str(Path(str(verl.__file__)).parent / "trainer" / "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model_dir}"])
+    GlobalHydra.instance().clear()
+    with open_dict(config):
+        config.reward.reward_manager.name = "llm_judge"
+        config.reward.num_workers = cfg.num_workers
+        # Our side admits as many calls as the service can hold, so the service is the bottleneck.
+        config.reward.async_reward = {
+            "judge": {"base_url": server_url + "/v1"},
+            "limits": {"max_concurrency": cfg.per_worker_concurrency},
+            "timeout_s": 600.0,
+        }
+    return config

@@ -1,0 +1,164 @@
+"""Summaries of benchmark runs: steady-state numbers per strategy, tables, and the recipe comparison."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from async_reward.pipeline.schedule import StepRecord
+
+__all__ = [
+    "STEADY_STATE_RULE",
+    "acceptance",
+    "add_relative",
+    "format_table",
+    "measured_steps",
+    "service_busy_fraction",
+    "summarize",
+]
+
+STEADY_STATE_RULE = (
+    "mean over steps 2..N-2: steps 0 and 1 fill the pipeline (batch 0 is scored alone, and an off-policy "
+    "run's service backlog reaches its steady depth during step 1), and the last step rolls nothing out "
+    "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
+)
+_GPU_STAGES = ("rollout", "prepare", "update")
+
+
+def measured_steps(records: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps the steady-state averages use (see :data:`STEADY_STATE_RULE`)."""
+    n = len(records)
+    if n >= 5:
+        return list(records[2:-1])
+    if n == 4:
+        return list(records[1:-1])
+    return list(records[1:]) or list(records)
+
+
+def service_busy_fraction(
+    samples: Sequence[tuple[float, int, int]], start: float, end: float, capacity: int
+) -> float:
+    """Mean requests in service / capacity over [start, end], from (time, in service, total) samples
+    held until the next one. 1.0 means the service never had a free slot: the schedule is then at the
+    realised reward bound, whatever the random latencies of this window added up to."""
+    if end <= start or not samples:
+        return math.nan
+    area = 0.0
+    for (t, busy, _), (t_next, _, _) in zip(samples, [*samples[1:], (end, 0, 0)], strict=True):
+        lo, hi = max(t, start), min(t_next, end)
+        if hi > lo:
+            area += busy * (hi - lo)
+    return area / ((end - start) * capacity)
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    time_scale: float,
+    samples: Sequence[tuple[float, int, int]] = (),
+    capacity: int = 1,
+) -> dict[str, Any]:
+    """Raw and steady-state numbers of one run, in recipe seconds (measured seconds / ``time_scale``).
+
+    ``samples`` are the service's in-flight counters (see ``timeline.InFlightSampler``)."""
+    measured = measured_steps(records)
+    span = sum(r.duration for r in measured)
+    gpu = sum(e.duration for r in measured for e in r.events if e.name in _GPU_STAGES)
+    return {
+        "step_s": float(np.mean([r.duration for r in measured])) / time_scale,
+        "reward_blocked_s": float(np.mean([r.reward_blocked_s for r in measured])) / time_scale,
+        "gpu_busy_fraction": gpu / span if span > 0 else math.nan,
+        "service_busy_fraction": service_busy_fraction(
+            samples, measured[0].start, measured[-1].end, capacity
+        ),
+        "measured_steps": [r.step for r in measured],
+        "step_times_s": [r.duration / time_scale for r in records],
+        "reward_blocked_per_step_s": [r.reward_blocked_s / time_scale for r in records],
+        "staleness": [r.staleness for r in records],
+        "updates_per_step": [len(r.chunk_sizes) for r in records],
+        "reward_submit_to_done_s": [
+            r.metrics.get("timing_s/reward_submit_to_done", math.nan) / time_scale for r in records
+        ],
+        "reward_latency_p50_s": [r.metrics.get("reward/latency_p50", math.nan) / time_scale for r in records],
+        "reward_status_ok": [r.metrics.get("reward/status_ok", math.nan) for r in records],
+    }
+
+
+def add_relative(strategies: dict[str, dict[str, Any]], bound_s: float) -> None:
+    """Add ``reduction_vs_baseline`` (a fraction) and ``ratio_to_bound`` to each strategy's summary."""
+    base = strategies.get("baseline", {}).get("step_s")
+    for summary in strategies.values():
+        summary["ratio_to_bound"] = summary["step_s"] / bound_s
+        summary["reduction_vs_baseline"] = 1.0 - summary["step_s"] / base if base else math.nan
+
+
+def acceptance(strategies: dict[str, dict[str, Any]], targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The recipe comparison: each reduction within 3 points of the recipe's, and "both" at <= 1.02 x
+    the critical-path bound."""
+    checks: dict[str, Any] = {}
+    for name, target in targets.items():
+        if name not in strategies or name == "baseline":
+            continue
+        ours = strategies[name]["reduction_vs_baseline"]
+        gap = (ours - target["reduction"]) * 100
+        checks[f"{name}_reduction_within_3_points"] = {
+            "ours_pct": ours * 100,
+            "recipe_pct": target["reduction"] * 100,
+            "gap_points": gap,
+            "ok": bool(abs(gap) <= 3.0),
+        }
+    if "both" in strategies:
+        ratio = strategies["both"]["ratio_to_bound"]
+        checks["both_within_1.02x_bound"] = {
+            "ours": ratio,
+            "recipe": targets["both"]["ratio_to_bound"],
+            "ok": bool(ratio <= 1.02),
+        }
+    checks["all_ok"] = all(c["ok"] for c in checks.values() if isinstance(c, dict))
+    return checks
+
+
+def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | None) -> str:
+    """A plain-text table of one regime (recipe columns when ``targets`` is given)."""
+    head = (
+        f"regime {regime['name']}: {regime['description']}\n"
+        f"  judge latency uniform {regime['latency_s'][0]:.2f}-{regime['latency_s'][1]:.2f} s, "
+        f"reward work / capacity {regime['reward_work_per_capacity_s']:.1f} s, GPU work "
+        f"{regime['gpu_work_s']:.1f} s, bound {regime['bound_s']:.1f} s per step (recipe seconds)"
+    )
+    columns = ["strategy", "step s", "vs baseline", "x bound", "blocked s", "GPU busy", "service busy"]
+    if targets:
+        columns += ["recipe step s", "recipe vs base"]
+    rows = [columns]
+    for name, s in regime["strategies"].items():
+        row = [
+            name,
+            f"{s['step_s']:.1f}",
+            "-" if name == "baseline" else f"{-s['reduction_vs_baseline'] * 100:+.1f}%",
+            f"{s['ratio_to_bound']:.3f}",
+            f"{s['reward_blocked_s']:.1f}",
+            f"{s['gpu_busy_fraction'] * 100:.0f}%",
+            f"{s['service_busy_fraction'] * 100:.0f}%",
+        ]
+        if targets:
+            target = targets.get(name)
+            row += (
+                [
+                    f"{target['step_s']:.1f}",
+                    "-" if name == "baseline" else f"{-target['reduction'] * 100:+.1f}%",
+                ]
+                if target
+                else ["", ""]
+            )
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    lines = [
+        "  "
+        + "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return "\n".join([head, *lines])
