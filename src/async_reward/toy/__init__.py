@@ -1,0 +1,27 @@
+"""A toy task a tiny torch policy learns on CPU with GRPO, for end-to-end learning-parity checks.
+
+``TinyPolicy`` with ``ppo_update`` / ``compute_log_probs`` (``policy``), the single-digit arithmetic
+task, its character tokenizer and prompt batches (``task``), ``ToyBackend``, the
+:class:`~async_reward.pipeline.schedule.StepSchedule` backend that rolls out, prepares and updates
+the policy for real, and ``LocalRewards``, an in-process reward source (``backend``). The parity
+benchmark is ``async_reward.toy.parity``.
+"""
+
+from __future__ import annotations
+
+from async_reward.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
+from async_reward.toy.policy import TinyPolicy, compute_log_probs, ppo_update
+from async_reward.toy.task import ArithmeticTask, PromptSampler, build_char_tokenizer, exact_match
+
+__all__ = [
+    "ArithmeticTask",
+    "LocalRewards",
+    "PromptSampler",
+    "TinyPolicy",
+    "ToyBackend",
+    "build_char_tokenizer",
+    "compute_log_probs",
+    "evaluate_accuracy",
+    "exact_match",
+    "ppo_update",
+]
