@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-__all__ = ["SETUP_HOOK", "prepare_verl_config", "ray_runtime_env", "setup_worker"]
+__all__ = ["SETUP_HOOK", "init_local_ray", "prepare_verl_config", "ray_runtime_env", "setup_worker"]
 
 #: Import path of the Ray worker setup hook.
 SETUP_HOOK = "async_reward.integration.setup_worker"
@@ -45,6 +45,25 @@ def ray_runtime_env(base: dict[str, Any] | None = None) -> dict[str, Any]:
         )
     env["worker_process_setup_hook"] = SETUP_HOOK
     return env
+
+
+def init_local_ray(num_cpus: int) -> bool:
+    """Start a local Ray cluster whose workers register our managers, unless Ray is already up.
+
+    Returns True when this call started it (the caller then owns ``ray.shutdown``). Used by the
+    benchmarks; a training job's Ray is started by verl's ``main_ppo``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
+    )
+    return True
 
 
 def _has_legacy_reward_keys(config: DictConfig) -> bool:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "EXTRA_STRING_MAX_CHARS",
     "STANDARD_EXTRA_KEYS",
@@ -20,6 +22,7 @@ __all__ = [
     "RewardSample",
     "ScoredFloat",
     "Status",
+    "neutral_value",
     "normalize_user_result",
 ]
 
@@ -134,6 +137,18 @@ class RewardResult:
             "reward_score": ScoredFloat(value, failed=failed, postprocess_spec=postprocess_spec),
             "reward_extra_info": extra,
         }
+
+
+def neutral_value(value: Any) -> Any:
+    """The extras value of a sample that lacks a key, judged from another sample's value of that key:
+    verl stacks extras per key across a batch, so every sample must carry every key."""
+    if isinstance(value, str):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, float, np.number)):
+        return math.nan
+    return None
 
 
 def _short(text: str) -> str:

@@ -28,7 +28,7 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     import ray
 
     from async_reward.benchmark.backend import BatchFactory
-    from async_reward.integration import ray_runtime_env
+    from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
     from async_reward.tiny_tokenizer import build_tiny_tokenizer
 
@@ -44,13 +44,7 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
         tokenizer = build_tiny_tokenizer(directory)
         server = _start_server(cfg)
         stack.callback(server.stop)
-        if not ray.is_initialized():
-            ray.init(
-                num_cpus=max(4, cfg.num_workers + 2),
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
-            )
+        if init_local_ray(num_cpus=max(4, cfg.num_workers + 2)):
             stack.callback(ray.shutdown)
         manager = PipelinedRewardLoopManager(
             _verl_config(cfg, directory, server.url), max_concurrency=cfg.per_worker_concurrency

@@ -15,13 +15,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from verl import DataProto
@@ -32,7 +30,7 @@ from async_reward.http import HTTPStatusError, MalformedResponseError
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
-from async_reward.result import RewardResult, RewardSample, Status
+from async_reward.result import RewardResult, RewardSample, Status, neutral_value, normalize_user_result
 from async_reward.retry import AttemptsExhausted, retry_async
 
 __all__ = ["AsyncRewardManager", "RewardScoringError"]
@@ -141,6 +139,24 @@ class AsyncRewardManager(RewardManagerBase):
 
         return await retry_async(admitted_attempt, self.settings.retry)
 
+    async def score_with_function(self, fn: Callable[..., Any], sample: RewardSample) -> RewardResult:
+        """Score ``sample`` with a user reward function called as verl calls ``compute_score``
+        (``data_source, solution_str, ground_truth, extra_info``), under the manager's policy."""
+
+        async def attempt(_reservation: TokenReservation) -> Any:
+            return await self.run_user_function(
+                fn,
+                data_source=sample.data_source,
+                solution_str=sample.response,
+                ground_truth=sample.ground_truth,
+                extra_info=sample.extra_info,
+            )
+
+        value, attempts = await self.call_with_policy(attempt)
+        result = normalize_user_result(value)
+        result.attempts = attempts
+        return result
+
     async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Call a user function, sync or async; sync ones run off the event loop."""
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
@@ -203,7 +219,7 @@ class AsyncRewardManager(RewardManagerBase):
     def _to_verl(self, result: RewardResult) -> dict[str, Any]:
         for key, value in result.extras.items():
             if key not in self._extra_defaults:
-                self._extra_defaults[key] = _neutral_value(value)
+                self._extra_defaults[key] = neutral_value(value)
         for key, default in self._extra_defaults.items():
             result.extras.setdefault(key, default)
         return result.to_verl(self.settings.fallback_score, self.postprocess_spec())
@@ -222,16 +238,6 @@ class AsyncRewardManager(RewardManagerBase):
 
 def _call_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     return fn(**kwargs)
-
-
-def _neutral_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (int, float, np.number)):
-        return math.nan
-    return None
 
 
 def _failure_from_exception(exc: BaseException) -> RewardResult:

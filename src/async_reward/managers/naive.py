@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.user_function import resolve_user_function
 from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample, normalize_user_result
+from async_reward.result import RewardResult, RewardSample
 
 __all__ = ["AsyncNaiveRewardManager"]
 
@@ -27,16 +27,4 @@ class AsyncNaiveRewardManager(AsyncRewardManager):
         self.score_fn = resolve_user_function(config, compute_score, self.settings.executor)
 
     async def score(self, sample: RewardSample) -> RewardResult:
-        async def attempt(_reservation: Any) -> Any:
-            return await self.run_user_function(
-                self.score_fn,
-                data_source=sample.data_source,
-                solution_str=sample.response,
-                ground_truth=sample.ground_truth,
-                extra_info=sample.extra_info,
-            )
-
-        value, attempts = await self.call_with_policy(attempt)
-        result = normalize_user_result(value)
-        result.attempts = attempts
-        return result
+        return await self.score_with_function(self.score_fn, sample)

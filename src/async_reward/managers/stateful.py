@@ -15,7 +15,7 @@ from async_reward.config import ConfigError
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.postprocess import load_user_instance, make_postprocess_spec
 from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample, normalize_user_result
+from async_reward.result import RewardResult, RewardSample
 
 __all__ = ["AsyncStatefulRewardManager"]
 
@@ -45,16 +45,4 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         return self._spec if self._has_postprocess else None
 
     async def score(self, sample: RewardSample) -> RewardResult:
-        async def attempt(_reservation: Any) -> Any:
-            return await self.run_user_function(
-                self.instance.compute_score,
-                data_source=sample.data_source,
-                solution_str=sample.response,
-                ground_truth=sample.ground_truth,
-                extra_info=sample.extra_info,
-            )
-
-        value, attempts = await self.call_with_policy(attempt)
-        result = normalize_user_result(value)
-        result.attempts = attempts
-        return result
+        return await self.score_with_function(self.instance.compute_score, sample)

@@ -11,7 +11,6 @@ batch order. Groups may have different sizes and need not be contiguous in the b
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward.postprocess import apply_group_postprocessing
+from async_reward.result import neutral_value
 
 __all__ = [
     "ChunkBook",
@@ -184,17 +184,6 @@ class ChunkBook:
             size = len(self.layout.members[group])
             self.num_ready += size
             self.num_delivered -= size
-
-
-def neutral_value(value: Any) -> Any:
-    """The value a sample without extras key ``k`` gets, judged from another sample's value of ``k``."""
-    if isinstance(value, str):
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (int, float, np.number)):
-        return math.nan
-    return None
 
 
 def stack_extras(

@@ -140,7 +140,7 @@ def _verl_config(cfg: ParityConfig, model_dir: Path, server_url: str) -> Any:
 def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
     import ray
 
-    from async_reward.integration import ray_runtime_env
+    from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
     from async_reward.server_process import ServerProcess
     from async_reward.toy.task import build_char_tokenizer
@@ -158,13 +158,7 @@ def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
                 args += ["--capacity", str(cfg.capacity)]
             server = stack.enter_context(ServerProcess(*args))
             url = server.url
-        if not ray.is_initialized():
-            ray.init(
-                num_cpus=max(4, cfg.num_workers + 2),
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
-            )
+        if init_local_ray(num_cpus=max(4, cfg.num_workers + 2)):
             stack.callback(ray.shutdown)
         manager = PipelinedRewardLoopManager(_verl_config(cfg, directory, url))
         stack.callback(manager.close)
