@@ -471,3 +471,146 @@ def test_extras_keys_are_consistent_for_failed_samples(server, verl_config_facto
     )
     assert set(failed["reward_extra_info"]) == set(ok["reward_extra_info"])
     assert math.isnan(failed["reward_extra_info"]["judge_verdict"])
+
+
+async def test_declared_extras_reach_a_sample_that_fails_first(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    """verl stacks extras by the first sample's keys: a failure must carry the user's keys too."""
+    path = write_module(tmp_path, USER_FUNCTIONS)
+    settings = {"extra_defaults": {"acc": False, "note": ""}}
+    config = verl_config_factory(
+        "async_naive", settings, custom_reward_function={"path": path, "name": "sync_score"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    [failed] = await score_rows(manager, batch_factory, [{"response": "boom", "ground_truth": "4"}])
+    [ok] = await score_rows(manager, batch_factory, [{"response": "dict", "ground_truth": "4"}])
+    assert failed["reward_extra_info"]["status"] == "error"
+    assert set(failed["reward_extra_info"]) == set(ok["reward_extra_info"])
+    assert failed["reward_extra_info"]["acc"] is False
+
+
+class _BadResultManager(AsyncNaiveRewardManager):
+    """A subclass whose score() returns things that are not usable results."""
+
+    async def score(self, sample):
+        from async_reward import RewardResult
+
+        return {"nan": RewardResult(score=math.nan), "none": RewardResult(score=None), "plain": 0.7}[
+            sample.response.strip()
+        ]
+
+
+async def test_unusable_results_are_invalid_not_a_silent_score(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    path = write_module(tmp_path, USER_FUNCTIONS)
+    config = verl_config_factory(
+        "async_naive", {}, custom_reward_function={"path": path, "name": "sync_score"}
+    )
+    manager = _BadResultManager(config, tokenizer)
+    outputs = await score_rows(manager, batch_factory, [{"response": r} for r in ("nan", "none", "plain")])
+    assert [o["reward_extra_info"]["status"] for o in outputs] == ["invalid"] * 3
+    assert all(o["reward_score"].failed for o in outputs)
+
+
+CRASHY_FUNCTION = """
+import os
+
+def crashy(data_source, solution_str, ground_truth, extra_info=None):
+    if "crash" in solution_str:
+        os._exit(1)
+    return 1.0
+"""
+
+
+async def test_a_crashed_process_pool_is_rebuilt(tmp_path, verl_config_factory, tokenizer, batch_factory):
+    path = write_module(tmp_path, CRASHY_FUNCTION, "crashy.py")
+    settings = {"executor": "process", "executor_workers": 1, "retry": {"max_attempts": 1}}
+    config = verl_config_factory(
+        "async_naive", settings, custom_reward_function={"path": path, "name": "crashy"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    [crashed] = await score_rows(manager, batch_factory, [{"response": "crash"}])
+    [healthy] = await score_rows(manager, batch_factory, [{"response": "fine"}])
+    manager._executor.shutdown(wait=True)
+    assert crashed["reward_extra_info"]["status"] == "error"
+    assert healthy["reward_extra_info"]["status"] == "ok"
+
+
+SLOW_SYNC = """
+import threading, time
+
+started = []
+
+def slow(data_source, solution_str, ground_truth, extra_info=None):
+    started.append(threading.get_ident())
+    time.sleep(1.0)
+    return 1.0
+"""
+
+
+async def test_a_timed_out_sync_function_is_not_started_again(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    path = write_module(tmp_path, SLOW_SYNC, "slow.py")
+    settings = {"timeout_s": 0.2, "retry": {"max_attempts": 4, "initial_backoff_s": 0.01, "jitter_s": 0.0}}
+    config = verl_config_factory(
+        "async_naive", settings, custom_reward_function={"path": path, "name": "slow"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    [output] = await score_rows(manager, batch_factory, [{"response": "x"}])
+    assert output["reward_extra_info"]["status"] == "timeout"
+    assert output["reward_extra_info"]["attempts"] == 1
+
+
+async def test_cancelling_every_caller_stops_the_shared_judge_call(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """A judge call nobody waits for any more must not keep retrying (and spending) in the background."""
+    settings = judge_settings(server, timeout_s=0.3, retry={"max_attempts": 4})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    batch = batch_factory([{"response": "@@fault:hang@@ 5", "ground_truth": "5"}] * 2)
+    callers = [asyncio.create_task(manager.run_single(batch[i : i + 1])) for i in range(2)]
+    await asyncio.sleep(0.1)
+    for caller in callers:
+        caller.cancel()
+    await asyncio.gather(*callers, return_exceptions=True)
+    await asyncio.sleep(1.0)  # the retries would have come by now
+    assert chat_requests(server) == 1
+    assert not manager._in_flight
+
+
+BROKEN_POSTPROCESS = """
+class BrokenAgent:
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        if "fail" in solution_str:
+            raise ValueError("down")
+        return 1.0
+
+    def post_process_scores(self, rewards):
+        raise RuntimeError("user bug")
+"""
+
+
+async def test_a_failing_post_process_keeps_the_scores(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    path = write_module(tmp_path, BROKEN_POSTPROCESS, "broken_agent.py")
+    settings = {"fallback_score": -1.0}
+    config = verl_config_factory(
+        "async_stateful", settings, custom_reward_function={"path": path, "name": "BrokenAgent"}
+    )
+    manager = AsyncStatefulRewardManager(config, tokenizer)
+    rows = [{"response": "ok", "uid": "g"}, {"response": "fail", "uid": "g"}]
+    outputs = await score_rows(manager, batch_factory, rows)
+    rm_scores = AsyncStatefulRewardManager.assemble_rm_scores(
+        batch_factory(rows), [o["reward_score"] for o in outputs]
+    )
+    assert rm_scores.sum(dim=1).tolist() == [1.0, -1.0]

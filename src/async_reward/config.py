@@ -176,6 +176,11 @@ class AsyncRewardConfig:
     """Where sync user functions run: a thread pool, or a process pool (for scorers unsafe in threads)."""
     executor_workers: int | None = None
     """Size of that pool. None: the library default (min(32, cpus + 4) threads, cpus processes)."""
+    extra_defaults: dict[str, Any] = field(default_factory=dict)
+    """Extras keys your reward function returns, each with the value a failed sample gets. verl stacks
+    extras per key across a batch and fails when one sample lacks a key another has; keys are also
+    learned as results arrive, but a sample that fails before any success in its worker only knows
+    the keys declared here. (The pipelined manager fills missing keys across the batch itself.)"""
     num_workers: int | None = None
     """Reward worker processes sharing the RPM/TPM budgets. None: read ``reward.num_workers``."""
     limits: LimitsConfig = field(default_factory=LimitsConfig)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from async_reward.result import ScoredFloat
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["apply_group_postprocessing", "load_user_instance", "make_postprocess_spec", "postprocess_group"]
 
@@ -73,7 +76,13 @@ def apply_group_postprocessing(uids: Sequence[Any] | None, scores: Sequence[floa
             continue
         group_scores = [scores[p] for p in positions]
         failed = [bool(getattr(s, "failed", False)) for s in group_scores]
-        processed = postprocess_group(instance, group_scores, failed)
+        try:
+            processed = postprocess_group(instance, group_scores, failed)
+        except Exception as exc:  # a user bug must not stop the training step: keep the scores as they are
+            logger.warning(
+                "post_process_scores failed for a group of %d (%r); scores kept", len(positions), exc
+            )
+            continue
         for position, value in zip(positions, processed, strict=True):
             result[position] = value if math.isfinite(value) else float(scores[position])
     return result

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -31,7 +32,7 @@ from async_reward.judge import VerdictError
 from async_reward.limits import Admission, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.result import RewardResult, RewardSample, Status, neutral_value, normalize_user_result
-from async_reward.retry import AttemptsExhausted, retry_async
+from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
 
 __all__ = ["AsyncRewardManager", "RewardScoringError"]
 
@@ -77,7 +78,7 @@ class AsyncRewardManager(RewardManagerBase):
         self.reward_model_tokenizer = reward_model_tokenizer
         # Keys seen in user extras, with a neutral value per key, so a failed sample carries the same
         # keys as its batch mates (verl stacks extras per key and fails on a missing one).
-        self._extra_defaults: dict[str, Any] = dict(self.extra_defaults)
+        self._extra_defaults: dict[str, Any] = {**self.extra_defaults, **self.settings.extra_defaults}
         self._executor: Executor | None = None
 
     # ----------------------------------------------------------------- subclass API
@@ -125,10 +126,13 @@ class AsyncRewardManager(RewardManagerBase):
         attempt: Callable[[TokenReservation], Awaitable[_T]],
         *,
         estimated_tokens: int | None = None,
+        retry_timeouts: bool = True,
     ) -> tuple[_T, int]:
         """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
 
         Admission comes first so the deadline measures the service, not our own queue.
+        ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a thread keeps
+        running after its deadline; starting it again would pile up copies).
         Returns ``(value, attempts)``; raises the last error (with ``attempts`` attached).
         """
 
@@ -137,7 +141,12 @@ class AsyncRewardManager(RewardManagerBase):
                 async with asyncio.timeout(self.settings.timeout_s):
                     return await attempt(reservation)
 
-        return await retry_async(admitted_attempt, self.settings.retry)
+        def is_transient(exc: BaseException) -> bool:
+            if isinstance(exc, TimeoutError) and not retry_timeouts:
+                return False
+            return default_is_transient(exc)
+
+        return await retry_async(admitted_attempt, self.settings.retry, is_transient=is_transient)
 
     async def score_with_function(self, fn: Callable[..., Any], sample: RewardSample) -> RewardResult:
         """Score ``sample`` with a user reward function called as verl calls ``compute_score``
@@ -152,17 +161,23 @@ class AsyncRewardManager(RewardManagerBase):
                 extra_info=sample.extra_info,
             )
 
-        value, attempts = await self.call_with_policy(attempt)
+        value, attempts = await self.call_with_policy(attempt, retry_timeouts=_is_async(fn))
         result = normalize_user_result(value)
         result.attempts = attempts
         return result
 
     async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Call a user function, sync or async; sync ones run off the event loop."""
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
+        if _is_async(fn):
             return await fn(**kwargs)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._get_executor(), _call_kwargs, fn, kwargs)
+        try:
+            result = await loop.run_in_executor(self._get_executor(), _call_kwargs, fn, kwargs)
+        except BrokenProcessPool:
+            # A scorer crashed its process; the pool refuses all later work. Build a new one for
+            # the next call (executor=process exists for exactly such unstable scorers).
+            self._executor = None
+            raise
         if inspect.isawaitable(result):
             return await result
         return result
@@ -191,7 +206,7 @@ class AsyncRewardManager(RewardManagerBase):
         extra_info = non_tensor.get("extra_info")
         uid = non_tensor.get("uid")
         return RewardSample(
-            index=int(extra_info.get("index", -1)) if isinstance(extra_info, dict) else -1,
+            index=_as_index(extra_info.get("index") if isinstance(extra_info, dict) else None),
             uid=None if uid is None else str(uid),
             data_source=str(non_tensor.get("data_source", "unknown")),
             prompt=prompt,
@@ -202,7 +217,7 @@ class AsyncRewardManager(RewardManagerBase):
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
         started = time.monotonic()
-        result = await self.guard(self.score(sample))
+        result = _checked(await self.guard(self.score(sample)))
         result.latency_s = time.monotonic() - started
         return result
 
@@ -234,6 +249,33 @@ class AsyncRewardManager(RewardManagerBase):
             else:
                 self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="async-reward")
         return self._executor
+
+
+def _as_index(value: Any) -> int:
+    """``extra_info["index"]`` is only for logs and services: anything not an integer is -1."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None))
+
+
+def _checked(result: Any) -> RewardResult:
+    """A subclass's or user's result, refused unless it is a ``RewardResult`` with a usable score:
+    an ok result without a finite score would otherwise become a silent fallback or a NaN reward."""
+    if not isinstance(result, RewardResult):
+        return RewardResult.failure(
+            Status.INVALID, f"score() returned {type(result).__name__}, not a RewardResult"
+        )
+    if result.ok:
+        checked = normalize_user_result(result.score)
+        if not checked.ok:
+            return RewardResult.failure(Status.INVALID, checked.failure_reason, attempts=result.attempts)
+        result.score = checked.score
+    return result
 
 
 def _call_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

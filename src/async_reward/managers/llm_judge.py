@@ -49,6 +49,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         }
         self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
         self._cache: dict[str, RewardResult] = {}
+        self._waiters: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
@@ -67,14 +68,25 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if cached is not None:
             return _shared_copy(cached)
         shared = self._in_flight.get(key)
-        if shared is not None:
-            return _shared_copy(await asyncio.shield(shared))
-        # The call runs as its own task so that a cancelled caller does not cancel the callers
-        # sharing it; every caller is bounded by the same deadline and retry budget.
-        task = asyncio.ensure_future(self.guard(self._ask_judge(messages)))
-        self._in_flight[key] = task
-        task.add_done_callback(lambda _t: self._in_flight.pop(key, None))
-        result = await asyncio.shield(task)
+        leader = shared is None
+        if shared is None:
+            # The call runs as its own task so that a cancelled caller does not cancel the callers
+            # sharing it; every caller is bounded by the same deadline and retry budget.
+            shared = asyncio.ensure_future(self.guard(self._ask_judge(messages)))
+            self._in_flight[key] = shared
+            shared.add_done_callback(
+                lambda _t: (self._in_flight.pop(key, None), self._waiters.pop(key, None))
+            )
+        self._waiters[key] = self._waiters.get(key, 0) + 1
+        try:
+            result = await asyncio.shield(shared)
+        except asyncio.CancelledError:
+            self._waiters[key] = self._waiters.get(key, 1) - 1
+            if self._waiters[key] <= 0:
+                shared.cancel()  # nobody waits for it any more: stop paying for its calls and retries
+            raise
+        if not leader:
+            return _shared_copy(result)
         if self.judge.cache and result.ok:
             self._cache[key] = result
         return result

@@ -9,7 +9,8 @@ NaN (on the driver in verl's plain path, in the pipeline for the pipelined path)
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, ClassVar
 
 from async_reward.config import ConfigError
 from async_reward.managers.base import AsyncRewardManager
@@ -19,10 +20,14 @@ from async_reward.result import RewardResult, RewardSample
 
 __all__ = ["AsyncStatefulRewardManager"]
 
+logger = logging.getLogger(__name__)
+
 
 @register_manager("async_stateful")
 class AsyncStatefulRewardManager(AsyncRewardManager):
     """Holds one instance of the user's class per worker process and scores with its methods."""
+
+    _warned_postprocess_path: ClassVar[bool] = False
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
@@ -40,6 +45,15 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         if not callable(getattr(self.instance, "compute_score", None)):
             raise ConfigError(f"class {name!r} in {path} has no compute_score method")
         self._has_postprocess = callable(getattr(self.instance, "post_process_scores", None))
+        if self._has_postprocess and not type(self)._warned_postprocess_path:
+            type(self)._warned_postprocess_path = True
+            logger.warning(
+                "%s.post_process_scores runs where a whole batch is assembled: verl's "
+                "RewardLoopManager.compute_rm_score and async-reward's pipeline. verl 0.9.1's default "
+                "trainer (no reward model) scores samples one by one inside the agent loop, where it "
+                "cannot run; train with python -m async_reward.pipeline.main_ppo to apply it.",
+                name,
+            )
 
     def postprocess_spec(self) -> tuple[str, ...] | None:
         return self._spec if self._has_postprocess else None

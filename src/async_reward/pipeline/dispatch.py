@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import ray
 from ray.exceptions import RayActorError
 
 from async_reward.pipeline.chunks import split_groups
@@ -171,8 +172,10 @@ class Dispatcher:
         try:
             try:
                 taken = await asyncio.wrap_future(victim.handle.steal.remote(seq, count).future())
-            except RayActorError:
-                return  # the victim's collector handles its death (and re-sends its samples)
+            except RayActorError as exc:
+                # The steal may have run and its reply been lost: only a death re-sends the samples.
+                self._on_worker_death(victim, exc)
+                return
             if not taken:
                 return
             part = np.array(sorted(taken), dtype=np.int64)
@@ -201,6 +204,10 @@ class Dispatcher:
                 worker.alive = False
                 return
             worker.alive = False
+            # RayActorError also means "unavailable for the moment" (ActorUnavailableError): kill the
+            # actor so a worker we re-send from can never keep scoring the same samples.
+            with contextlib.suppress(Exception):
+                ray.kill(worker.handle, no_restart=True)
             orphans, worker.outstanding, worker.in_flight = worker.outstanding, {}, {}
             live = self.live()
             logger.warning(

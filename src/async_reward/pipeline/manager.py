@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -168,8 +169,10 @@ class PipelinedRewardLoopManager:
         """
         if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples <= 0:
             raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
-        if timeout is not None and timeout < 0:
+        if timeout is not None and not timeout >= 0:  # also refuses NaN, which would spin
             raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+        if timeout is not None and math.isinf(timeout):
+            timeout = None
         called = time.monotonic()
         deadline = None if timeout is None else called + timeout
         with self._cond:
@@ -184,7 +187,7 @@ class PipelinedRewardLoopManager:
                         raise RewardChunkTimeout(
                             ticket, n_samples, timeout or 0.0, state.book.num_pending, state.book.num_ready
                         )
-                    self._cond.wait(remaining)
+                    self._cond.wait(None if remaining is None else min(remaining, threading.TIMEOUT_MAX))
                 groups = state.book.take(n_samples)
             finally:
                 state.blocked_s += time.monotonic() - called
@@ -301,11 +304,16 @@ class PipelinedRewardLoopManager:
             why = self._retired.get(state.ticket.seq, ("retired",))[0]
             raise TicketError(f"ticket {state.ticket.seq} cannot be used: {why}")
         if state.error is not None:
-            raise RewardScoringError(f"ticket {state.ticket.seq}: {state.error}")
+            error = state.error
+            # It can never return another chunk: stop its scoring and free its priority and memory.
+            self._retire(state, f"failed: {error}")
+            self._dispatch.cancel(state.ticket.seq)
+            raise RewardScoringError(f"ticket {state.ticket.seq}: {error}")
 
     def _retire(self, state: TicketState, why: str) -> None:
         """Move a ticket out of the live set (lock held): finished, cancelled or closed."""
         self._tickets.pop(state.ticket.seq, None)
+        state.done_at = state.done_at or time.monotonic()
         state.release()
         self._retired[state.ticket.seq] = (why, state)
         while len(self._retired) > _FINISHED_KEPT:

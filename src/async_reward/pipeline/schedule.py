@@ -320,8 +320,10 @@ class StepSchedule:
                 )
                 current = None
                 version += 1
-                step_start = record.end
                 yield record
+                # After the caller's own per-step work (checkpoint, validation, logging): verl keeps
+                # that out of the step's time, and so do we.
+                step_start = self.clock()
         finally:
             # Stopped early (an error, or the caller closed the generator): drop what is still scoring.
             for unfinished in (current, ahead):

@@ -372,10 +372,11 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
             progress = tqdm(total=self.total_training_steps, initial=first, desc="Training Progress")
             self.global_steps, self.max_steps_duration = first + 1, 0
             for record in schedule.steps(max(0, last - first), first_step=first):
+                # The actor is updated: validation's weight sync inside _finish_step carries this version.
+                backend.version = record.step + 1
                 self._finish_step(record, backend, logger, is_last=self.global_steps >= last)
                 progress.update(1)
                 self.global_steps += 1
-                backend.version = record.step + 1
                 if hasattr(self.train_dataset, "on_batch_end"):
                     self.train_dataset.on_batch_end(batch=record.batch)
             progress.close()
@@ -391,8 +392,9 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
     ) -> None:
         """Checkpoint, validate and log one finished step, as verl's ``fit`` does after its update."""
         config, timing = self.config, dict[str, float]()
-        if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):  # async checkpoint saves
-            self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=is_last)
+        finalize = getattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec", None)  # async saves
+        if finalize is not None:
+            finalize(blocking=False)
         self.max_steps_duration = max(self.max_steps_duration, record.duration)
         esi_expiring = should_save_ckpt_esi(
             max_steps_duration=self.max_steps_duration, redundant_time=config.trainer.esi_redundant_time
@@ -402,6 +404,8 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
         ):
             with marked_timer("save_checkpoint", timing):
                 self._save_checkpoint()
+            if is_last and finalize is not None:
+                finalize(blocking=True)  # as verl's fit: the last save is finished before fit returns
         metrics = backend.pop_metrics(record.step)
         if config.trainer.test_freq > 0 and (is_last or self.global_steps % config.trainer.test_freq == 0):
             with marked_timer("testing", timing):

@@ -154,15 +154,24 @@ def check_against_verl(config: PipelineConfig, verl_config: Any) -> None:
             f"{PIPELINE_CONFIG_PATH}.mini_batch=true needs data.gen_batch_size unset or equal to "
             f"data.train_batch_size ({train}), got {gen_batch}"
         )
-    epochs = int(select("actor_rollout_ref.actor.ppo_epochs", 1))
-    if epochs > 1 and not config.allow_ppo_epochs_per_chunk:
-        raise ConfigError(
-            f"{PIPELINE_CONFIG_PATH}.mini_batch=true with actor_rollout_ref.actor.ppo_epochs={epochs}: "
-            "the pipeline makes each chunk's epochs as it arrives (chunk 1 x E, chunk 2 x E, ...), not "
-            "E passes over the whole batch. Set ppo_epochs=1, or accept the change with "
-            f"{PIPELINE_CONFIG_PATH}.allow_ppo_epochs_per_chunk=true"
-        )
     critic_on = select("critic.enable")
+    for key in ("actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"):
+        if key.startswith("critic") and not critic_on:
+            continue
+        epochs = int(select(key, 1) or 1)
+        if epochs > 1 and not config.allow_ppo_epochs_per_chunk:
+            raise ConfigError(
+                f"{PIPELINE_CONFIG_PATH}.mini_batch=true with {key}={epochs}: the pipeline makes each "
+                "chunk's epochs as it arrives (chunk 1 x E, chunk 2 x E, ...), not E passes over the "
+                f"whole batch. Set it to 1, or accept the change with "
+                f"{PIPELINE_CONFIG_PATH}.allow_ppo_epochs_per_chunk=true"
+            )
+    if select("algorithm.use_kl_in_reward") and select("algorithm.kl_ctrl.type") == "adaptive":
+        raise ConfigError(
+            f"{PIPELINE_CONFIG_PATH}.mini_batch=true with algorithm.use_kl_in_reward and an adaptive "
+            "kl_ctrl: the controller would move once per chunk, so later chunks of a batch get another "
+            "penalty than earlier ones. Use kl_ctrl.type=fixed, or use_kl_loss instead of the reward KL"
+        )
     if critic_on:
         critic_mini = int(select("critic.ppo_mini_batch_size", mini))
         if critic_mini != mini:
