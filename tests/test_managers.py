@@ -614,3 +614,9 @@ async def test_a_failing_post_process_keeps_the_scores(
         batch_factory(rows), [o["reward_score"] for o in outputs]
     )
     assert rm_scores.sum(dim=1).tolist() == [1.0, -1.0]
+
+
+def test_remote_headers_stay_out_of_reprs(verl_config_factory, tokenizer):
+    settings = {"remote": {"url": "http://127.0.0.1:9/score", "headers": {"X-API-Key": "sk-hidden-456"}}}
+    manager = AsyncRemoteRewardManager(verl_config_factory("async_remote", settings), tokenizer)
+    assert "sk-hidden-456" not in repr(manager) + repr(manager.settings)

@@ -143,8 +143,8 @@ class RemoteConfig:
     ``async_remote``."""
     api_key_env: str | None = None
     """Name of the environment variable holding a bearer token. None: no Authorization header."""
-    headers: dict[str, str] = field(default_factory=dict)
-    """Extra HTTP headers (not secrets: these may be logged)."""
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    """Extra HTTP headers. Kept out of reprs, but put secrets in ``api_key_env``, not here."""
 
     def validate(self) -> None:
         if not self.url:
