@@ -620,3 +620,26 @@ def test_remote_headers_stay_out_of_reprs(verl_config_factory, tokenizer):
     settings = {"remote": {"url": "http://127.0.0.1:9/score", "headers": {"X-API-Key": "sk-hidden-456"}}}
     manager = AsyncRemoteRewardManager(verl_config_factory("async_remote", settings), tokenizer)
     assert "sk-hidden-456" not in repr(manager) + repr(manager.settings)
+
+
+async def test_admission_deadline_gives_timeout_not_an_endless_queue(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    """With a one-request-per-second budget, samples that would queue past the admission deadline
+    are reported as timeouts at once instead of waiting (and they are not retried)."""
+    path = write_module(tmp_path, USER_FUNCTIONS)
+    settings = {"admission_timeout_s": 0.3, "limits": {"requests_per_minute": 60}}
+    config = verl_config_factory(
+        "async_rate_limited", settings, custom_reward_function={"path": path, "name": "async_score"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    rows = [{"response": f"answer {i}", "ground_truth": str(i)} for i in range(3)]
+    outputs = await asyncio.wait_for(score_rows(manager, batch_factory, rows), timeout=20)
+    statuses = sorted(o["reward_extra_info"]["status"] for o in outputs)
+    assert statuses == ["ok", "timeout", "timeout"]
+    for output in outputs:
+        if output["reward_extra_info"]["status"] == "timeout":
+            assert "admission" in output["reward_extra_info"]["failure_reason"]
+            assert output["reward_extra_info"]["attempts"] == 1

@@ -168,6 +168,10 @@ class AsyncRewardConfig:
 
     timeout_s: float = 120.0
     """Deadline of one scoring attempt, measured on the service (queueing for admission is not counted)."""
+    admission_timeout_s: float | None = None
+    """Longest a call may queue for a concurrency slot and the RPM/TPM budgets before it is given up
+    as ``timeout`` (not retried: the budget is what it waited for). None: wait as long as the budget
+    requires (N / RPM minutes for N samples)."""
     fallback_score: float = 0.0
     """Score given to a sample whose scoring failed; its ``status`` says why, so it is never silent."""
     on_failure: Literal["fallback", "raise"] = "fallback"
@@ -202,6 +206,8 @@ class AsyncRewardConfig:
     def validate(self) -> None:
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.admission_timeout_s is not None and self.admission_timeout_s <= 0:
+            raise ConfigError(f"admission_timeout_s must be > 0 or null, got {self.admission_timeout_s}")
         if self.on_failure not in ("fallback", "raise"):
             raise ConfigError(f"on_failure must be 'fallback' or 'raise', got {self.on_failure!r}")
         if self.executor not in ("thread", "process"):

@@ -13,10 +13,11 @@ happened), nothing waits without a deadline, and rate budgets are per job, not p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar, TypeVar
@@ -39,6 +40,10 @@ __all__ = ["AsyncRewardManager", "RewardScoringError"]
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+class AdmissionTimeout(TimeoutError):
+    """A call waited longer than ``admission_timeout_s`` for a slot or rate budget (status timeout)."""
 
 
 class RewardScoringError(RuntimeError):
@@ -137,16 +142,34 @@ class AsyncRewardManager(RewardManagerBase):
         """
 
         async def admitted_attempt() -> _T:
-            async with self.admission.admit(estimated_tokens) as reservation:
+            async with self._admitted(estimated_tokens) as reservation:
                 async with asyncio.timeout(self.settings.timeout_s):
                     return await attempt(reservation)
 
         def is_transient(exc: BaseException) -> bool:
-            if isinstance(exc, TimeoutError) and not retry_timeouts:
+            if isinstance(exc, AdmissionTimeout) or (isinstance(exc, TimeoutError) and not retry_timeouts):
                 return False
             return default_is_transient(exc)
 
         return await retry_async(admitted_attempt, self.settings.retry, is_transient=is_transient)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, estimated_tokens: int | None) -> AsyncIterator[TokenReservation]:
+        """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call)."""
+        limit = self.settings.admission_timeout_s
+        context = self.admission.admit(estimated_tokens)
+        try:
+            async with asyncio.timeout(limit):
+                reservation = await context.__aenter__()
+        except TimeoutError:
+            raise AdmissionTimeout(f"queued for admission longer than {limit:g} s") from None
+        try:
+            yield reservation
+        except BaseException as exc:
+            if not await context.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await context.__aexit__(None, None, None)
 
     async def score_with_function(self, fn: Callable[..., Any], sample: RewardSample) -> RewardResult:
         """Score ``sample`` with a user reward function called as verl calls ``compute_score``
@@ -289,6 +312,8 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     if isinstance(exc, AttemptsExhausted):
         attempts = exc.attempts
         root = exc.last_error
+    if isinstance(root, AdmissionTimeout):
+        return RewardResult.failure(Status.TIMEOUT, str(root), attempts=attempts)
     if isinstance(root, (TimeoutError, asyncio.TimeoutError)):
         return RewardResult.failure(Status.TIMEOUT, "deadline exceeded", attempts=attempts)
     if isinstance(root, (MalformedResponseError, VerdictError)):

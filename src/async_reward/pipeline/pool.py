@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import ray
 from omegaconf import DictConfig
+from ray.exceptions import RayActorError
 from verl import DataProto
 
 from async_reward.pipeline.worker import PipelineRewardWorker
@@ -71,13 +73,29 @@ def start_workers(
     return workers
 
 
-def kill_workers(workers: list[WorkerRef]) -> None:
+def kill_workers(workers: list[WorkerRef], wait_s: float = 30.0) -> None:
+    """Kill the actors and return once each is gone (or ``wait_s`` passes).
+
+    ``ray.kill`` only sends the request: a call made just after it can still reach the live process.
+    Waiting here makes "closed" mean "no actor of ours left" for the caller.
+    """
     for worker in workers:
         worker.alive = False
         try:
             ray.kill(worker.handle, no_restart=True)
         except Exception:  # already gone
             logger.debug("killing %s failed", worker.label, exc_info=True)
+    deadline = time.monotonic() + wait_s
+    for worker in workers:
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                ray.get(worker.handle.__ray_ready__.remote(), timeout=remaining)
+            except RayActorError:
+                break  # dead, as asked
+            except Exception:  # timed out or unreachable: give up waiting, the kill stands
+                logger.debug("waiting for %s to die failed", worker.label, exc_info=True)
+                break
+            time.sleep(0.05)  # still answering: the kill has not landed yet
 
 
 def enqueue_rows(worker: WorkerRef, seq: int, data: DataProto, part: np.ndarray, ranks: np.ndarray) -> Any:
