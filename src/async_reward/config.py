@@ -25,6 +25,7 @@ __all__ = [
     "RemoteConfig",
     "RetryConfig",
     "StatefulConfig",
+    "dataclass_from_flags",
     "load_config",
     "parse_config",
 ]
@@ -293,6 +294,20 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path} must be a string, got {value!r}")
         return value
     return value
+
+
+def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | None = None) -> _T:
+    """Build dataclass ``cls`` from argparse flags named like its fields (the benchmarks' CLIs).
+
+    A flag left unset (None) keeps the ``preset`` value (e.g. ``--quick``), else the field's default;
+    list values become tuples.
+    """
+    values: dict[str, Any] = dict(preset or {})
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        given = getattr(flags, f.name, None)
+        if given is not None:
+            values[f.name] = tuple(given) if isinstance(given, list) else given
+    return cls(**values)
 
 
 def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewardConfig:

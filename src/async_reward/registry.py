@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, register
 
-__all__ = ["VERL_BUILTIN_NAMES", "is_registered", "register_manager"]
+__all__ = ["VERL_BUILTIN_NAMES", "register_manager"]
 
 #: Names verl registers itself; ours must differ.
 VERL_BUILTIN_NAMES = frozenset({"naive", "rate_limited", "remote", "dapo", "gdpo"})
@@ -57,8 +57,3 @@ def register_manager(name: str) -> Callable[[_C], _C]:
         return cls
 
     return decorator
-
-
-def is_registered(name: str) -> bool:
-    """Whether verl's registry resolves ``name`` in this process."""
-    return name in REWARD_MANAGER

@@ -17,7 +17,6 @@ import numpy as np
 
 __all__ = [
     "EXTRA_STRING_MAX_CHARS",
-    "STANDARD_EXTRA_KEYS",
     "RewardResult",
     "RewardSample",
     "ScoredFloat",
@@ -37,10 +36,6 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     ERROR = "error"
     INVALID = "invalid"
-
-
-#: Keys every sample's ``reward_extra_info`` carries, whatever the manager.
-STANDARD_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason")
 
 
 @dataclass

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from async_reward.benchmark.calibration import RECIPE_SERVICE, StageMedians, load_medians, recipe_targets
+from async_reward.config import dataclass_from_flags
 
 __all__ = [
     "QUICK",
@@ -314,12 +315,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    values: dict[str, Any] = dict(QUICK) if args.quick else {}
-    for f in dataclasses.fields(BenchConfig):
-        given = getattr(args, f.name, None)
-        if given is not None:
-            values[f.name] = tuple(given) if isinstance(given, list) else given
-    return BenchConfig(**values)
+    return dataclass_from_flags(BenchConfig, args, QUICK if args.quick else None)
 
 
 def run(args: argparse.Namespace) -> int:

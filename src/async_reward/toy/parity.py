@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from async_reward.config import dataclass_from_flags
+
 __all__ = ["QUICK", "ParityConfig", "main", "run_parity", "summarize_parity"]
 
 
@@ -433,12 +435,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def config_from_args(args: argparse.Namespace) -> ParityConfig:
-    values: dict[str, Any] = dict(QUICK) if args.quick else {}
-    for f in dataclasses.fields(ParityConfig):
-        given = getattr(args, f.name, None)
-        if given is not None:
-            values[f.name] = tuple(given) if isinstance(given, list) else given
-    return ParityConfig(**values)
+    return dataclass_from_flags(ParityConfig, args, QUICK if args.quick else None)
 
 
 def main(argv: list[str] | None = None) -> int:
