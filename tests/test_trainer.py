@@ -191,7 +191,7 @@ def test_baseline_matches_verl_fit(
 
 
 def test_mini_batch_updates_each_sample_once_in_complete_groups(
-    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged
+    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged, capsys
 ):
     dumps = tmp_path / "rollouts"
     config = make_config(
@@ -203,6 +203,14 @@ def test_mini_batch_updates_each_sample_once_in_complete_groups(
     )
     standins = run_ours(config, char_tokenizer, rewards)
     steps = train_steps(logged)
+    # The one start-up line naming the trainer and its mode.
+    started = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("async_reward: trainer")
+    ]
+    assert started == [
+        "async_reward: trainer async_reward.pipeline.trainer.PipelinedRayPPOTrainer, pipeline mode "
+        "mini_batch (mini_batch=True, one_step_off_policy=False)"
+    ]
     # verl's rollout dump sees the whole trained batch, scores and reward extras included.
     rows = [json.loads(line) for line in (dumps / "3.jsonl").read_text().splitlines()]
     assert len(rows) == PROMPTS * GROUP and {row["status"] for row in rows} == {"ok"}
@@ -359,11 +367,11 @@ def test_epochs_per_chunk_and_off_policy_correction_settings(char_tokenizer_dir,
         load_pipeline_config(config)
 
 
-def test_entry_point_prepares_verl_config_and_swaps_the_trainer(char_tokenizer_dir, tmp_path, monkeypatch):
-    import verl.trainer.main_ppo_v0 as task_module
-
+def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir, tmp_path, monkeypatch):
+    """What ``run`` hands verl's ``run_ppo``; the actor side is tested through Ray in
+    ``test_entry_point.py``."""
     from async_reward.pipeline import main_ppo
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.pipeline.task_runner import PipelinedTaskRunnerActor
 
     config = make_config(
         char_tokenizer_dir,
@@ -380,23 +388,15 @@ def test_entry_point_prepares_verl_config_and_swaps_the_trainer(char_tokenizer_d
     monkeypatch.setattr(
         main_ppo, "run_ppo", lambda cfg, task_runner_class: captured.update(cfg=cfg, cls=task_runner_class)
     )
-    main_ppo.run(config)
+    assert main_ppo.run(config) is None
     prepared = captured["cfg"]
-    assert captured["cls"] is main_ppo.PipelinedTaskRunner
+    assert captured["cls"] is PipelinedTaskRunnerActor
     assert prepared.trainer.use_v1 is False
     assert prepared.reward.reward_manager.name == "async_naive"  # legacy key honoured
     assert (
         prepared.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
         == "async_reward.integration.setup_worker"
     )
-
-    # Inside the task runner, verl's run() builds our trainer.
-    built = []
-    base = main_ppo._PipelinedTaskRunner.__mro__[1]
-    monkeypatch.setattr(base, "run", lambda self, cfg: built.append(task_module.RayPPOTrainer))
-    main_ppo._PipelinedTaskRunner().run(prepared)
-    assert built == [PipelinedRayPPOTrainer]
-    assert task_module.RayPPOTrainer is not PipelinedRayPPOTrainer  # restored afterwards
 
 
 @pytest.mark.parametrize("script", ["run_gsm8k_grpo_fsdp2.sh", "run_gsm8k_grpo_megatron.sh"])

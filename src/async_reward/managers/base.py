@@ -63,6 +63,8 @@ class AsyncRewardManager(RewardManagerBase):
     extra_defaults: ClassVar[dict[str, Any]] = {}
     #: Whether outbound calls are subject to RPM/TPM budgets (concurrency always applies).
     uses_rate_budgets: ClassVar[bool] = True
+    #: Set by the pipeline's reward worker on the manager it drives (``PipelineRewardWorker``).
+    driven_by_pipeline: bool = False
 
     def __init__(
         self,
@@ -85,6 +87,10 @@ class AsyncRewardManager(RewardManagerBase):
         # keys as its batch mates (verl stacks extras per key and fails on a missing one).
         self._extra_defaults: dict[str, Any] = {**self.extra_defaults, **self.settings.extra_defaults}
         self._executor: Executor | None = None
+        # The pipelined trainer's settings in a job whose samples reach this manager through verl's
+        # own reward loop: verl's trainer is training and ignoring them (issue 8). Refuse to score.
+        trainer_node: Any = (config.get("async_reward") if hasattr(config, "get") else None) or {}
+        self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
 
     # ----------------------------------------------------------------- subclass API
     async def score(self, sample: RewardSample) -> RewardResult:
@@ -97,6 +103,13 @@ class AsyncRewardManager(RewardManagerBase):
 
     # ----------------------------------------------------------------- verl entry points
     async def run_single(self, data: DataProto) -> dict[str, Any]:
+        if self._pipeline_configured and not self.driven_by_pipeline:
+            raise RuntimeError(
+                "async_reward.pipeline is set, but this sample came from verl's own reward loop, not "
+                "the pipeline: verl's trainer is training and ignores the pipeline settings. Start "
+                "with python -m async_reward.pipeline.main_ppo (or async_reward.pipeline.main_ppo.run), "
+                "or remove async_reward.pipeline"
+            )
         try:
             sample = self.decode(data)
         except Exception as exc:  # a malformed item must not take the batch down

@@ -11,10 +11,14 @@ Megatron) and the same overrides, plus ``+async_reward.pipeline.*`` (see
 
 What it adds to verl's ``main``: the legacy ``reward_model.*`` reward keys are honoured
 (:func:`~async_reward.integration.prepare_verl_config`), our managers are registered in every Ray
-worker process (setup hook), the pipeline settings are checked before Ray starts, and the legacy
-trainer runs (``trainer.use_v1=false``, the trainer the pipeline subclasses) with
-:class:`~async_reward.pipeline.trainer.PipelinedRayPPOTrainer` in place of ``RayPPOTrainer``.
-Everything else is verl's: ``run_ppo`` (Ray start-up) and its ``TaskRunner`` (workers, datasets).
+worker process (setup hook), the pipeline settings are checked before Ray starts, and verl's
+``run_ppo`` (Ray start-up) starts :class:`~async_reward.pipeline.task_runner.PipelinedTaskRunner`,
+which builds :class:`~async_reward.pipeline.trainer.PipelinedRayPPOTrainer` explicitly. Nothing here
+depends on how Ray ships classes to the task-runner actor (this module is ``__main__`` under
+``python -m``): the runner class lives in its own module.
+
+``+async_reward.pipeline.dry_run=true`` builds the trainer inside the task-runner actor, prints what
+was built (class, mode, actor) and exits 0 without starting workers.
 """
 
 from __future__ import annotations
@@ -22,38 +26,20 @@ from __future__ import annotations
 from typing import Any
 
 import hydra
-import ray
 from omegaconf import DictConfig, open_dict
 from verl.trainer.main_ppo import run_ppo
-from verl.trainer.main_ppo_v0 import TaskRunner as _VerlTaskRunner
 
+from async_reward.config import ConfigError
 from async_reward.integration import prepare_verl_config
+from async_reward.pipeline.task_runner import (
+    DryRunComplete,
+    PipelinedTaskRunner,
+    PipelinedTaskRunnerActor,
+    TrainerReport,
+)
 from async_reward.pipeline.trainer_config import load_pipeline_config
 
-__all__ = ["PipelinedTaskRunner", "main", "prepare_config", "run"]
-
-
-class _PipelinedTaskRunner(_VerlTaskRunner.__ray_actor_class__):  # type: ignore[name-defined]
-    """verl's legacy ``TaskRunner`` building our trainer instead of ``RayPPOTrainer``."""
-
-    def run(self, config: DictConfig) -> Any:
-        import verl.trainer.main_ppo_v0 as task_module
-
-        from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
-
-        # verl's run() builds ``RayPPOTrainer`` by module-global name. This runs in the task runner's
-        # own Ray actor process, so rebinding the name there changes nothing anywhere else; the
-        # alternative is a copy of verl's 80-line run().
-        original = task_module.RayPPOTrainer
-        setattr(task_module, "RayPPOTrainer", PipelinedRayPPOTrainer)  # noqa: B010
-        try:
-            return super().run(config)
-        finally:
-            setattr(task_module, "RayPPOTrainer", original)  # noqa: B010
-
-
-PipelinedTaskRunner = ray.remote(_PipelinedTaskRunner)
-"""The Ray actor class ``run_ppo`` starts."""
+__all__ = ["main", "prepare_config", "run"]
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
@@ -65,7 +51,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
     auto_set_device(config)
     config = prepare_verl_config(config)
     with open_dict(config):
-        config.trainer.use_v1 = False
+        config.trainer.use_v1 = False  # the legacy trainer, which PipelinedRayPPOTrainer extends
     load_pipeline_config(config)
     validate_config(
         config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
@@ -73,9 +59,35 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
-def run(config: DictConfig) -> None:
-    """Train with ``config`` (verl's, composed): ``prepare_config`` then verl's ``run_ppo``."""
-    run_ppo(prepare_config(config), task_runner_class=PipelinedTaskRunner)
+def run(config: DictConfig, task_runner_class: Any = PipelinedTaskRunnerActor) -> TrainerReport | None:
+    """Train with ``config`` (verl's, composed): :func:`prepare_config`, then verl's ``run_ppo`` with
+    our task runner (``task_runner_class``: a :class:`PipelinedTaskRunner` subclass, plain or
+    ``ray.remote``-wrapped).
+
+    Returns None after training; with ``async_reward.pipeline.dry_run=true``, the report of what the
+    task runner built, once it is printed.
+
+    Raises:
+        ConfigError: a bad setting, or a task runner that is not a ``PipelinedTaskRunner`` (it would
+            not build our trainer).
+    """
+    plain = getattr(task_runner_class, "__ray_actor_class__", task_runner_class)
+    if not (isinstance(plain, type) and issubclass(plain, PipelinedTaskRunner)):
+        raise ConfigError(
+            f"task_runner_class={task_runner_class!r} is not a PipelinedTaskRunner: it would not build "
+            "PipelinedRayPPOTrainer, and async_reward.pipeline would be ignored"
+        )
+    if plain is task_runner_class:
+        import ray
+
+        task_runner_class = ray.remote(plain)
+    config = prepare_config(config)
+    try:
+        run_ppo(config, task_runner_class=task_runner_class)
+    except DryRunComplete as stop:  # from the actor; Ray's wrapper of it passes ``report`` through
+        print(f"async_reward: dry run: built {stop.report}; no workers started, nothing trained", flush=True)
+        return stop.report
+    return None
 
 
 @hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)

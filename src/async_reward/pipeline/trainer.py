@@ -5,7 +5,8 @@ methods, cut apart) and rewards from a ``PipelinedRewardLoopManager`` instead of
 loop: ``init_workers`` builds the rollout with
 :class:`~async_reward.pipeline.agent_loop.ScoreLaterAgentLoopManager`, so ``generate_sequences``
 returns as soon as the last sample is generated and the schedule submits the batch for scoring. This
-module is the trainer itself: worker set-up and ``fit`` (checkpoints, validation, logging).
+module is the trainer itself: worker set-up, ``fit`` (checkpoints, validation, logging) and the
+start-up line naming the trainer and its mode.
 
 Checkpoints: in the off-policy modes the next batch is already drawn when a step is saved, so
 ``data.pt`` holds the dataloader state from before that draw; a resumed run draws the batch again and
@@ -56,6 +57,17 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
         self.reward_source = reward_source
         self._owns_reward_source = False
         self._backend: VerlScheduleBackend | None = None
+        # The one line that says which trainer trains, in which mode: a run whose log lacks it is
+        # not running this trainer, whatever its pipeline settings say.
+        print(f"async_reward: {self.start_line()}", flush=True)
+
+    def start_line(self) -> str:
+        """``trainer <module.Class>, pipeline mode <mode> (mini_batch=..., one_step_off_policy=...)``."""
+        cls, pipeline = type(self), self.pipeline_config
+        return (
+            f"trainer {cls.__module__}.{cls.__qualname__}, pipeline mode {pipeline.mode} "
+            f"(mini_batch={pipeline.mini_batch}, one_step_off_policy={pipeline.one_step_off_policy})"
+        )
 
     def init_workers(self) -> None:
         """verl's workers, with the rollout built by :class:`ScoreLaterAgentLoopManager` (unless a

@@ -50,6 +50,10 @@ class PipelineConfig:
     """Accept ``ppo_epochs > 1`` in the mini-batch modes. Each chunk then gets its epochs right after
     it arrives (chunk 1 x E, chunk 2 x E, ...) instead of verl's E passes over the whole batch; refused
     unless set, because that changes what is optimised."""
+    dry_run: bool = False
+    """Build everything a run builds before its workers (config checks, tokenizer, datasets, the
+    trainer inside Ray's task-runner actor), print the trainer class and mode, and exit without
+    starting workers or training. Needs no GPU: a cheap check of a launch command."""
 
     @property
     def mode(self) -> str:

@@ -39,11 +39,14 @@ class PipelineRewardWorker:
 
         import async_reward  # noqa: F401  (registers our managers here, even without the Ray setup hook)
         from async_reward.config import load_config
+        from async_reward.managers.base import AsyncRewardManager
 
         model = config.actor_rollout_ref.model
         tokenizer_path = model.get("tokenizer_path") or model.path
         self.tokenizer = hf_tokenizer(copy_to_local(tokenizer_path), trust_remote_code=True)
         self.manager = load_reward_manager(config, self.tokenizer)
+        if isinstance(self.manager, AsyncRewardManager):
+            self.manager.driven_by_pipeline = True  # scoring here is the pipelined trainer's own
         self.capacity = int(max_concurrency or load_config(config).limits.max_concurrency)
         if self.capacity < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.capacity}")

@@ -1,0 +1,251 @@
+"""The entry point builds ``PipelinedRayPPOTrainer`` inside Ray's task-runner actor, the way users start it.
+
+Issue 8: under ``python -m async_reward.pipeline.main_ppo`` Ray shipped the task runner by value, verl's
+``run()`` read a private copy of its globals and built verl's own trainer; every pipeline option was
+silently ignored, and an in-process test of the runner could not see it. These tests start the real
+path: a ``python -m`` subprocess (hydra, verl's ``run_ppo``, the task-runner actor on the session's Ray
+cluster) and the in-process ``run(config)``, with a tiny local model config, tokenizer and parquet
+data. ``+async_reward.pipeline.dry_run=true`` (a documented user feature) stops each run once the
+trainer is built, before it would need GPUs, and reports what was built and in which process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import open_dict
+
+from async_reward.config import ConfigError
+from tests.conftest import compose_verl_config
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+OURS = "async_reward.pipeline.trainer.PipelinedRayPPOTrainer"
+MODES = {
+    "baseline": (False, False),
+    "mini_batch": (True, False),
+    "one_step_off": (False, True),
+    "both": (True, True),
+}
+DRY_RUN_LINE = re.compile(
+    r"^async_reward: dry run: built (?P<cls>\S+), pipeline mode (?P<mode>\w+), "
+    r"in Ray actor (?P<actor>[0-9a-f]+) \(pid (?P<pid>\d+)\)",
+    re.MULTILINE,
+)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 config with a locally trained tokenizer (and chat template), and parquet
+    prompts in verl's RL format: what ``actor_rollout_ref.model.path`` and ``data.*_files`` name."""
+    import pandas as pd
+    from transformers import Qwen2Config
+
+    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("entry_assets")
+    model = root / "model"
+    tokenizer = build_tiny_tokenizer(model)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tokenizer.save_pretrained(str(model))
+    Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    ).save_pretrained(str(model))
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"What is {i} + 3?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 3)},
+            "extra_info": {"index": i},
+        }
+        for i in range(8)
+    ]
+    (root / "data").mkdir()
+    pd.DataFrame(rows).to_parquet(root / "data" / "train.parquet")
+    pd.DataFrame(rows[:4]).to_parquet(root / "data" / "val.parquet")
+    return root
+
+
+def overrides(assets: Path) -> list[str]:
+    """A GRPO run on the tiny assets, one GPU per node as a user would ask (none is started)."""
+    return [
+        f"actor_rollout_ref.model.path={assets / 'model'}",
+        f"data.train_files={assets / 'data' / 'train.parquet'}",
+        f"data.val_files={assets / 'data' / 'val.parquet'}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=32",
+        "data.max_response_length=16",
+        "data.dataloader_num_workers=0",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.n=2",
+        "algorithm.adv_estimator=grpo",
+        "critic.enable=false",
+        "reward.reward_manager.name=llm_judge",
+        "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.logger=[console]",
+    ]
+
+
+def mode_flags(mode: str) -> list[str]:
+    mini_batch, one_step_off = MODES[mode]
+    return [
+        f"+async_reward.pipeline.mini_batch={str(mini_batch).lower()}",
+        f"+async_reward.pipeline.one_step_off_policy={str(one_step_off).lower()}",
+    ]
+
+
+@pytest.mark.timeout(900)
+def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(assets, tmp_path):
+    """``python -m async_reward.pipeline.main_ppo`` in all four modes (one hydra ``--multirun``: the
+    same ``main`` per mode, one Python start-up), joined to the session's Ray cluster."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "async_reward.pipeline.main_ppo",
+        "--multirun",
+        *overrides(assets),
+        "+async_reward.pipeline.mini_batch=false,true",
+        "+async_reward.pipeline.one_step_off_policy=false,true",
+        "+async_reward.pipeline.dry_run=true",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    process = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=840)
+    finally:
+        process.kill()  # only if it is still running
+    assert process.returncode == 0, output[-6000:]
+
+    built = [match.groupdict() for match in DRY_RUN_LINE.finditer(output)]
+    assert sorted(b["mode"] for b in built) == sorted(MODES), output[-6000:]
+    for report in built:
+        assert report["cls"] == OURS  # verl's RayPPOTrainer before the fix
+        assert int(report["pid"]) != process.pid  # built in the actor's process, not the driver's
+    assert len({b["actor"] for b in built}) == 4  # one task-runner actor per run
+
+
+def test_run_in_process_builds_our_trainer_in_the_actor(assets):
+    """``async_reward.pipeline.main_ppo.run(config)`` from a Python program with Ray already up."""
+    from async_reward.pipeline.main_ppo import run
+
+    config = compose_verl_config(
+        [*overrides(assets), *mode_flags("both"), "+async_reward.pipeline.dry_run=true"]
+    )
+    report = run(config)
+    assert report is not None
+    assert (report.trainer_class, report.mode) == (OURS, "both")
+    assert report.actor_id and report.pid != os.getpid()
+
+
+def test_own_launcher_with_verls_run_ppo_and_a_trainer_subclass(assets):
+    """A user's launcher: verl's ``run_ppo`` with a task-runner subclass defined in the launcher (a
+    local class: Ray ships it by value) building the user's own trainer subclass."""
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+
+    from async_reward.pipeline.main_ppo import prepare_config
+    from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunner
+    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+
+    class MyTrainer(PipelinedRayPPOTrainer):
+        pass
+
+    class MyRunner(PipelinedTaskRunner):
+        trainer_class = MyTrainer
+
+    flags = [*mode_flags("one_step_off"), "+async_reward.pipeline.dry_run=true"]
+    config = prepare_config(compose_verl_config([*overrides(assets), *flags]))
+    with pytest.raises(DryRunComplete) as stop:
+        run_ppo(config, task_runner_class=ray.remote(MyRunner))
+    report = stop.value.report
+    assert report.trainer_class.endswith(".MyTrainer") and report.mode == "one_step_off"
+    assert report.actor_id and report.pid != os.getpid()
+
+
+def test_a_task_runner_building_another_trainer_fails_loudly(assets):
+    from verl.trainer.main_ppo_v0 import TaskRunner as VerlTaskRunner
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from async_reward.pipeline.main_ppo import run
+    from async_reward.pipeline.task_runner import PipelinedTaskRunner
+
+    config = lambda: compose_verl_config([*overrides(assets), *mode_flags("mini_batch")])  # noqa: E731
+    # Refused before Ray is asked for anything: verl's own runner would build verl's trainer.
+    with pytest.raises(ConfigError, match="not a PipelinedTaskRunner"):
+        run(config(), task_runner_class=VerlTaskRunner)
+
+    class WrongRunner(PipelinedTaskRunner):
+        trainer_class = RayPPOTrainer
+
+    # A real run (no dry run): it stops in the actor, right after building, before any worker.
+    with pytest.raises(
+        TypeError, match=r"built verl\.trainer\.ppo\.ray_trainer\.RayPPOTrainer.*mode mini_batch"
+    ):
+        run(config(), task_runner_class=WrongRunner)
+
+
+def test_verls_reward_loop_refuses_to_score_when_the_pipeline_is_configured(
+    server, verl_config_factory, reward_loop, batch_factory
+):
+    """verl's own trainer with ``async_reward.pipeline`` set (e.g. ``python -m verl.trainer.main_ppo
+    +async_reward.pipeline.mini_batch=true``): our manager, called by verl's reward loop, refuses."""
+    config = verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}})
+    with open_dict(config):
+        config.async_reward = {"pipeline": {"mini_batch": True}}
+    batch = batch_factory([{"prompt": "What is 2+3?", "response": "5", "ground_truth": "5"}])
+    with pytest.raises(Exception, match="came from verl's own reward loop") as failure:
+        reward_loop(config).compute_rm_score(batch)
+    assert "python -m async_reward.pipeline.main_ppo" in str(failure.value)
+    assert server.stats()["requests_total"] == 0  # refused before the judge was asked
+
+
+async def test_the_pipelines_reward_worker_scores_with_the_pipeline_configured(
+    server, verl_config_factory, batch_factory
+):
+    from async_reward.pipeline.worker import PipelineRewardWorker
+
+    config = verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}})
+    with open_dict(config):
+        config.async_reward = {"pipeline": {"mini_batch": True}}
+    from async_reward.http import close_sessions
+
+    worker = PipelineRewardWorker(config)
+    await worker.enqueue(
+        1, [0], batch_factory([{"prompt": "What is 2+3?", "response": "5", "ground_truth": "5"}])
+    )
+    results: list[Any] = []
+    try:
+        while not results:
+            results = (await worker.collect(5.0))["results"]
+    finally:
+        await close_sessions()
+    (_, _, payload), *_ = results
+    assert payload["reward_extra_info"]["status"] == "ok" and payload["reward_score"] == 1.0
