@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU check of issue 8, reproducible: 3-step GRPO runs on one GPU of
+#   python -m async_reward.pipeline.main_ppo   in modes baseline, mini_batch, one_step_off, both
+#   python -m verl.trainer.main_ppo (v1)       verl's own v1 trainer with our llm_judge manager
+# each scored by llm_judge against the project's local judge server, then one summary table
+# (examples/gpu_smoke/summarize.py): step times, timing_s/reward_blocked, off_policy/staleness,
+# pipeline/num_updates, reward/status_ok, and a verdict per mode that fails when verl's own trainer
+# trained instead of ours.
+#
+# It drives the proven GPU kit (kept outside the package: /work/shared/gpu in the project's workspace;
+# read its README.md): a packed site dir with vLLM 0.24.0 / verl 0.9.1 / Ray 2.60 built where the package
+# registry is reachable, staged on the GPU machine, and run_mode.sh, which runs one mode. Put the kit
+# (and its parts) in .gpu/ of this checkout, git-ignored, as the kit's README says, then on the GPU
+# machine, from the checkout root:
+#
+#   bash .gpu/stage_part.sh N                 # for each part, after each transfer (kit README)
+#   examples/gpu_smoke/run.sh                 # all five modes, ~5 min each, then the table
+#   MODES="baseline both" examples/gpu_smoke/run.sh   # some modes (e.g. one command per mode)
+#   python3 examples/gpu_smoke/summarize.py gpu_out   # the table again, from the logs so far
+#
+# Settings (environment): KIT (default ./.gpu), MODES, TIMEOUT_S per mode (default 540), GPU_OUT
+# (default ./gpu_out), plus the kit's own (SITE_DIR, ASSETS, PY, JUDGE_PORT: see its env.sh). Extra
+# arguments are Hydra overrides for every mode, e.g. trainer.total_training_steps=5.
+# Exit status: 0 when every mode ran and passed its verdict, 1 otherwise, 2 when the kit is missing.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+KIT=${KIT:-$REPO/.gpu}
+MODES=${MODES:-baseline mini_batch one_step_off both v1}
+TIMEOUT_S=${TIMEOUT_S:-540}
+export REPO GPU_OUT=${GPU_OUT:-$REPO/gpu_out}
+mkdir -p "$GPU_OUT"
+
+if [ ! -f "$KIT/run_mode.sh" ]; then
+  echo "no GPU kit in $KIT: copy the kit (and its site-dir parts) there as its README.md says," \
+       "or set KIT" >&2
+  exit 2
+fi
+source "$KIT/env.sh"   # SITE_DIR, ASSETS, PY, JUDGE_PORT, PYTHONPATH=$SITE_DIR:$REPO/src
+if [ ! -d "$SITE_DIR/vllm" ] || [ ! -f "$ASSETS/model/config.json" ]; then
+  bash "$KIT/setup_site.sh" || { echo "setup_site.sh failed: $GPU_OUT/setup.log" >&2; exit 1; }
+fi
+
+cd "$REPO" || exit 1
+for mode in $MODES; do
+  echo "=== $mode (timeout ${TIMEOUT_S}s) ==="
+  bash "$KIT/run_mode.sh" "$mode" "$TIMEOUT_S" "$@"
+  echo "=== $mode: exit status $? (log: $GPU_OUT/train_$mode.log) ==="
+done
+"$PY" "$REPO/examples/gpu_smoke/summarize.py" "$GPU_OUT"

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""One table from the GPU smoke runs' logs: step times, time blocked on rewards, staleness, updates.
+
+usage: python3 examples/gpu_smoke/summarize.py [GPU_OUT]     (default ./gpu_out)
+
+Reads ``GPU_OUT/train_<mode>.log`` as written by the GPU kit's ``run_mode.sh`` (verl's console logger:
+``step:N - key:value - ...`` per step, ``MAIN_PPO_RC=<rc> WALL=<s>s`` at the end), prints a Markdown
+table and writes it with the raw numbers to ``GPU_OUT/summary.md`` and ``GPU_OUT/summary.json``.
+Exits 1 when a mode failed: a non-zero exit status, or, for our entry point's modes, a run without
+our trainer's start line (``async_reward: trainer ...PipelinedRayPPOTrainer, pipeline mode <mode>``)
+or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained.
+
+Standard library only: it runs with the GPU image's bare Python.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+MODES = ("baseline", "mini_batch", "one_step_off", "both", "v1")
+#: The metrics per step that go in the table (``None`` where a step lacks one).
+KEYS = (
+    "timing_s/step",
+    "timing_s/reward_blocked",
+    "off_policy/staleness",
+    "pipeline/num_updates",
+    "reward/status_ok",
+    "timing_s/agent_loop/compute_score/mean",
+)
+_STEP = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
+# verl formats values with pprint, so numpy scalars read ``np.float64(1.25)``.
+_VALUE = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))\)?$")
+_RC = re.compile(r"MAIN_PPO_RC=(\d+) WALL=(\d+)s")
+_START = re.compile(r"async_reward: trainer (\S+), pipeline mode (\w+)")
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """Steps (``{step: {key: value}}``), exit status, wall seconds and the trainer's start line."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = _STEP.search(line)
+        if not match:
+            continue
+        metrics = steps.setdefault(int(match.group(1)), {})
+        for item in match.group(2).split(" - "):
+            key, _, raw = item.strip().rpartition(":")
+            value = _VALUE.match(raw)
+            if key and value:
+                metrics[key] = float(value.group(1))
+    rc = _RC.findall(text)
+    start = _START.findall(text)
+    return {
+        "rc": int(rc[-1][0]) if rc else None,
+        "wall_s": int(rc[-1][1]) if rc else None,
+        "trainer": start[0][0] if start else None,
+        "trainer_mode": start[0][1] if start else None,
+        "steps": {step: steps[step] for step in sorted(steps)},
+    }
+
+
+def verdict(mode: str, run: dict[str, Any]) -> str:
+    """``ok``, or what is wrong with the run."""
+    if run["rc"] != 0:
+        return f"FAILED: exit status {run['rc']}"
+    if not run["steps"]:
+        return "FAILED: no step logged"
+    if mode == "v1":
+        return "ok"
+    if run["trainer"] is None or not run["trainer"].endswith("PipelinedRayPPOTrainer"):
+        return f"FAILED: trainer {run['trainer']} (no start line of ours)"
+    if run["trainer_mode"] != mode:
+        return f"FAILED: trainer in mode {run['trainer_mode']}, asked {mode}"
+    last = run["steps"][max(run["steps"])]
+    if "pipeline/num_updates" not in last:
+        return "FAILED: no pipeline metrics (verl's own trainer trained)"
+    return "ok"
+
+
+def _cells(run: dict[str, Any], key: str) -> str:
+    values = [metrics.get(key) for metrics in run["steps"].values()]
+    return " / ".join("-" if v is None else f"{v:.4g}" for v in values) or "-"
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row per mode, the per-step values of :data:`KEYS` joined by ``/``."""
+    head = ["mode", "verdict", "rc", "wall (s)", "steps", *KEYS]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode, run in runs.items():
+        cells = [mode, run["verdict"], str(run["rc"]), str(run["wall_s"]), str(len(run["steps"]))]
+        rows.append("| " + " | ".join(cells + [_cells(run, key) for key in KEYS]) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1] if len(argv) > 1 else "gpu_out")
+    runs: dict[str, dict[str, Any]] = {}
+    for mode in MODES:
+        log = out / f"train_{mode}.log"
+        if log.exists():
+            run = parse_log(log.read_text(errors="replace"))
+            run["verdict"] = verdict(mode, run)
+            runs[mode] = run
+    if not runs:
+        print(f"no train_<mode>.log in {out}", file=sys.stderr)
+        return 1
+    text = table(runs)
+    print(text)
+    (out / "summary.md").write_text(text + "\n")
+    (out / "summary.json").write_text(json.dumps(runs, indent=1) + "\n")
+    return 0 if all(run["verdict"] == "ok" for run in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

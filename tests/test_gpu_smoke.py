@@ -1,0 +1,99 @@
+"""``examples/gpu_smoke/summarize.py`` reads the GPU runs' logs as verl writes them.
+
+The step lines are made by verl's own console logger (``concat_dict_to_str``, numpy values as a
+trainer logs them) behind Ray's actor prefix, so the parser meets the real format; the run itself
+needs a GPU (``examples/gpu_smoke/run.sh``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+SCRIPT = Path(__file__).parents[1] / "examples" / "gpu_smoke" / "summarize.py"
+OUR_START = (
+    "(PipelinedTaskRunner pid=7) async_reward: trainer async_reward.pipeline.trainer.PipelinedRayPPOTrainer, "
+    "pipeline mode {mode} (mini_batch=True, one_step_off_policy=True)"
+)
+
+
+@pytest.fixture(scope="module")
+def summarize() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_smoke_summarize", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_line(step: int, **metrics: float) -> str:
+    data = {key.replace("__", "/"): np.float64(value) for key, value in metrics.items()}
+    return f"(PipelinedTaskRunner pid=7) {concat_dict_to_str(data, step=step)}"
+
+
+def write_log(out: Path, mode: str, lines: list[str], rc: int = 0) -> None:
+    (out / f"train_{mode}.log").write_text("\n".join([*lines, f"MAIN_PPO_RC={rc} WALL=236s", ""]))
+
+
+def test_pipeline_runs_pass_and_the_table_has_every_step(summarize, tmp_path):
+    both = [
+        OUR_START.format(mode="both"),
+        *(
+            step_line(
+                s,
+                timing_s__step=t,
+                timing_s__reward_blocked=b,
+                off_policy__staleness=st,
+                pipeline__num_updates=2,
+            )
+            for s, t, b, st in [(1, 9.5, 1.2, 0), (2, 2.78, 0.0024, 1), (3, 1.84, 0.0015, 1)]
+        ),
+    ]
+    write_log(tmp_path, "both", both)
+    v1 = [step_line(s, timing_s__step=4.0) for s in (1, 2, 3)]
+    write_log(tmp_path, "v1", [line.replace("PipelinedTaskRunner", "TaskRunnerV1") for line in v1])
+
+    assert summarize.main(["summarize.py", str(tmp_path)]) == 0
+    runs = {
+        mode: summarize.parse_log((tmp_path / f"train_{mode}.log").read_text()) for mode in ("both", "v1")
+    }
+    assert runs["both"]["steps"][2] == {
+        "timing_s/step": 2.78,
+        "timing_s/reward_blocked": 0.0024,
+        "off_policy/staleness": 1.0,
+        "pipeline/num_updates": 2.0,
+    }
+    assert (runs["both"]["rc"], runs["both"]["wall_s"], runs["both"]["trainer_mode"]) == (0, 236, "both")
+    table = (tmp_path / "summary.md").read_text()
+    assert (
+        "| both | ok | 0 | 236 | 3 | 9.5 / 2.78 / 1.84 | 1.2 / 0.0024 / 0.0015 | 0 / 1 / 1 | 2 / 2 / 2 |"
+        in table
+    )
+    assert "| v1 | ok |" in table
+
+
+def test_a_run_trained_by_verls_own_trainer_fails(summarize, tmp_path):
+    """Issue 8's symptom: rc 0 and three steps, but verl's metrics only (scored in its agent loop)."""
+    verls = [
+        step_line(s, timing_s__step=3.7, timing_s__agent_loop__compute_score__mean=1.1) for s in (1, 2, 3)
+    ]
+    write_log(tmp_path, "mini_batch", verls)
+    assert summarize.main(["summarize.py", str(tmp_path)]) == 1
+    run = summarize.parse_log((tmp_path / "train_mini_batch.log").read_text())
+    assert summarize.verdict("mini_batch", run).startswith("FAILED: trainer None")
+    # Our trainer's start line in another mode than asked, or without the pipeline metrics: failed too.
+    wrong_mode = [OUR_START.format(mode="baseline"), *verls, "MAIN_PPO_RC=0 WALL=1s"]
+    assert "asked mini_batch" in summarize.verdict("mini_batch", summarize.parse_log("\n".join(wrong_mode)))
+    no_metrics = [OUR_START.format(mode="mini_batch"), *verls, "MAIN_PPO_RC=0 WALL=1s"]
+    assert "no pipeline metrics" in summarize.verdict(
+        "mini_batch", summarize.parse_log("\n".join(no_metrics))
+    )
+    assert (
+        summarize.verdict("both", summarize.parse_log("MAIN_PPO_RC=124 WALL=540s"))
+        == "FAILED: exit status 124"
+    )
