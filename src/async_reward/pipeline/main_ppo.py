@@ -31,15 +31,16 @@ from verl.trainer.main_ppo import run_ppo
 
 from async_reward.config import ConfigError
 from async_reward.integration import prepare_verl_config
-from async_reward.pipeline.task_runner import (
-    DryRunComplete,
-    PipelinedTaskRunner,
-    PipelinedTaskRunnerActor,
-    TrainerReport,
-)
+from async_reward.pipeline import task_runner as _task_runner
+from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunnerActor, TrainerReport
 from async_reward.pipeline.trainer_config import load_pipeline_config
 
-__all__ = ["main", "prepare_config", "run"]
+__all__ = ["PipelinedTaskRunner", "main", "prepare_config", "run"]
+
+PipelinedTaskRunner = PipelinedTaskRunnerActor
+"""The Ray actor class ``run_ppo`` starts, under its 0.1.0 name (``run_ppo(config,
+task_runner_class=PipelinedTaskRunner)`` keeps working). To subclass, use the plain class
+:class:`async_reward.pipeline.task_runner.PipelinedTaskRunner`."""
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
@@ -72,7 +73,7 @@ def run(config: DictConfig, task_runner_class: Any = PipelinedTaskRunnerActor) -
             not build our trainer).
     """
     plain = getattr(task_runner_class, "__ray_actor_class__", task_runner_class)
-    if not (isinstance(plain, type) and issubclass(plain, PipelinedTaskRunner)):
+    if not (isinstance(plain, type) and issubclass(plain, _task_runner.PipelinedTaskRunner)):
         raise ConfigError(
             f"task_runner_class={task_runner_class!r} is not a PipelinedTaskRunner: it would not build "
             "PipelinedRayPPOTrainer, and async_reward.pipeline would be ignored"
