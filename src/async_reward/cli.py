@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from async_reward._devserver_config import FAULT_KINDS, DevServerConfig
+from async_reward.devserver.config import FAULT_KINDS, DevServerConfig
 from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
 from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
 
