@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -77,7 +76,7 @@ class ScoreJob:
     id_field: str = "id"
     """Input field holding the row id; rows without it are identified by line number."""
     progress: bool = True
-    """Show a tqdm progress bar on stderr."""
+    """Show progress on stderr (a live bar on a terminal, plain lines otherwise)."""
 
 
 @dataclass
@@ -199,17 +198,14 @@ def score_file(
 
 
 async def _score_rows(job: ScoreJob, progress: ScoreProgress, done: set[str]) -> None:
-    from tqdm import tqdm
-
     from async_reward.http import close_sessions
+    from async_reward.progress import progress_bar
 
     manager = _build_manager(job)
     fallback_score = manager.settings.fallback_score
     first_line: dict[str, int] = {}  # key -> line of its first row in this run
     in_flight: set[asyncio.Task[None]] = set()
-    bar = tqdm(
-        total=progress.total_rows, unit="row", file=sys.stderr, disable=not job.progress, desc="scoring"
-    )
+    bar = progress_bar(progress.total_rows, unit="row", enabled=job.progress, desc="scoring")
     output = open(job.output_path, "a", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
 
     def emit(row: dict[str, Any]) -> None:

@@ -231,7 +231,8 @@ def _run_one(cfg: ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: 
 def run_parity(cfg: ParityConfig) -> dict[str, Any]:
     """Run every (seed, mode); write ``toy_grpo.json`` (and ``toy_grpo.png``) to ``cfg.out_dir``."""
     import torch
-    from tqdm import tqdm
+
+    from async_reward.progress import progress_bar
 
     cfg.validate()
     started = time.perf_counter()
@@ -239,13 +240,7 @@ def run_parity(cfg: ParityConfig) -> dict[str, Any]:
     # One thread: the model is tiny, and the Ray reward workers share the machine's cores.
     torch.set_num_threads(1)
     runs: list[dict[str, Any]] = []
-    bar = tqdm(
-        total=len(cfg.seeds) * len(cfg.modes) * cfg.steps,
-        unit="step",
-        disable=not cfg.progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    bar = progress_bar(len(cfg.seeds) * len(cfg.modes) * cfg.steps, unit="step", enabled=cfg.progress)
     try:
         with bar, _environment(cfg) as env:
             setup_s = time.perf_counter() - started
