@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 __all__ = ["COMMANDS", "DESCRIPTION", "PROG", "add_front_arguments", "distribution_version", "main"]
 
@@ -30,15 +30,29 @@ _DISTRIBUTION = "async-reward"
 
 def distribution_version() -> str:
     """The installed ``async-reward`` distribution's version (read from its metadata, not the package)."""
+    from importlib.metadata import PackageNotFoundError, version  # ~0.08 s: only when asked
+
     try:
         return version(_DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, like argparse's own, but the version is looked up only when it is asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"{parser.prog} {distribution_version()}")
+        parser.exit()
+
+
 def add_front_arguments(parser: argparse.ArgumentParser) -> None:
     """The top-level options every ``async-reward`` parser has (here and in ``async_reward.cli``)."""
-    parser.add_argument("--version", action="version", version=f"%(prog)s {distribution_version()}")
+    parser.add_argument("--version", action=_VersionAction)
 
 
 def _front_parser() -> argparse.ArgumentParser:
