@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import OmegaConf, open_dict
 
 USER_FUNCTIONS = '''
@@ -92,32 +91,18 @@ def make_config(
 
 
 def make_batch(tokenizer: Any, n: int) -> Any:
-    from verl import DataProto
+    """``n`` one-sample groups asking ``i + 1``; every other answer is wrong."""
+    from async_reward.testing import rollout_batch
 
-    prompt_len, response_len = 32, 32
-    pad = tokenizer.pad_token_id
-    prompts, responses, masks, truths = [], [], [], []
-    for i in range(n):
-        p = tokenizer.encode(f"What is {i} + 1?")[-prompt_len:]
-        answer = i + 1 if i % 2 == 0 else i + 2
-        r = tokenizer.encode(f"The answer is {answer}")[:response_len]
-        prompts.append([pad] * (prompt_len - len(p)) + p)
-        responses.append(r + [pad] * (response_len - len(r)))
-        masks.append([0] * (prompt_len - len(p)) + [1] * (len(p) + len(r)) + [0] * (response_len - len(r)))
-        truths.append({"ground_truth": str(i + 1)})
-    prompts_t, responses_t = torch.tensor(prompts), torch.tensor(responses)
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts_t,
-            "responses": responses_t,
-            "attention_mask": torch.tensor(masks),
-            "input_ids": torch.cat([prompts_t, responses_t], dim=1),
-        },
-        non_tensors={
-            "data_source": np.array(["bench"] * n, dtype=object),
-            "reward_model": np.array(truths, dtype=object),
-            "uid": np.array([str(i) for i in range(n)], dtype=object),
-        },
+    answers = [i + 1 if i % 2 == 0 else i + 2 for i in range(n)]
+    return rollout_batch(
+        tokenizer,
+        [f"What is {i} + 1?" for i in range(n)],
+        [f"The answer is {answer}" for answer in answers],
+        [str(i + 1) for i in range(n)],
+        data_source="bench",
+        prompt_length=32,
+        response_length=32,
     )
 
 
@@ -175,8 +160,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
 
     import async_reward  # noqa: F401  (registers our managers)
-    from async_reward.server_process import ServerProcess
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import ServerProcess, build_tiny_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="async-reward-bench-"))
     tokenizer = build_tiny_tokenizer(workdir / "tokenizer")

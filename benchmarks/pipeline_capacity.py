@@ -66,39 +66,18 @@ _PROMPT_IDS = iter(range(10**9))
 def make_batch(tokenizer: Any, prompts: int, group: int = 5) -> Any:
     """A rollout-shaped DataProto: ``prompts`` x ``group`` responses, every prompt unique (no request
     is shared in flight by the judge's de-duplication), every fifth response wrong."""
-    import numpy as np
-    import torch
-    from verl import DataProto
+    from async_reward.testing import rollout_batch
 
-    pad, prompt_len, response_len = tokenizer.pad_token_id, 32, 32
-    rows_p, rows_r, masks, uids, truths = [], [], [], [], []
-    for _ in range(prompts):
-        prompt_id = next(_PROMPT_IDS)
-        p_ids = tokenizer.encode(f"What is 2 + 3? #{prompt_id}")[-prompt_len:]
-        for g in range(group):
-            r_ids = tokenizer.encode(f"The answer is {7 if g == 4 else 5} ({g})")[:response_len]
-            rows_p.append([pad] * (prompt_len - len(p_ids)) + p_ids)
-            rows_r.append(r_ids + [pad] * (response_len - len(r_ids)))
-            masks.append(
-                [0] * (prompt_len - len(p_ids))
-                + [1] * (len(p_ids) + len(r_ids))
-                + [0] * (response_len - len(r_ids))
-            )
-            uids.append(f"uid-{prompt_id}")
-            truths.append({"ground_truth": "5", "style": "rule"})
-    prompts_t, responses_t = torch.tensor(rows_p), torch.tensor(rows_r)
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts_t,
-            "responses": responses_t,
-            "input_ids": torch.cat([prompts_t, responses_t], dim=1),
-            "attention_mask": torch.tensor(masks),
-        },
-        non_tensors={
-            "uid": np.array(uids, dtype=object),
-            "reward_model": np.array(truths, dtype=object),
-            "data_source": np.array(["bench"] * len(uids), dtype=object),
-        },
+    prompt_ids = [next(_PROMPT_IDS) for _ in range(prompts)]
+    return rollout_batch(
+        tokenizer,
+        [f"What is 2 + 3? #{prompt_id}" for prompt_id in prompt_ids for _ in range(group)],
+        [f"The answer is {7 if g == 4 else 5} ({g})" for _ in prompt_ids for g in range(group)],
+        ["5"] * (prompts * group),
+        uids=[f"uid-{prompt_id}" for prompt_id in prompt_ids for _ in range(group)],
+        data_source="bench",
+        prompt_length=32,
+        response_length=32,
     )
 
 
@@ -127,9 +106,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from async_reward.devserver import DevServerConfig, ThreadedDevServer
-    from async_reward.integration import ray_runtime_env
+    from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import build_tiny_tokenizer
 
     lo, hi = args.latency_ms
     mean_latency_s = (lo + hi) / 2000.0
@@ -138,12 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = build_tiny_tokenizer(workdir / "tokenizer")
     server = ThreadedDevServer(DevServerConfig(seed=args.seed))
     server.start()
-    ray.init(
-        num_cpus=max(4, args.workers + 2),
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
-    )
+    started_ray = init_local_ray(num_cpus=max(4, args.workers + 2))
     config = compose_config(workdir / "tokenizer", server.url, args.concurrency, args.workers)
     manager = PipelinedRewardLoopManager(config, num_workers=args.workers, max_concurrency=args.concurrency)
     results: dict[str, Any] = {
@@ -237,7 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         manager.close()
         server.stop()
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
     return results
 
 

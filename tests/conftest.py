@@ -10,9 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -23,7 +21,7 @@ VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "co
 
 
 def build_tokenizer(directory: Path) -> Any:
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import build_tiny_tokenizer
 
     return build_tiny_tokenizer(directory)
 
@@ -50,59 +48,26 @@ def make_batch(
     response_length: int = 64,
     group_size: int = 1,
 ) -> Any:
-    """A real verl ``DataProto`` shaped like a rollout: left-padded prompts, right-padded responses.
+    """A real verl ``DataProto`` shaped like a rollout (``async_reward.testing.rollout_batch``), from rows.
 
     Each row: ``prompt``, ``response`` (text) or ``response_ids``, ``ground_truth``, optional
     ``data_source``, ``uid``, ``extra_info``. Rows without ``uid`` get one per ``group_size`` rows.
+    Prompts and responses longer than the lengths are truncated, as a rollout's limits do.
     """
-    from verl import DataProto
+    from async_reward.testing import rollout_batch
 
-    pad = tokenizer.pad_token_id
-    prompts, responses, masks = [], [], []
-    for row in rows:
-        p_ids = tokenizer.encode(row.get("prompt", "question"))[-prompt_length:]
-        r_ids = row.get("response_ids")
-        if r_ids is None:
-            r_ids = tokenizer.encode(row["response"])
-        r_ids = list(r_ids)[:response_length]
-        p = [pad] * (prompt_length - len(p_ids)) + p_ids
-        r = r_ids + [pad] * (response_length - len(r_ids))
-        mask = (
-            [0] * (prompt_length - len(p_ids))
-            + [1] * len(p_ids)
-            + [1] * len(r_ids)
-            + [0] * (response_length - len(r_ids))
-        )
-        prompts.append(p)
-        responses.append(r)
-        masks.append(mask)
-    prompts_t = torch.tensor(prompts, dtype=torch.long)
-    responses_t = torch.tensor(responses, dtype=torch.long)
-    attention_mask = torch.tensor(masks, dtype=torch.long)
-    uids = []
-    group_uid = ""
-    for i, row in enumerate(rows):
-        if i % group_size == 0:
-            group_uid = uuid.uuid4().hex
-        uids.append(row.get("uid", group_uid))
-    non_tensor = {
-        "data_source": np.array([row.get("data_source", "test") for row in rows], dtype=object),
-        "reward_model": np.array(
-            [{"ground_truth": row.get("ground_truth"), "style": "rule"} for row in rows], dtype=object
-        ),
-        "uid": np.array(uids, dtype=object),
-        "extra_info": np.array(
-            [dict(row.get("extra_info", {"index": i})) for i, row in enumerate(rows)], dtype=object
-        ),
-    }
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts_t,
-            "responses": responses_t,
-            "input_ids": torch.cat([prompts_t, responses_t], dim=1),
-            "attention_mask": attention_mask,
-        },
-        non_tensors=non_tensor,
+    group_uids = [uuid.uuid4().hex for _ in range(0, len(rows), group_size)]
+    return rollout_batch(
+        tokenizer,
+        [row.get("prompt", "question") for row in rows],
+        [row["response_ids"] if row.get("response_ids") is not None else row["response"] for row in rows],
+        [row.get("ground_truth") for row in rows],
+        uids=[row.get("uid", group_uids[i // group_size]) for i, row in enumerate(rows)],
+        data_source=[row.get("data_source", "test") for row in rows],
+        extra_infos=[row.get("extra_info", {"index": i}) for i, row in enumerate(rows)],
+        prompt_length=prompt_length,
+        response_length=response_length,
+        truncate=True,
     )
 
 

@@ -297,9 +297,10 @@ def test_help_of_each_subcommand(command, capsys, monkeypatch):
 
 
 def test_help_from_the_installed_script():
-    # The real entry point, twice at once: importing verl and torch makes each start take seconds.
+    # The installed script (else its entry point, the front door), twice at once: a command imports
+    # the package, and with it verl and torch, so each start takes seconds.
     script = Path(sys.executable).with_name("async-reward")
-    launcher = [str(script)] if script.exists() else CLI
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "async_reward_cli"]
     env = {**os.environ, "COLUMNS": "200"}
     procs = {
         name: subprocess.Popen([*launcher, name, "--help"], stdout=subprocess.PIPE, text=True, env=env)

@@ -1,9 +1,11 @@
-"""The ``async-reward`` command line.
+"""The ``async-reward`` command line: one parser with a subcommand per task.
 
-One parser with a subcommand per task. To add one (``bench``, ``score``), write an
-``_add_<name>_parser(subparsers)`` that registers its arguments and sets ``handler`` to a small
-``_run_<name>(args) -> int``, then call it from ``build_parser``. Heavy imports belong inside the
-handler, so ``--help`` stays fast.
+The console script enters at ``async_reward_cli`` (outside this package, so ``--help`` and
+``--version`` answer without importing verl), which hands every command to :func:`main` here. To
+add a command (``bench``, ``score``), name it with its one-line help in ``async_reward_cli.COMMANDS``,
+write an ``_add_<name>_parser(subparsers)`` that registers its arguments and sets ``handler`` to a
+small ``_run_<name>(args) -> int``, and call it from ``build_parser``. Heavy imports belong inside
+the handler.
 """
 
 from __future__ import annotations
@@ -17,19 +19,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from async_reward._devserver_config import FAULT_KINDS, DevServerConfig
+from async_reward.devserver.config import FAULT_KINDS, DevServerConfig
 from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
 from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
+from async_reward_cli import COMMANDS, DESCRIPTION, PROG, add_front_arguments
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: one subparser per subcommand, each carrying its handler in ``handler``."""
-    parser = argparse.ArgumentParser(
-        prog="async-reward",
-        description="asyncio-native reward managers for verl: tools for serving, benchmarking and scoring.",
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    add_front_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_serve_parser(subparsers)
     _add_bench_parser(subparsers)
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``async-reward`` script; returns the process exit code."""
+    """Run one ``async-reward`` command line (``python -m async_reward.cli``, or the console script
+    through ``async_reward_cli``); returns the process exit code."""
     parser = build_parser()
     # Known args only, so that a subcommand which forwards its options (bench) receives the rest;
     # for every other subcommand an unknown argument is the usual argparse error.
@@ -84,7 +86,7 @@ def _add_serve_parser(subparsers: Any) -> None:
     defaults = DevServerConfig()
     serve = subparsers.add_parser(
         "serve",
-        help="run the local OpenAI-compatible judge and /score reward service (with fault injection)",
+        help=COMMANDS["serve"],
         description=(
             "Serve POST /v1/chat/completions (a rule-based judge), POST /score (a reward service), "
             "GET /health and /admin/{stats,reset,config} until interrupted. A request body containing "
@@ -211,7 +213,7 @@ async def _serve_forever(config: DevServerConfig, host: str, port: int) -> None:
 def _add_bench_parser(subparsers: Any) -> None:
     bench = subparsers.add_parser(
         "bench",
-        help="pipeline speed-up benchmark against a local judge server (make bench runs --quick)",
+        help=COMMANDS["bench"],
         usage="%(prog)s [-h] [--quick] [--bench-help] [BENCHMARK_OPTION ...]",
         description=(
             "Run the pipeline speed-up benchmark (async_reward.benchmark.speedup): the step time of each "
@@ -266,7 +268,7 @@ def _positive_int(text: str) -> int:
 def _add_score_parser(subparsers: Any) -> None:
     score = subparsers.add_parser(
         "score",
-        help="score a JSONL file of (prompt, response, ground truth) rows offline, resumably",
+        help=COMMANDS["score"],
         description=(
             "Score every row of a JSONL file with a reward manager (the same manager, admission, "
             "deadlines and retries as in training) and append one row per input row to --output as "

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from async_reward.benchmark.calibration import StageMedians
@@ -63,42 +62,20 @@ class BatchFactory:
 
     def make(self, step: int) -> Any:
         """A verl ``DataProto`` shaped like a rollout: left-padded prompts, right-padded responses."""
-        from verl import DataProto
+        from async_reward.testing import rollout_batch
 
         prompts, responses, truths = self.texts(step)
-        pad = self.tokenizer.pad_token_id
-        questions = prompts[:: self.group_size]  # one question per group: tokenized once
-        q_ids = self.tokenizer(questions, add_special_tokens=False)["input_ids"]
-        p_ids = [ids for ids in q_ids for _ in range(self.group_size)]
-        r_ids = self.tokenizer(responses, add_special_tokens=False)["input_ids"]
-        n, lp, lr = len(prompts), self.prompt_length, self.response_length
-        longest = max(map(len, p_ids)), max(map(len, r_ids))
-        if longest[0] > lp or longest[1] > lr:
-            raise ValueError(f"sample of {longest} tokens does not fit prompt/response lengths {lp}/{lr}")
-        prompt_a = np.full((n, lp), pad, dtype=np.int64)
-        response_a = np.full((n, lr), pad, dtype=np.int64)
-        mask = np.zeros((n, lp + lr), dtype=np.int64)
-        for i, (p, r) in enumerate(zip(p_ids, r_ids, strict=True)):
-            prompt_a[i, lp - len(p) :] = p
-            response_a[i, : len(r)] = r
-            mask[i, lp - len(p) : lp + len(r)] = 1
-        prompt_t, response_t = torch.from_numpy(prompt_a), torch.from_numpy(response_a)
-        uids = np.array([f"{self.tag}-{step}-{i // self.group_size}" for i in range(n)], dtype=object)
-        return DataProto.from_dict(
-            tensors={
-                "prompts": prompt_t,
-                "responses": response_t,
-                "input_ids": torch.cat([prompt_t, response_t], dim=1),
-                "attention_mask": torch.from_numpy(mask),
-            },
-            non_tensors={
-                "data_source": np.array(["gsm8k_sim"] * n, dtype=object),
-                "reward_model": np.array(
-                    [{"ground_truth": t, "style": "rule"} for t in truths], dtype=object
-                ),
-                "uid": uids,
-                "extra_info": np.array([{"index": i, "step": step} for i in range(n)], dtype=object),
-            },
+        n = len(prompts)
+        return rollout_batch(
+            self.tokenizer,
+            prompts,
+            responses,
+            truths,
+            uids=[f"{self.tag}-{step}-{i // self.group_size}" for i in range(n)],
+            data_source="gsm8k_sim",
+            extra_infos=[{"index": i, "step": step} for i in range(n)],
+            prompt_length=self.prompt_length,
+            response_length=self.response_length,
         )
 
 

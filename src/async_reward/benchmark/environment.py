@@ -30,7 +30,7 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     from async_reward.benchmark.backend import BatchFactory
     from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import build_tiny_tokenizer
 
     for key, value in (
         ("RAY_DEDUP_LOGS", "0"),
@@ -65,7 +65,7 @@ def _start_server(cfg: BenchConfig) -> Any:
         threaded = ThreadedDevServer(DevServerConfig(capacity=cfg.capacity, overflow="queue", seed=cfg.seed))
         threaded.start()
         return threaded
-    from async_reward.server_process import ServerProcess
+    from async_reward.testing import ServerProcess
 
     process = ServerProcess("--capacity", str(cfg.capacity), "--overflow", "queue", "--seed", str(cfg.seed))
     process.start()

@@ -187,12 +187,11 @@ def _run_one(
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
-    from tqdm import tqdm
-
     from async_reward.benchmark.backend import CalibratedBackend
     from async_reward.benchmark.environment import bench_environment
     from async_reward.benchmark.report import STEADY_STATE_RULE, acceptance, add_relative, summarize
     from async_reward.benchmark.timeline import plot_timeline
+    from async_reward.progress import progress_bar
 
     cfg.validate()
     started = time.perf_counter()
@@ -208,7 +207,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         "regimes": {},
     }
     total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps
-    bar = tqdm(total=total, unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(total, unit="step", enabled=cfg.progress)
     tags = itertools.count()
     with bar, bench_environment(cfg) as env:
         results["setup_s"] = time.perf_counter() - started

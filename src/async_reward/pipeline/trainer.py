@@ -21,7 +21,6 @@ from typing import Any
 
 import ray
 from omegaconf import OmegaConf, open_dict
-from tqdm import tqdm
 from verl.trainer.ppo import ray_trainer as verl_trainer
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -38,6 +37,7 @@ from async_reward.pipeline.agent_loop import SCORE_LATER, ScoreLaterAgentLoopMan
 from async_reward.pipeline.schedule import RewardSource, StepRecord, StepSchedule
 from async_reward.pipeline.trainer_config import load_pipeline_config
 from async_reward.pipeline.verl_backend import VerlScheduleBackend
+from async_reward.progress import progress_bar
 
 __all__ = ["PipelinedRayPPOTrainer", "ScoreLaterAgentLoopManager", "VerlScheduleBackend"]
 
@@ -155,7 +155,7 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
                 adv_estimator=str(config.algorithm.adv_estimator),
                 assume_group_local=self.pipeline_config.assume_group_local,
             )
-            progress = tqdm(total=self.total_training_steps, initial=first, desc="Training Progress")
+            progress = progress_bar(self.total_training_steps, initial=first, desc="Training Progress")
             self.global_steps, self.max_steps_duration = first + 1, 0
             for record in schedule.steps(max(0, last - first), first_step=first):
                 # The actor is updated: validation's weight sync inside _finish_step carries this version.

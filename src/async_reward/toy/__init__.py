@@ -4,7 +4,7 @@
 task, its character tokenizer and prompt batches (``task``), ``ToyBackend``, the
 :class:`~async_reward.pipeline.schedule.StepSchedule` backend that rolls out, prepares and updates
 the policy for real, and ``LocalRewards``, an in-process reward source (``backend``). The parity
-benchmark is ``async_reward.toy.parity``.
+benchmark is ``async_reward.toy.parity`` (its verdict: ``async_reward.toy.parity_report``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ judge compares the decoded response's final number with the reference. Accuracy 
 Ray, the server and the reward workers start once; every run starts from a fresh policy seeded by
 its seed, and draws the same prompts in every mode. Outputs: ``<out>/toy_grpo.json`` (curves with
 step and wall time, final accuracy, total time per mode and seed), ``<out>/toy_grpo.png`` (accuracy
-against step and against wall time, mean and spread per mode) and a summary table on stdout.
+against step and against wall time, mean and spread per mode) and a summary table on stdout; the
+statistics, the within-noise rule, the table and the plot are ``async_reward.toy.parity_report``'s.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from async_reward.config import dataclass_from_flags
+from async_reward.toy.parity_report import format_summary, plot_parity, summarize_parity
 
-__all__ = ["QUICK", "ParityConfig", "main", "run_parity", "summarize_parity"]
+__all__ = ["QUICK", "ParityConfig", "format_summary", "main", "run_parity", "summarize_parity"]
 
 
 @dataclass
@@ -144,7 +146,7 @@ def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
 
     from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.server_process import ServerProcess
+    from async_reward.testing import ServerProcess
     from async_reward.toy.task import build_char_tokenizer
 
     for key, value in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0")):
@@ -223,114 +225,14 @@ def _run_one(cfg: ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: 
     }
 
 
-# -- summary ------------------------------------------------------------------------------------------
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    array = np.asarray(values, dtype=float)
-    std = float(array.std(ddof=1)) if len(array) > 1 else 0.0
-    return {"mean": float(array.mean()), "std": std, "min": float(array.min()), "max": float(array.max())}
-
-
-def summarize_parity(runs: list[dict[str, Any]], modes: tuple[str, ...], tolerance: float) -> dict[str, Any]:
-    """Per mode: final and mean-over-curve accuracy, total and step time (mean/std/min/max over seeds);
-    per non-reference mode: the difference from the reference and whether it is within noise.
-
-    Within noise: ``|difference of means| <= max(2 x the larger seed std of the two modes, tolerance)``.
-    """
-    per_mode: dict[str, Any] = {}
-    for mode in modes:
-        mine = [run for run in runs if run["mode"] == mode]
-        per_mode[mode] = {
-            key: _stats([run[key] for run in mine])
-            for key in ("final_accuracy", "mean_accuracy", "total_time_s", "step_time_s", "reward_blocked_s")
-        }
-        per_mode[mode]["seeds"] = len(mine)
-    reference = modes[0]
-    comparisons: dict[str, Any] = {}
-    for mode in modes[1:]:
-        comparison: dict[str, Any] = {}
-        for key in ("final_accuracy", "mean_accuracy"):
-            ref, other = per_mode[reference][key], per_mode[mode][key]
-            diff = other["mean"] - ref["mean"]
-            bound = max(2 * max(ref["std"], other["std"]), tolerance)
-            comparison[key] = {"difference": diff, "noise_bound": bound, "within_noise": abs(diff) <= bound}
-        ref_t, t = per_mode[reference]["total_time_s"]["mean"], per_mode[mode]["total_time_s"]["mean"]
-        comparison["speedup"] = ref_t / t if t > 0 else float("nan")
-        comparisons[mode] = comparison
-    return {"reference": reference, "modes": per_mode, "comparisons": comparisons}
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The summary table printed at the end of a run."""
-    lines = [
-        f"{'mode':<14}{'seeds':>6}{'final acc':>18}{'mean acc':>18}{'time/run s':>16}{'step s':>9}",
-    ]
-    for mode, s in summary["modes"].items():
-        fa, ma, tt, st = s["final_accuracy"], s["mean_accuracy"], s["total_time_s"], s["step_time_s"]
-        lines.append(
-            f"{mode:<14}{s['seeds']:>6}{fa['mean']:>11.3f} ± {fa['std']:.3f}"
-            f"{ma['mean']:>11.3f} ± {ma['std']:.3f}{tt['mean']:>9.1f} ± {tt['std']:<4.1f}{st['mean']:>9.3f}"
-        )
-    for mode, c in summary["comparisons"].items():
-        for key in ("final_accuracy", "mean_accuracy"):
-            v = c[key]
-            verdict = "within noise" if v["within_noise"] else "NOT within noise"
-            lines.append(
-                f"{mode} vs {summary['reference']}, {key}: {v['difference']:+.3f} "
-                f"(bound ±{v['noise_bound']:.3f}) -> {verdict}"
-            )
-        lines.append(f"{mode} vs {summary['reference']}: {c['speedup']:.2f}x faster in wall time")
-    if min(s["seeds"] for s in summary["modes"].values()) < 2:
-        lines.append("(one seed: no spread to measure noise with; the verdicts use the tolerance alone)")
-    return "\n".join(lines)
-
-
-def plot_parity(path: Path, runs: list[dict[str, Any]], modes: tuple[str, ...], title: str) -> None:
-    """Two panels: accuracy against step and against wall time; mean line and ±1 std band per mode
-    (seeds' own curves faint), wall time averaged over seeds at each evaluation step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for i, mode in enumerate(modes):
-        color = f"C{i}"
-        mine = [run for run in runs if run["mode"] == mode]
-        steps = np.array([p["step"] for p in mine[0]["curve"]])
-        acc = np.array([[p["accuracy"] for p in run["curve"]] for run in mine])
-        wall = np.array([[p["wall_s"] for p in run["curve"]] for run in mine])
-        mean, std = acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(mine) > 1 else np.zeros(acc.shape[1])
-        for run_acc, run_wall in zip(acc, wall, strict=True):
-            by_step.plot(steps, run_acc, color=color, alpha=0.25, lw=0.8)
-            by_time.plot(run_wall, run_acc, color=color, alpha=0.25, lw=0.8)
-        label = f"{mode} (n={len(mine)})"
-        by_step.plot(steps, mean, color=color, lw=2, label=label)
-        by_step.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
-        t = wall.mean(axis=0)
-        by_time.plot(t, mean, color=color, lw=2, label=label)
-        by_time.fill_between(t, mean - std, mean + std, color=color, alpha=0.2)
-    by_step.set_xlabel("training step")
-    by_time.set_xlabel("wall time (s)")
-    by_step.set_ylabel("greedy accuracy (all problems)")
-    for ax in (by_step, by_time):
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # -- driver -------------------------------------------------------------------------------------------
 
 
 def run_parity(cfg: ParityConfig) -> dict[str, Any]:
     """Run every (seed, mode); write ``toy_grpo.json`` (and ``toy_grpo.png``) to ``cfg.out_dir``."""
     import torch
-    from tqdm import tqdm
+
+    from async_reward.progress import progress_bar
 
     cfg.validate()
     started = time.perf_counter()
@@ -338,13 +240,7 @@ def run_parity(cfg: ParityConfig) -> dict[str, Any]:
     # One thread: the model is tiny, and the Ray reward workers share the machine's cores.
     torch.set_num_threads(1)
     runs: list[dict[str, Any]] = []
-    bar = tqdm(
-        total=len(cfg.seeds) * len(cfg.modes) * cfg.steps,
-        unit="step",
-        disable=not cfg.progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    bar = progress_bar(len(cfg.seeds) * len(cfg.modes) * cfg.steps, unit="step", enabled=cfg.progress)
     try:
         with bar, _environment(cfg) as env:
             setup_s = time.perf_counter() - started

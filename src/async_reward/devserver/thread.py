@@ -1,4 +1,4 @@
-"""Running a DevServer on its own event loop in a daemon thread (see ``async_reward.devserver``).
+"""Running a DevServer on its own event loop in a daemon thread (see ``async_reward.devserver.server``).
 
 Synchronous code (urllib, a notebook) and other processes (Ray workers) reach it over loopback while
 the caller's thread stays free.
@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from async_reward._devserver_config import DevServerConfig
-
-if TYPE_CHECKING:
-    from async_reward.devserver import DevServer
+from async_reward.devserver.config import DevServerConfig
+from async_reward.devserver.server import DevServer
 
 __all__ = ["ThreadedDevServer", "start_in_thread"]
 
@@ -34,9 +32,6 @@ class ThreadedDevServer:
         *,
         timeout_s: float = 30.0,
     ) -> None:
-        # Imported here: devserver re-exports this module, so a top-level import would be circular.
-        from async_reward.devserver import DevServer
-
         self.server: DevServer = DevServer(config, host, port)
         self.timeout_s = timeout_s
         """Longest wait for the server's loop to start, stop or answer a call."""

@@ -1,4 +1,4 @@
-"""Configuration and counters of the dev server (see ``async_reward.devserver``).
+"""Configuration and counters of the dev server (see ``async_reward.devserver.server``).
 
 Separate from the HTTP handlers so the CLI can build and validate a config without the app, and so
 each module stays one concept.
@@ -10,7 +10,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from async_reward._devserver_judge import VerdictFormat
+from async_reward.devserver.judge import VerdictFormat
 
 __all__ = ["FAULT_KINDS", "RUNTIME_CONFIG_KEYS", "DevServerConfig", "ServerStats", "coerce_runtime_value"]
 

@@ -32,14 +32,14 @@ from typing import Any
 
 from aiohttp import web
 
-from async_reward._devserver_config import (
+from async_reward.devserver.config import (
     FAULT_KINDS,
     RUNTIME_CONFIG_KEYS,
     DevServerConfig,
     ServerStats,
     coerce_runtime_value,
 )
-from async_reward._devserver_judge import (
+from async_reward.devserver.judge import (
     answers_match,
     extract_final_answer,
     judge_messages,
@@ -47,18 +47,8 @@ from async_reward._devserver_judge import (
     render_reply,
     word_count,
 )
-from async_reward._devserver_thread import ThreadedDevServer, start_in_thread
 
-__all__ = [
-    "FAULT_KINDS",
-    "RUNTIME_CONFIG_KEYS",
-    "DevServer",
-    "DevServerConfig",
-    "ThreadedDevServer",
-    "answers_match",
-    "extract_final_answer",
-    "start_in_thread",
-]
+__all__ = ["DevServer"]
 
 # A fault marker inside a request body: @@fault:KIND@@ or @@fault:KIND:N@@ (first N identical bodies).
 _MARKER = re.compile(rb"@@fault:([A-Za-z0-9_]+)(?::(\d+))?@@")

@@ -1,0 +1,109 @@
+"""The ``async-reward`` front door: ``--help`` and ``--version`` never import verl, torch or Ray, while
+importing the package still registers every manager with verl.
+
+The console script is run as pip's generated script runs it (``from <module> import main``, with the
+entry point read from ``pyproject.toml``) in a fresh interpreter, and what it imported is read from
+``sys.modules`` at exit. (Registration in Ray workers through the setup hook:
+``test_verl_integration.py::test_all_five_managers_are_registered_in_ray_workers``.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import async_reward
+import async_reward_cli
+from async_reward.cli import main as full_main
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["async-reward"]
+#: Top-level packages the front door must not import (``async_reward``'s import pulls the other three).
+HEAVY = {"verl", "torch", "ray", "async_reward"}
+
+# pip's console script, plus an exit hook that records every module the run imported.
+_SCRIPT = """
+import atexit, json, sys
+record = sys.argv.pop(1)
+atexit.register(lambda: open(record, "w").write(json.dumps(sorted(sys.modules))))
+from {module} import {function}
+sys.argv[0] = "async-reward"
+sys.exit({function}())
+"""
+
+
+def run_console_script(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    module, function = ENTRY_POINT.split(":")
+    record = tmp_path / "modules.json"
+    code = _SCRIPT.format(module=module, function=function)
+    env = {**os.environ, "COLUMNS": "200"}
+    # The bound is generous (a busy 2-core machine); the assertion that matters is on the imports.
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(record), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    return proc, set(json.loads(record.read_text()))
+
+
+def test_the_console_script_enters_at_the_front_door() -> None:
+    assert ENTRY_POINT == "async_reward_cli:main"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (["--help"], 0, "usage: async-reward [-h] [--version] COMMAND"),
+        (["--version"], 0, f"async-reward {async_reward.__version__}"),
+        ([], 2, "the following arguments are required: COMMAND"),
+        (["teleport"], 2, "invalid choice: 'teleport'"),
+    ],
+)
+def test_help_version_and_usage_errors_import_no_heavy_package(
+    tmp_path: Path, args: list[str], code: int, expected: str
+) -> None:
+    proc, imported = run_console_script(tmp_path, *args)
+    assert proc.returncode == code, proc.stderr
+    assert expected in proc.stdout + proc.stderr
+    assert "async_reward_cli" in imported  # the record is real: it saw the front door itself
+    assert not {name for name in imported if name.partition(".")[0] in HEAVY}
+
+
+def test_help_lists_every_command_exactly_as_the_full_parser(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    shown = []
+    for entry in (async_reward_cli.main, full_main):
+        with pytest.raises(SystemExit) as exc:
+            entry(["--help"])
+        assert exc.value.code == 0
+        shown.append(capsys.readouterr().out)
+    assert shown[0] == shown[1]
+    for command, help_text in async_reward_cli.COMMANDS.items():
+        assert f"{command}  " in shown[0] and help_text in shown[0]
+
+
+def test_a_command_goes_through_to_the_full_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        async_reward_cli.main(["serve", "--fault", "teapot=0.1"])  # checked by the serve parser
+    assert exc.value.code == 2 and "expected KIND=RATE" in capsys.readouterr().err
+    assert async_reward_cli.main(["bench", "--bench-help"]) == 0
+    assert "--time-scale" in capsys.readouterr().out
+
+
+def test_importing_the_package_registers_all_five_managers() -> None:
+    """In a fresh interpreter: nothing but ``import async_reward`` fills verl's registry."""
+    code = """
+import json
+import async_reward
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in REWARD_MANAGER.items()}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    registered = json.loads(proc.stdout.splitlines()[-1])
+    for name in async_reward.MANAGER_NAMES:
+        assert registered[name].startswith("async_reward.managers."), (name, registered.get(name))
