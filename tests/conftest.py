@@ -182,6 +182,9 @@ def server(judge_server: Any) -> Any:
         verdict_format="brackets",
         think=False,
         echo_response=False,
+        judge_style="verdict-last",
+        fixed_verdict=None,
+        structured_output="honour",
     )
     judge_server.reset()
     return judge_server

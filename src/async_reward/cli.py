@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from async_reward.devserver.config import FAULT_KINDS, DevServerConfig
+from async_reward.devserver.config import FAULT_KINDS, JUDGE_STYLES, STRUCTURED_OUTPUT_MODES, DevServerConfig
 from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
 from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
 from async_reward_cli import COMMANDS, DESCRIPTION, PROG, add_front_arguments
@@ -157,6 +157,26 @@ def _add_serve_parser(subparsers: Any) -> None:
         action="store_true",
         help="quote the policy response in the reply before the verdict",
     )
+    serve.add_argument(
+        "--judge-style",
+        choices=JUDGE_STYLES,
+        default=defaults.judge_style,
+        help="verdict-then-quote: give the verdict, then quote the response after it (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--fixed-verdict",
+        type=int,
+        default=None,
+        metavar="N",
+        help="always give verdict N (0-10) whatever the response says (default: judge by rule)",
+    )
+    serve.add_argument(
+        "--structured-output",
+        choices=STRUCTURED_OUTPUT_MODES,
+        default=defaults.structured_output,
+        help="a response_format json_schema request: honour it, reject it with 400, or ignore it "
+        "(default: %(default)s)",
+    )
     serve.set_defaults(handler=_run_serve, subparser=serve)
 
 
@@ -177,6 +197,9 @@ def _serve_config(args: argparse.Namespace) -> DevServerConfig:
         verdict_format=args.verdict_format,
         think=args.think,
         echo_response=args.echo_response,
+        judge_style=args.judge_style,
+        fixed_verdict=args.fixed_verdict,
+        structured_output=args.structured_output,
     )
     try:
         config.validate()

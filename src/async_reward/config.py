@@ -89,6 +89,9 @@ class RetryConfig:
                 raise ConfigError(f"retry.{name} must be >= 0, got {getattr(self, name)}")
 
 
+_JUDGE = "reward.async_reward.judge"
+
+
 @dataclass
 class JudgeConfig:
     """An OpenAI-compatible ``/v1/chat/completions`` judge."""
@@ -104,9 +107,26 @@ class JudgeConfig:
     ``{response}`` and ``{ground_truth}`` placeholders."""
     system_prompt: str | None = None
     """Overrides the template's system message."""
-    parser: str = "auto"
-    """Verdict parser: ``auto`` (the last verdict of any format), ``brackets`` ([[n]]), ``boxed``,
-    ``score`` (Score: n) or ``json``."""
+    parser: Literal["auto", "brackets", "boxed", "score", "json", "structured"] = "auto"
+    """The one verdict format read from the reply (see ``async_reward.verdict``): ``brackets``
+    (``Verdict: [[n]]``), ``boxed`` (``\\boxed{n}``), ``score`` (``Score: n``), ``json``
+    (``{"reasoning": ..., "score": n}`` ending the reply), ``structured`` (the server is asked for that
+    JSON object through ``response_format`` json_schema and the reply must be exactly it), or ``auto``:
+    the format the template asks for (``brackets`` for the built-in templates, whose wording follows
+    this setting; for your template text, the one format it shows)."""
+    verdict_position: Literal["end", "anywhere"] = "end"
+    """``end``: the last verdict must end the reply (only whitespace or markdown after it), as the
+    built-in templates instruct; ``anywhere``: it may be followed by more text (e.g. a judge that
+    gives its verdict and then discusses the response)."""
+    on_conflict: Literal["refuse", "min"] = "refuse"
+    """Several verdicts in the reply's format that disagree (the judge's, and one quoted from the
+    response): ``refuse`` makes the sample ``invalid``; ``min`` takes the lowest, so text from the
+    response can lower the score but never raise it above the judge's verdict."""
+    think: Literal["leading", "prefilled", "none"] = "leading"
+    """The judge's thinking, skipped before reading: ``leading``, a ``<think>...</think>`` block that
+    opens the reply; ``prefilled``, everything up to the first ``</think>`` (the chat template opened
+    ``<think>`` itself); ``none``, nothing (servers that return reasoning apart from the content). A
+    ``<think>`` anywhere else is plain text."""
     min_score: float = 0.0
     """Lowest verdict the judge may give; a verdict outside [min_score, max_score] is ``invalid``."""
     max_score: float = 10.0
@@ -122,6 +142,39 @@ class JudgeConfig:
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
+
+    def __post_init__(self) -> None:
+        # At load (parse_config builds this class), not at the first sample: a parser that can never
+        # read the template's format would make every sample invalid.
+        self.check_verdict_rules()
+
+    def check_verdict_rules(self) -> None:
+        """Raise ConfigError on a verdict setting that is unknown or cannot work with the template."""
+        from async_reward.judge import resolve_parser, resolve_template
+        from async_reward.verdict import CONFLICT_RULES, PARSERS, POSITIONS, THINK_MODES
+
+        for key, valid in (
+            ("parser", PARSERS),
+            ("verdict_position", POSITIONS),
+            ("on_conflict", CONFLICT_RULES),
+            ("think", THINK_MODES),
+        ):
+            value = getattr(self, key)
+            if value not in valid:
+                raise ConfigError(f"{_JUDGE}.{key} is {value!r}; set it to one of {', '.join(valid)}")
+        try:
+            resolve_template(self.template, self.parser)
+        except ValueError as exc:
+            raise ConfigError(f"{_JUDGE}.template is not usable: {exc}") from None
+        try:
+            resolve_parser(self.template, self.parser)
+        except ValueError as exc:
+            raise ConfigError(f"{_JUDGE}.parser={self.parser!r} does not fit the template: {exc}") from None
+        if self.parser == "structured" and "response_format" in self.extra_body:
+            raise ConfigError(
+                f"{_JUDGE}.extra_body.response_format is set while judge.parser is 'structured', which "
+                "sends its own response_format; remove one of them"
+            )
 
     def validate(self) -> None:
         if not self.base_url:

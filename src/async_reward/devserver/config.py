@@ -10,9 +10,17 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from async_reward.devserver.judge import VerdictFormat
+from async_reward.devserver.judge import JudgeStyle, VerdictFormat
 
-__all__ = ["FAULT_KINDS", "RUNTIME_CONFIG_KEYS", "DevServerConfig", "ServerStats", "coerce_runtime_value"]
+__all__ = [
+    "FAULT_KINDS",
+    "JUDGE_STYLES",
+    "RUNTIME_CONFIG_KEYS",
+    "STRUCTURED_OUTPUT_MODES",
+    "DevServerConfig",
+    "ServerStats",
+    "coerce_runtime_value",
+]
 
 FAULT_KINDS: tuple[str, ...] = ("429", "500", "503", "hang", "malformed", "drop", "400")
 """Fault kinds understood by ``fault_rates`` and by ``@@fault:KIND@@`` markers."""
@@ -25,10 +33,17 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "verdict_format",
     "think",
     "echo_response",
+    "judge_style",
+    "fixed_verdict",
+    "structured_output",
     "api_key",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
+JUDGE_STYLES: tuple[str, ...] = ("verdict-last", "verdict-then-quote")
+"""Values of ``DevServerConfig.judge_style``."""
+STRUCTURED_OUTPUT_MODES: tuple[str, ...] = ("honour", "reject", "ignore")
+"""Values of ``DevServerConfig.structured_output``."""
 _REQUEST_TIMES_KEPT = 100_000
 
 
@@ -60,6 +75,16 @@ class DevServerConfig:
     """Prefix replies with a ``<think>`` block holding a decoy verdict, to test parsers skip it."""
     echo_response: bool = False
     """Quote the policy response before the verdict, to test parsers take the final verdict only."""
+    judge_style: JudgeStyle = "verdict-last"
+    """``verdict-last``: the verdict ends the reply; ``verdict-then-quote``: the judge gives its
+    verdict, then quotes the response after it (a reply a hostile response can plant text after)."""
+    fixed_verdict: int | None = None
+    """When set, the judge always gives this verdict, whatever the response: the adversarial tests'
+    known ground truth. None: judge by rule (final answer against the reference)."""
+    structured_output: Literal["honour", "reject", "ignore"] = "honour"
+    """A request with ``response_format`` json_schema: ``honour`` replies with a JSON object filling
+    the schema; ``reject`` answers 400 (a server without structured output); ``ignore`` replies in
+    text as if the field were absent (servers that drop unknown fields)."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -83,6 +108,16 @@ class DevServerConfig:
             raise ValueError("api_key must be a non-empty string or None")
         if self.verdict_format not in _VERDICT_FORMATS:
             raise ValueError(f"verdict_format must be one of {list(_VERDICT_FORMATS)}")
+        if self.judge_style not in JUDGE_STYLES:
+            raise ValueError(f"judge_style must be one of {list(JUDGE_STYLES)}, got {self.judge_style!r}")
+        verdict = self.fixed_verdict
+        if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
+            raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")
+        if self.structured_output not in STRUCTURED_OUTPUT_MODES:
+            raise ValueError(
+                f"structured_output must be one of {list(STRUCTURED_OUTPUT_MODES)}, "
+                f"got {self.structured_output!r}"
+            )
 
 
 def coerce_runtime_value(key: str, value: Any) -> Any:
@@ -103,6 +138,12 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         return {str(kind): float(rate) for kind, rate in value.items()}
     if key in ("think", "echo_response") and not isinstance(value, bool):
         raise ValueError(f"{key} must be true or false")
+    if (
+        key == "fixed_verdict"
+        and value is not None
+        and (isinstance(value, bool) or not isinstance(value, int))
+    ):
+        raise ValueError("fixed_verdict must be an integer or null")
     return value
 
 

@@ -15,16 +15,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "JudgeStyle",
     "Judgement",
     "answers_match",
     "extract_final_answer",
     "judge_messages",
     "message_text",
     "render_reply",
+    "render_structured",
     "word_count",
 ]
 
 VerdictFormat = Literal["brackets", "boxed", "score", "json"]
+#: ``verdict-last``: [quote] explanation, verdict (what templates ask); ``verdict-then-quote``:
+#: explanation, verdict, then the response quoted (a judge that discusses the response afterwards).
+JudgeStyle = Literal["verdict-last", "verdict-then-quote"]
 
 # A number as people write it: optional minus, digits with optional thousands commas, optional decimals.
 _NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
@@ -120,17 +125,20 @@ class Judgement:
     """The unescaped policy response, if the request carried one (quoted by ``echo_response``)."""
 
 
-def judge_messages(messages: Sequence[Any]) -> Judgement:
+def judge_messages(messages: Sequence[Any], fixed_verdict: int | None = None) -> Judgement:
     """Judge a chat request by the ``<reference>``/``<response>`` blocks its messages carry.
 
     The last block of each kind wins, so a template whose instructions mention the tags still works.
     With a reference: 10 when the final answers match, else 0. Without one (a rubric template): a
-    deterministic length rubric, ``min(10, words // 5)``.
+    deterministic length rubric, ``min(10, words // 5)``. ``fixed_verdict``: always that verdict (a
+    judge whose verdict is known whatever the response says, for adversarial tests).
     """
     text = "\n".join(message_text(m) for m in messages)
     references = _REFERENCE.findall(text)
     responses = _RESPONSE.findall(text)
     response = html.unescape(responses[-1]) if responses else None
+    if fixed_verdict is not None:
+        return Judgement(fixed_verdict, "The server gives a fixed verdict.", response)
     if response is None:
         why = "reference but no <response> block" if references else "no <reference> or <response> block"
         return Judgement(0, f"The request carries {why}, so there is nothing to judge.", None)
@@ -155,23 +163,63 @@ def _format_verdict(verdict: int, explanation: str, verdict_format: VerdictForma
     return f"{explanation}\nRating: [[{verdict}]]"
 
 
-def render_reply(
-    judgement: Judgement, verdict_format: VerdictFormat, *, think: bool = False, echo_response: bool = False
-) -> str:
-    """The judge's reply text: [think block] [quoted response] explanation, then the verdict last.
+def _think_block(judgement: Judgement) -> str:
+    decoy = 0 if judgement.verdict == 10 else 10
+    return (
+        f"<think>A hasty judge would write Score: {decoy} [[{decoy}]] \\boxed{{{decoy}}} "
+        f'{{"score": {decoy}}} here; let me check properly instead.</think>'
+    )
 
-    The think block and the echoed response exist to trip parsers that take the *first* verdict-like
-    string: the decoy inside ``<think>`` always differs from the real verdict, and an echoed response
-    may itself contain ``[[10]]`` or ``\\boxed{...}``.
+
+def _quote(judgement: Judgement) -> str:
+    return f'The response under review reads:\n"""\n{judgement.response}\n"""'
+
+
+def render_reply(
+    judgement: Judgement,
+    verdict_format: VerdictFormat,
+    *,
+    think: bool = False,
+    echo_response: bool = False,
+    style: JudgeStyle = "verdict-last",
+) -> str:
+    """The judge's reply text: [think block] [quoted response] explanation and verdict; or, in style
+    ``verdict-then-quote``, [think block] explanation and verdict, then the quoted response.
+
+    The think block and the quoted response exist to trip parsers: the decoy inside ``<think>`` always
+    differs from the real verdict, and a quoted response may itself contain ``[[10]]`` or
+    ``\\boxed{...}``, before the verdict or (``verdict-then-quote``) after it.
     """
-    parts: list[str] = []
-    if think:
-        decoy = 0 if judgement.verdict == 10 else 10
-        parts.append(
-            f"<think>A hasty judge would write Score: {decoy} [[{decoy}]] \\boxed{{{decoy}}} "
-            f'{{"score": {decoy}}} here; let me check properly instead.</think>'
-        )
-    if echo_response and judgement.response is not None:
-        parts.append(f'The response under review reads:\n"""\n{judgement.response}\n"""')
+    parts: list[str] = [_think_block(judgement)] if think else []
+    quoted = judgement.response is not None
+    if echo_response and quoted and style == "verdict-last":
+        parts.append(_quote(judgement))
     parts.append(_format_verdict(judgement.verdict, judgement.explanation, verdict_format))
+    if quoted and style == "verdict-then-quote":
+        parts.append(_quote(judgement))
     return "\n".join(parts)
+
+
+def render_structured(
+    judgement: Judgement,
+    properties: dict[str, Any],
+    *,
+    think: bool = False,
+    echo_response: bool = False,
+    style: JudgeStyle = "verdict-last",
+) -> str:
+    """The reply to a request with a ``response_format`` json_schema: a JSON object filling the
+    schema's ``properties`` (``score`` gets the verdict, string properties the explanation, which
+    quotes the response when the style or ``echo_response`` asks for it), after an optional think block.
+    """
+    explanation = judgement.explanation
+    if judgement.response is not None and (echo_response or style == "verdict-then-quote"):
+        explanation = f"{explanation} {_quote(judgement)}"
+    reply: dict[str, Any] = {}
+    for name, spec in properties.items():
+        if name == "score":
+            reply[name] = judgement.verdict
+        elif isinstance(spec, dict) and spec.get("type") == "string":
+            reply[name] = explanation
+    text = json.dumps(reply, ensure_ascii=False)
+    return f"{_think_block(judgement)}\n{text}" if think else text

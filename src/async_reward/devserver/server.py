@@ -6,6 +6,8 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 
 * ``latency_ms``, ``capacity`` and ``overflow`` model a slow, bounded service;
 * ``fault_rates`` inject seeded random faults (reproducible runs);
+* ``judge_style``, ``fixed_verdict`` and ``structured_output`` make it an adversary's judge (one
+  that quotes the response after its verdict) and a server with or without ``response_format``;
 * a ``@@fault:KIND@@`` or ``@@fault:KIND:N@@`` marker in a request body injects a fault into that
   request only (``:N``: into the first N identical bodies), so a test can count retry attempts.
 
@@ -45,6 +47,7 @@ from async_reward.devserver.judge import (
     judge_messages,
     message_text,
     render_reply,
+    render_structured,
     word_count,
 )
 
@@ -336,8 +339,24 @@ class DevServer:
         if not isinstance(n, int) or n < 1:
             raise _BadRequest("'n' must be a positive integer")
         cfg = self.config
-        judgement = judge_messages(messages)
-        text = render_reply(judgement, cfg.verdict_format, think=cfg.think, echo_response=cfg.echo_response)
+        schema_properties = self._structured_schema(payload.get("response_format"))
+        judgement = judge_messages(messages, cfg.fixed_verdict)
+        if schema_properties is None:
+            text = render_reply(
+                judgement,
+                cfg.verdict_format,
+                think=cfg.think,
+                echo_response=cfg.echo_response,
+                style=cfg.judge_style,
+            )
+        else:
+            text = render_structured(
+                judgement,
+                schema_properties,
+                think=cfg.think,
+                echo_response=cfg.echo_response,
+                style=cfg.judge_style,
+            )
         prompt_tokens = sum(word_count(message_text(m)) for m in messages)
         completion_tokens = word_count(text) * n
         self._stats.tokens_total += prompt_tokens + completion_tokens
@@ -356,6 +375,32 @@ class DevServer:
                 },
             }
         )
+
+    def _structured_schema(self, response_format: Any) -> dict[str, Any] | None:
+        """The ``properties`` of a json_schema ``response_format`` to fill; None for a text reply.
+
+        Raises:
+            _BadRequest: ``structured_output`` is ``reject`` (worded as servers without structured
+                output word it), or a ``response_format`` this server cannot honour.
+        """
+        if response_format is None:
+            return None
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "text":
+            return None
+        mode = self.config.structured_output
+        if mode == "ignore":
+            return None
+        if kind != "json_schema" or mode == "reject":
+            raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict) or "score" not in properties:
+            raise _BadRequest(
+                "response_format json_schema must have a schema whose properties include 'score'"
+            )
+        return properties
 
     async def _score(self, body: bytes) -> web.Response:
         payload = self._json_object(body)

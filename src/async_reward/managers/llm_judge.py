@@ -1,25 +1,42 @@
 """``llm_judge``: an OpenAI-compatible ``/v1/chat/completions`` endpoint as the reward.
 
-The policy's response is delimited and escaped in the judge prompt (``judge.build_messages``) and
-only the judge's final verdict is parsed, so text inside the response cannot pose as the verdict.
-Identical requests in flight share one call; with ``judge.cache`` their verdicts are kept.
+The policy's response is delimited and escaped in the judge prompt (``judge.build_messages``), and
+the verdict is read by ``async_reward.verdict``'s rules: the one format the template asks for, at the
+end of the reply, conflicting verdicts refused, so text inside the response cannot pose as the
+verdict. ``judge.parser: structured`` asks the server for a JSON schema instead. Identical requests in
+flight share one call; with ``judge.cache`` their verdicts are kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 from typing import Any, ClassVar
 
-from async_reward.http import MalformedResponseError, post_json
-from async_reward.judge import build_messages, normalize_score, parse_verdict, request_key, resolve_template
+from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
+from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.limits import TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
+from async_reward.verdict import VerdictRules, read_verdict, response_format
 
-__all__ = ["LLMJudgeRewardManager"]
+__all__ = ["LLMJudgeRewardManager", "StructuredOutputUnsupported"]
+
+logger = logging.getLogger(__name__)
+
+# Words a server's 400 uses when it refuses the response_format field itself (vLLM, SGLang, OpenAI,
+# llama.cpp and our dev server all name the field or the json_schema type).
+_REFUSES_RESPONSE_FORMAT = ("response_format", "json_schema", "structured output")
+
+
+class StructuredOutputUnsupported(RuntimeError):
+    """The judge server refused ``response_format`` json_schema (``judge.parser: structured``).
+
+    Not retried (the server will refuse again); the sample gets status ``error`` with this message.
+    """
 
 
 @register_manager("llm_judge")
@@ -36,7 +53,15 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.judge = self.settings.judge
         self.judge.validate()
-        self.template = resolve_template(self.judge.template)
+        # The one format the judge is told to use (``auto`` made concrete) is the only one read.
+        parser = resolve_parser(self.judge.template, self.judge.parser)
+        self.template = resolve_template(self.judge.template, parser)
+        self.rules = VerdictRules(
+            parser=parser,
+            position=self.judge.verdict_position,
+            on_conflict=self.judge.on_conflict,
+            think=self.judge.think,
+        )
         self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
         self._headers: dict[str, str] = {}
         if self.judge.api_key_env:
@@ -47,6 +72,9 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             "max_tokens": self.judge.max_tokens,
             **self.judge.extra_body,
         }
+        if parser == "structured":
+            self._params["response_format"] = response_format()
+        self._warned_unsupported = False
         self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
         self._cache: dict[str, RewardResult] = {}
         self._waiters: dict[str, int] = {}
@@ -95,7 +123,13 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         body = {"model": self.judge.model, "messages": messages, **self._params}
 
         async def attempt(reservation: TokenReservation) -> dict[str, Any]:
-            reply, _headers = await post_json(self.url, body, headers=self._headers)
+            try:
+                reply, _headers = await post_json(self.url, body, headers=self._headers)
+            except HTTPStatusError as exc:
+                unsupported = self._unsupported_structured_output(exc)
+                if unsupported is None:
+                    raise
+                raise unsupported from exc
             usage = reply.get("usage") if isinstance(reply, dict) else None
             if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
                 reservation.settle(usage["total_tokens"])
@@ -103,7 +137,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
 
         reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None)
         content = _reply_text(reply)
-        verdict = parse_verdict(content, self.judge.parser)
+        verdict = read_verdict(content, self.rules)
         score = normalize_score(
             verdict,
             min_score=self.judge.min_score,
@@ -120,6 +154,24 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 "judge_shared": False,
             },
         )
+
+    def _unsupported_structured_output(self, exc: HTTPStatusError) -> StructuredOutputUnsupported | None:
+        """The clear error for a 400 that refuses ``response_format``; None for any other failure."""
+        refused = exc.status == 400 and any(
+            word in exc.body_excerpt.lower() for word in _REFUSES_RESPONSE_FORMAT
+        )
+        if self.rules.parser != "structured" or not refused:
+            return None
+        # Short, key facts first: the reason lands in a per-sample extra cut at 256 characters.
+        error = StructuredOutputUnsupported(
+            "the judge server refused response_format json_schema, which judge.parser=structured "
+            "needs (use a server with structured output, or a text parser such as brackets): "
+            f"HTTP 400 from {exc.url}: {exc.body_excerpt}"
+        )
+        if not self._warned_unsupported:  # every sample will fail the same way: say it once, loudly
+            self._warned_unsupported = True
+            logger.error("%s", error)
+        return error
 
 
 def _reply_text(reply: Any) -> str:
