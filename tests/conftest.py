@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,17 @@ def build_tokenizer(directory: Path) -> Any:
     from async_reward.testing import build_tiny_tokenizer
 
     return build_tiny_tokenizer(directory)
+
+
+@pytest.fixture(autouse=True)
+async def _close_http_sessions() -> AsyncIterator[None]:
+    """Close the test loop's aiohttp session: one left to the garbage collector warns from ``__del__``,
+    and a warning formatted while Python 3.11 is inside ``ast.parse`` (pytest importing a module
+    late) fails the run with "AST constructor recursion depth mismatch"."""
+    yield
+    from async_reward.http import close_sessions
+
+    await close_sessions()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import pytest
 from async_reward.cli import _serve_config as serve_config
 from async_reward.cli import build_parser
 from async_reward.devserver import DevServerConfig
-from async_reward.http import HTTPStatusError, close_sessions, post_json
+from async_reward.http import HTTPStatusError, post_json
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.verdict import response_format
 
@@ -62,15 +61,6 @@ def judge_settings(server: Any, **judge: Any) -> dict[str, Any]:
 
 async def score_all(manager: LLMJudgeRewardManager, batch: Any) -> list[dict[str, Any]]:
     return await asyncio.gather(*(manager.run_single(batch[i : i + 1]) for i in range(len(batch))))
-
-
-@pytest.fixture(autouse=True)
-async def _close_http_sessions() -> AsyncIterator[None]:
-    """Close the test loop's aiohttp session: one left to the garbage collector warns from ``__del__``,
-    and a warning formatted while Python 3.11 is inside ``ast.parse`` (pytest importing a module
-    late) fails the run with "AST constructor recursion depth mismatch"."""
-    yield
-    await close_sessions()
 
 
 @pytest.fixture(scope="module")
