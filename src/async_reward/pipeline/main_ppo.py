@@ -27,7 +27,7 @@ from omegaconf import DictConfig, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import TaskRunner as _VerlTaskRunner
 
-from async_reward.integration import prepare_verl_config
+from async_reward.integration import declare_pipelined_trainer, prepare_verl_config
 from async_reward.pipeline.trainer_config import load_pipeline_config
 
 __all__ = ["PipelinedTaskRunner", "main", "prepare_config", "run"]
@@ -63,6 +63,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
+    declare_pipelined_trainer(config)  # our trainer honours on_failure: exclude (checked next)
     config = prepare_verl_config(config)
     with open_dict(config):
         config.trainer.use_v1 = False
