@@ -189,7 +189,8 @@ def load(verl_config_factory: Any, key: str, value: Any, others: dict[str, Any] 
             config.async_reward = nested(settings)
             config.algorithm.adv_estimator = "grpo"  # mini_batch needs a group-local estimator
         return load_pipeline_config(config)
-    return load_config(verl_config_factory("async_naive", nested(settings)))
+    # The reward workers read only the `reward` node: a config holding just that is the same path.
+    return load_config(OmegaConf.create({"reward": {"num_workers": 1, "async_reward": nested(settings)}}))
 
 
 def shown(value: Any) -> list[str]:
