@@ -67,6 +67,9 @@ class PipelinedRewardLoopManager:
 
     Ray must be initialised (with ``async_reward.integration.ray_runtime_env()`` when other Ray
     processes must resolve our manager names). ``reward.reward_model`` servers are not managed here.
+    Every reward setting a worker would refuse raises ``ConfigError`` here, before any worker starts
+    (``async_reward.integration.check_reward_config``). Chunks carry each sample's ``excluded`` flag
+    (``on_failure: exclude``); ``StepSchedule`` honours it, a loop of your own must too.
     """
 
     def __init__(
