@@ -1,23 +1,44 @@
 """Typed, validated configuration for async-reward, read from verl's ``reward.async_reward`` node.
 
-Every field is documented where it is declared. Unknown keys are rejected with the list of valid
-ones, because a typo in a rate limit (``request_per_minute``) silently ignored would let a job
-hammer a paid API.
+Every field is documented where it is declared, with its valid range in its ``metadata`` rule
+(checked by :func:`async_reward._config_rules.check_values`). Unknown keys are rejected with the list
+of valid ones, because a typo in a rate limit (``request_per_minute``) silently ignored would let a job
+hammer a paid API; every number must be finite, because a NaN deadline or fallback score corrupts
+every reward of the run.
+
+Two levels of checks: :meth:`AsyncRewardConfig.validate` checks values (ranges, relations between
+fields) and holds for every manager; a section's ``require`` checks what one manager needs to run
+(the judge's URL, an API key variable set in the environment). The driver runs both before any
+reward worker starts (``async_reward.integration.check_reward_config``); each worker runs them again.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import os
-import types
-import typing
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
+from async_reward._config_rules import (
+    ConfigError,
+    at_least,
+    bad_value,
+    check_values,
+    dataclass_from_flags,
+    greater_than,
+    in_range,
+    missing_value,
+    parse_config,
+    rule,
+)
+
 __all__ = [
+    "CONFIG_PATH",
+    "RESERVED_EXTRA_KEYS",
     "AsyncRewardConfig",
     "ConfigError",
     "JudgeConfig",
@@ -30,37 +51,84 @@ __all__ = [
     "parse_config",
 ]
 
+#: Where the settings live in the verl config.
+CONFIG_PATH = "reward.async_reward"
+#: Extras keys every sample carries, set by the library (``extra_defaults`` may not declare them).
+RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
+#: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
+_JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_URL_FIX = "write an http:// or https:// URL"
 
-class ConfigError(ValueError):
-    """A configuration problem found at start-up (bad key, bad value, missing environment variable)."""
+
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def _env_name(fix: str) -> dict[str, Any]:
+    # Hidden: what fails this rule is often the key itself, pasted where its variable's name belongs.
+    return rule(lambda v: bool(_ENV_NAME.fullmatch(v)), "is not an environment variable name", fix, hide=True)
+
+
+def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) -> None:
+    environment = os.environ if env is None else env
+    if var_name is not None and not environment.get(var_name):
+        # The variable's name is safe to print; its value (the secret) never is.
+        raise bad_value(
+            key,
+            var_name,
+            "names an environment variable that is not set (or empty) where the reward workers run",
+            f"export {var_name}=<key> before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
+            "or set the key to null for an endpoint without authentication",
+        )
 
 
 @dataclass
 class LimitsConfig:
     """Admission limits for outbound calls. RPM and TPM are budgets of the whole job."""
 
-    max_concurrency: int = 64
+    max_concurrency: int = field(default=64, metadata=at_least(1, "allow at least one call in flight"))
     """Most calls in flight at once in one reward worker process (a slot is held for the call only)."""
-    requests_per_minute: float | None = None
+    requests_per_minute: float | None = field(
+        default=None, metadata=greater_than(0, "write a positive budget, or null for no request limit")
+    )
     """Job-wide request budget per minute, shared by all ``reward.num_workers`` processes. None: unlimited."""
-    tokens_per_minute: float | None = None
+    tokens_per_minute: float | None = field(
+        default=None, metadata=greater_than(0, "write a positive budget, or null for no token limit")
+    )
     """Job-wide token budget per minute (prompt + completion), shared by all workers. None: unlimited."""
-    estimated_tokens_per_request: int = 512
+    estimated_tokens_per_request: int = field(
+        default=512, metadata=at_least(0, "write the typical tokens of one request (0 reserves none)")
+    )
     """Tokens reserved from the TPM budget before a call; corrected by the usage the response reports."""
 
-    def validate(self, num_workers: int) -> None:
-        if self.max_concurrency < 1:
-            raise ConfigError(f"limits.max_concurrency must be >= 1, got {self.max_concurrency}")
-        for name in ("requests_per_minute", "tokens_per_minute"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"limits.{name} must be > 0 or null, got {value}")
-        if self.estimated_tokens_per_request < 0:
-            raise ConfigError("limits.estimated_tokens_per_request must be >= 0")
+    def validate(self, num_workers: int, path: str = f"{CONFIG_PATH}.limits") -> None:
+        """Check every value, and that each of ``num_workers`` processes gets a usable share."""
+        check_values(self, path)
         if self.requests_per_minute is not None and self.requests_per_minute / num_workers < 1:
-            raise ConfigError(
-                f"limits.requests_per_minute={self.requests_per_minute} split over {num_workers} reward "
-                "workers leaves less than one request per minute each; lower reward.num_workers"
+            raise bad_value(
+                f"{path}.requests_per_minute",
+                self.requests_per_minute,
+                f"split over {num_workers} reward workers leaves less than one request per minute each",
+                "raise it or lower reward.num_workers",
+            )
+        if self.tokens_per_minute is None:
+            return
+        share = math.floor(self.tokens_per_minute / num_workers)
+        if share < 1:
+            raise bad_value(
+                f"{path}.tokens_per_minute",
+                self.tokens_per_minute,
+                f"split over {num_workers} reward workers leaves less than one token per minute each",
+                "raise it or lower reward.num_workers",
+            )
+        if self.estimated_tokens_per_request > share:
+            raise bad_value(
+                f"{path}.estimated_tokens_per_request",
+                self.estimated_tokens_per_request,
+                f"exceeds one worker's share of tokens_per_minute ({self.tokens_per_minute:g} / "
+                f"{num_workers} workers = {share}): no request could ever be admitted",
+                "lower it, raise tokens_per_minute, or lower reward.num_workers",
             )
 
 
@@ -68,39 +136,45 @@ class LimitsConfig:
 class RetryConfig:
     """Retry policy for transient failures (connection errors, timeouts, 408, 409, 429, 5xx)."""
 
-    max_attempts: int = 4
+    max_attempts: int = field(default=4, metadata=at_least(1, "write 1 to disable retries"))
     """Attempts in total, the first included. 1 disables retries."""
-    initial_backoff_s: float = 0.5
+    initial_backoff_s: float = field(default=0.5, metadata=at_least(0, "write seconds >= 0"))
     """Backoff before the second attempt; doubles each attempt (exponential), plus jitter."""
-    max_backoff_s: float = 20.0
-    """Cap on one backoff computed by the exponential rule."""
-    jitter_s: float = 0.5
+    max_backoff_s: float = field(default=20.0, metadata=at_least(0, "write seconds >= 0"))
+    """Cap on one backoff computed by the exponential rule (at least ``initial_backoff_s``)."""
+    jitter_s: float = field(default=0.5, metadata=at_least(0, "write seconds >= 0 (0: no jitter)"))
     """Uniform random extra wait in [0, jitter_s], so workers that failed together do not retry together."""
-    max_retry_after_s: float = 60.0
+    max_retry_after_s: float = field(default=60.0, metadata=at_least(0, "write seconds >= 0"))
     """A server's Retry-After / retry-after-ms is honoured up to this many seconds."""
-    max_total_s: float = 300.0
+    max_total_s: float = field(default=300.0, metadata=greater_than(0, "write seconds > 0"))
     """No new attempt starts after this many seconds since the first one."""
 
-    def validate(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError(f"retry.max_attempts must be >= 1, got {self.max_attempts}")
-        for name in ("initial_backoff_s", "max_backoff_s", "jitter_s", "max_retry_after_s", "max_total_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"retry.{name} must be >= 0, got {getattr(self, name)}")
-
-
-_JUDGE = "reward.async_reward.judge"
+    def validate(self, path: str = f"{CONFIG_PATH}.retry") -> None:
+        check_values(self, path)
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise bad_value(
+                f"{path}.max_backoff_s",
+                self.max_backoff_s,
+                f"is below initial_backoff_s ({self.initial_backoff_s:g}): the cap would undo the backoff",
+                "make max_backoff_s >= initial_backoff_s",
+            )
 
 
 @dataclass
 class JudgeConfig:
     """An OpenAI-compatible ``/v1/chat/completions`` judge."""
 
-    base_url: str | None = None
+    base_url: str | None = field(
+        default=None, metadata=rule(_is_url, "is not an http(s) URL", f"{_URL_FIX} ending in /v1")
+    )
     """Base URL of the API, e.g. ``http://127.0.0.1:8000/v1``. Required for ``llm_judge``."""
-    api_key_env: str | None = None
+    api_key_env: str | None = field(
+        default=None, metadata=_env_name("write the NAME of the variable holding the key, never the key")
+    )
     """Name of the environment variable holding the API key. None: send no Authorization header."""
-    model: str = "judge"
+    model: str = field(
+        default="judge", metadata=rule(lambda v: bool(v.strip()), "is empty", "write the judge's model name")
+    )
     """Model name sent in the request."""
     template: str = "correctness"
     """Built-in template name (``correctness``, ``rubric``) or a template text with ``{prompt}``,
@@ -130,15 +204,17 @@ class JudgeConfig:
     min_score: float = 0.0
     """Lowest verdict the judge may give; a verdict outside [min_score, max_score] is ``invalid``."""
     max_score: float = 10.0
-    """Highest verdict the judge may give."""
+    """Highest verdict the judge may give (greater than ``min_score``)."""
     normalize_to: tuple[float, float] | None = (0.0, 1.0)
-    """Verdicts are mapped linearly onto this range. None: keep the judge's scale."""
-    temperature: float = 0.0
+    """Verdicts are mapped linearly onto this range, low < high. None: keep the judge's scale."""
+    temperature: float = field(
+        default=0.0, metadata=in_range(0, 2, "write a sampling temperature in the API's range [0, 2]")
+    )
     """Sampling temperature sent to the judge."""
-    max_tokens: int = 512
+    max_tokens: int = field(default=512, metadata=at_least(1, "allow the judge at least one token"))
     """Completion token cap sent to the judge."""
     extra_body: dict[str, Any] = field(default_factory=dict)
-    """Extra JSON fields merged into each request body."""
+    """Extra JSON fields merged into each request body (not the ones set by the keys above)."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -148,64 +224,112 @@ class JudgeConfig:
         # read the template's format would make every sample invalid.
         self.check_verdict_rules()
 
-    def check_verdict_rules(self) -> None:
+    def check_verdict_rules(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Raise ConfigError on a verdict setting that is unknown or cannot work with the template."""
         from async_reward.judge import resolve_parser, resolve_template
         from async_reward.verdict import CONFLICT_RULES, PARSERS, POSITIONS, THINK_MODES
 
-        for key, valid in (
-            ("parser", PARSERS),
-            ("verdict_position", POSITIONS),
-            ("on_conflict", CONFLICT_RULES),
-            ("think", THINK_MODES),
+        for key, what, valid in (
+            ("parser", "verdict parser", PARSERS),
+            ("verdict_position", "verdict position", POSITIONS),
+            ("on_conflict", "conflict rule", CONFLICT_RULES),
+            ("think", "think mode", THINK_MODES),
         ):
             value = getattr(self, key)
             if value not in valid:
-                raise ConfigError(f"{_JUDGE}.{key} is {value!r}; set it to one of {', '.join(valid)}")
+                raise bad_value(f"{path}.{key}", value, f"is not a {what}", f"use one of {list(valid)}")
         try:
             resolve_template(self.template, self.parser)
         except ValueError as exc:
-            raise ConfigError(f"{_JUDGE}.template is not usable: {exc}") from None
+            raise bad_value(f"{path}.template", self.template, "is not a usable template", str(exc)) from None
         try:
             resolve_parser(self.template, self.parser)
         except ValueError as exc:
-            raise ConfigError(f"{_JUDGE}.parser={self.parser!r} does not fit the template: {exc}") from None
+            raise bad_value(f"{path}.parser", self.parser, "does not fit the template", str(exc)) from None
         if self.parser == "structured" and "response_format" in self.extra_body:
-            raise ConfigError(
-                f"{_JUDGE}.extra_body.response_format is set while judge.parser is 'structured', which "
-                "sends its own response_format; remove one of them"
+            raise bad_value(
+                f"{path}.extra_body.response_format",
+                self.extra_body["response_format"],
+                "is set while judge.parser is 'structured', which sends its own response_format",
+                "remove one of them",
             )
 
-    def validate(self) -> None:
-        if not self.base_url:
-            raise ConfigError("reward.async_reward.judge.base_url is required for the llm_judge manager")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"judge.base_url must start with http:// or https://, got {self.base_url!r}")
-        _require_env(self.api_key_env, "judge.api_key_env")
+    def validate(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.judge") -> None:
+        """Everything ``llm_judge`` needs: valid values and the required settings (:meth:`require`)."""
+        self.check_values(path)
+        self.require(env, path)
+
+    def check_values(self, path: str = f"{CONFIG_PATH}.judge") -> None:
+        check_values(self, path)
+        self.check_verdict_rules(path)
         if self.max_score <= self.min_score:
-            raise ConfigError(f"judge.max_score ({self.max_score}) must exceed min_score ({self.min_score})")
-        if self.normalize_to is not None and len(self.normalize_to) != 2:
-            raise ConfigError("judge.normalize_to must be [low, high] or null")
+            raise bad_value(
+                f"{path}.max_score",
+                self.max_score,
+                f"must exceed min_score ({self.min_score:g})",
+                "give the judge's scale as min_score < max_score",
+            )
+        if self.normalize_to is not None and not self.normalize_to[0] < self.normalize_to[1]:
+            raise bad_value(
+                f"{path}.normalize_to",
+                list(self.normalize_to),
+                "is not strictly increasing: the reward would be inverted or constant",
+                "write [low, high] with low < high; to reward the opposite of what the judge rates, "
+                "ask for the opposite in judge.template (e.g. 10 = worst)",
+            )
+        overridden = sorted(set(self.extra_body) & set(_JUDGE_OWN_FIELDS))
+        if overridden:
+            raise bad_value(
+                f"{path}.extra_body",
+                overridden,
+                "would override request fields the judge config sets",
+                "set judge.model / temperature / max_tokens / template instead (stream and n are not "
+                "supported: one complete reply is read per call)",
+            )
+
+    def require(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.judge") -> None:
+        """What ``llm_judge`` cannot run without: a base URL, and the API key variable when one is named."""
+        if not self.base_url:
+            fix = f"set +{path}.base_url=http://<host>:<port>/v1"
+            raise missing_value(f"{path}.base_url", "the llm_judge manager", fix)
+        _require_env(self.api_key_env, f"{path}.api_key_env", env)
 
 
 @dataclass
 class RemoteConfig:
     """A user's HTTP reward service: each sample is POSTed as JSON, the reply carries ``score``."""
 
-    url: str | None = None
+    url: str | None = field(default=None, metadata=rule(_is_url, "is not an http(s) URL", _URL_FIX))
     """Full URL of the scoring endpoint, e.g. ``http://127.0.0.1:8000/score``. Required for
     ``async_remote``."""
-    api_key_env: str | None = None
+    api_key_env: str | None = field(
+        default=None, metadata=_env_name("write the NAME of the variable holding the token, never the token")
+    )
     """Name of the environment variable holding a bearer token. None: no Authorization header."""
     headers: dict[str, str] = field(default_factory=dict, repr=False)
-    """Extra HTTP headers. Kept out of reprs, but put secrets in ``api_key_env``, not here."""
+    """Extra HTTP headers (string values). Kept out of reprs and errors, but put secrets in
+    ``api_key_env``, not here."""
 
-    def validate(self) -> None:
+    def validate(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.remote") -> None:
+        """Everything ``async_remote`` needs: valid values and the required settings (:meth:`require`)."""
+        self.check_values(path)
+        self.require(env, path)
+
+    def check_values(self, path: str = f"{CONFIG_PATH}.remote") -> None:
+        check_values(self, path)
+        for name, value in self.headers.items():
+            if not isinstance(value, str):
+                # The value is never shown: headers are where people paste tokens.
+                raise bad_value(
+                    f"{path}.headers.{name}", value, "is not a string", "quote the header value", hide=True
+                )
+
+    def require(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.remote") -> None:
+        """What ``async_remote`` cannot run without: the URL, and the token variable when one is named."""
         if not self.url:
-            raise ConfigError("reward.async_reward.remote.url is required for the async_remote manager")
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"remote.url must start with http:// or https://, got {self.url!r}")
-        _require_env(self.api_key_env, "remote.api_key_env")
+            fix = f"set +{path}.url=http://<host>:<port>/score"
+            raise missing_value(f"{path}.url", "the async_remote manager", fix)
+        _require_env(self.api_key_env, f"{path}.api_key_env", env)
 
 
 @dataclass
@@ -220,26 +344,36 @@ class StatefulConfig:
 class AsyncRewardConfig:
     """Everything under ``reward.async_reward`` in the verl config."""
 
-    timeout_s: float = 120.0
+    timeout_s: float = field(default=120.0, metadata=greater_than(0, "write the deadline in seconds"))
     """Deadline of one scoring attempt, measured on the service (queueing for admission is not counted)."""
-    admission_timeout_s: float | None = None
+    admission_timeout_s: float | None = field(
+        default=None,
+        metadata=greater_than(0, "write seconds > 0, or null to wait as long as the budget needs"),
+    )
     """Longest a call may queue for a concurrency slot and the RPM/TPM budgets before it is given up
     as ``timeout`` (not retried: the budget is what it waited for). None: wait as long as the budget
     requires (N / RPM minutes for N samples)."""
     fallback_score: float = 0.0
     """Score given to a sample whose scoring failed; its ``status`` says why, so it is never silent."""
-    on_failure: Literal["fallback", "raise"] = "fallback"
-    """``fallback``: score failures with ``fallback_score``; ``raise``: stop the step with an error."""
+    on_failure: Literal["fallback", "raise", "exclude"] = "fallback"
+    """``fallback``: score failures with ``fallback_score``; ``raise``: stop the step with an error;
+    ``exclude``: keep failed samples out of the gradient (zero loss mask; their group's advantages
+    come from the members that were scored). ``exclude`` needs a trainer that honours it
+    (``async_reward.integration.check_failure_policy`` says which)."""
     executor: Literal["thread", "process"] = "thread"
     """Where sync user functions run: a thread pool, or a process pool (for scorers unsafe in threads)."""
-    executor_workers: int | None = None
+    executor_workers: int | None = field(
+        default=None, metadata=at_least(1, "write a pool size >= 1, or null for the library default")
+    )
     """Size of that pool. None: the library default (min(32, cpus + 4) threads, cpus processes)."""
     extra_defaults: dict[str, Any] = field(default_factory=dict)
-    """Extras keys your reward function returns, each with the value a failed sample gets. verl stacks
-    extras per key across a batch and fails when one sample lacks a key another has; keys are also
-    learned as results arrive, but a sample that fails before any success in its worker only knows
-    the keys declared here. (The pipelined manager fills missing keys across the batch itself.)"""
-    num_workers: int | None = None
+    """Extras keys your reward function returns, each with the value a failed sample gets (a number,
+    a bool, a short string or null). verl stacks extras per key across a batch and fails when one
+    sample lacks a key another has; keys are also learned as results arrive, but a sample that fails
+    before any success in its worker only knows the keys declared here."""
+    num_workers: int | None = field(
+        default=None, metadata=at_least(1, "write the number of reward worker processes, or null")
+    )
     """Reward worker processes sharing the RPM/TPM budgets. None: read ``reward.num_workers``."""
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     """Admission limits."""
@@ -257,117 +391,56 @@ class AsyncRewardConfig:
         """Reward worker processes that share the job-wide budgets (at least 1)."""
         return max(1, self.num_workers or 1)
 
-    def validate(self) -> None:
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.admission_timeout_s is not None and self.admission_timeout_s <= 0:
-            raise ConfigError(f"admission_timeout_s must be > 0 or null, got {self.admission_timeout_s}")
-        if self.on_failure not in ("fallback", "raise"):
-            raise ConfigError(f"on_failure must be 'fallback' or 'raise', got {self.on_failure!r}")
+    def validate(self, path: str = CONFIG_PATH) -> None:
+        """Check every value of every section (not what one manager requires: see ``require``)."""
+        check_values(self, path, recurse=False)
+        if self.on_failure not in ("fallback", "raise", "exclude"):
+            raise bad_value(
+                f"{path}.on_failure",
+                self.on_failure,
+                "is not a failure policy",
+                "use fallback, raise or exclude",
+            )
         if self.executor not in ("thread", "process"):
-            raise ConfigError(f"executor must be 'thread' or 'process', got {self.executor!r}")
-        if self.executor_workers is not None and self.executor_workers < 1:
-            raise ConfigError("executor_workers must be >= 1 or null")
-        self.limits.validate(self.worker_count)
-        self.retry.validate()
+            raise bad_value(f"{path}.executor", self.executor, "is not an executor", "use thread or process")
+        self._check_extra_defaults(f"{path}.extra_defaults")
+        self.limits.validate(self.worker_count, f"{path}.limits")
+        self.retry.validate(f"{path}.retry")
+        self.judge.check_values(f"{path}.judge")
+        self.remote.check_values(f"{path}.remote")
+        check_values(self.stateful, f"{path}.stateful")
 
-
-def _require_env(var_name: str | None, key: str) -> None:
-    if var_name is not None and not os.environ.get(var_name):
-        raise ConfigError(f"{key} names the environment variable {var_name!r}, which is not set or empty")
-
-
-_T = TypeVar("_T")
-
-
-def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "reward.async_reward") -> _T:
-    """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses.
-
-    Raises:
-        ConfigError: on an unknown key (naming the valid ones) or a value of the wrong type.
-    """
-    raw = dict(raw or {})
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {path}; valid keys: {sorted(fields)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in raw.items():
-        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}")
-    return cls(**kwargs)
-
-
-def _coerce(hint: Any, value: Any, path: str) -> Any:
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path} must be a mapping, got {type(value).__name__}")
-        return parse_config(hint, value, path)
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ConfigError(f"{path} must not be null")
-        non_null = [a for a in args if a is not type(None)]
-        errors = []
-        for arg in non_null:
-            try:
-                return _coerce(arg, value, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0])
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{path} must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(a, v, path) for a, v in zip(args, value, strict=True))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path} must be a mapping, got {type(value).__name__}")
-        return dict(value)
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path} must be a number, got {value!r}")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path} must be an integer, got {value!r}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path} must be true or false, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path} must be a string, got {value!r}")
-        return value
-    return value
-
-
-def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | None = None) -> _T:
-    """Build dataclass ``cls`` from argparse flags named like its fields (the benchmarks' CLIs).
-
-    A flag left unset (None) keeps the ``preset`` value (e.g. ``--quick``), else the field's default;
-    list values become tuples.
-    """
-    values: dict[str, Any] = dict(preset or {})
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        given = getattr(flags, f.name, None)
-        if given is not None:
-            values[f.name] = tuple(given) if isinstance(given, list) else given
-    return cls(**values)
+    def _check_extra_defaults(self, path: str) -> None:
+        for key, value in self.extra_defaults.items():
+            if key in RESERVED_EXTRA_KEYS:
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    "is a key the library sets on every sample",
+                    "declare only your own keys",
+                )
+            if value is not None and not isinstance(value, (bool, int, float, str)):
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    "is not a scalar (verl stacks extras into one numpy array per key)",
+                    "write a number, a bool, a short string or null",
+                )
+            if isinstance(value, float) and math.isinf(value):
+                raise bad_value(
+                    f"{path}.{key}", value, "is infinite", "write a finite number (NaN is allowed)"
+                )
 
 
 def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewardConfig:
     """Read and validate ``reward.async_reward`` from a full verl config.
 
     ``num_workers`` defaults to ``reward.num_workers`` so that job-wide budgets are split correctly.
-    Component-specific checks (judge URL, remote URL) are run by the manager that needs them.
+    Checks values only; what one manager requires (judge URL, remote URL, API key variables) is
+    checked by that manager's ``check_config`` (on the driver by ``integration.check_reward_config``).
+
+    Raises:
+        ConfigError: naming the key, the bad value and the fix.
     """
     reward_node: Any = {}
     if verl_config is not None:
@@ -375,10 +448,22 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     raw = reward_node.get("async_reward") if hasattr(reward_node, "get") else None
     if isinstance(raw, DictConfig):
         raw = OmegaConf.to_container(raw, resolve=True)
+    if isinstance(raw, Mapping) and "pipeline" in raw:
+        key = f"{CONFIG_PATH}.pipeline"
+        fix = "put the trainer's pipeline settings under async_reward.pipeline"
+        problem = f"is not read there (reward workers parse {CONFIG_PATH})"
+        raise ConfigError(f"{key} {problem}; {fix}", key=key, fix=fix)
     config = parse_config(AsyncRewardConfig, raw)  # type: ignore[arg-type]
     if config.num_workers is None and hasattr(reward_node, "get"):
         verl_workers = reward_node.get("num_workers")
-        if isinstance(verl_workers, int) and verl_workers > 0:
+        if verl_workers is not None:
+            if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
+                raise bad_value(
+                    "reward.num_workers",
+                    verl_workers,
+                    "must be an integer >= 1 (verl starts that many reward worker processes)",
+                    "write reward.num_workers=1 or more",
+                )
             config.num_workers = verl_workers
     config.validate()
     return config

@@ -1,4 +1,4 @@
-"""Making our managers resolvable everywhere verl looks them up.
+"""Making our managers resolvable everywhere verl looks them up, and refusing bad settings early.
 
 verl resolves ``reward.reward_manager.name`` in the driver (``RewardLoopManager.__init__``) *and*
 inside every ``RewardLoopWorker`` Ray process (``load_reward_manager``). Registration happens on
@@ -12,23 +12,100 @@ import, so ``async_reward`` must be imported in those worker processes too. Ray'
 verl's own ``main_ppo`` never calls ``migrate_legacy_reward_impl``, so the legacy
 ``reward_model.reward_manager=llm_judge`` key is silently ignored there. ``prepare_verl_config``
 applies verl's migration and adds the hook; our entry point calls it.
+
+Start-up checks: :func:`check_reward_config` refuses, before any reward worker starts, every setting a
+worker would refuse (so a missing ``judge.base_url`` is one clear ``ConfigError``, not a Ray
+``ActorDiedError`` at the first step), and :func:`check_failure_policy` refuses
+``on_failure: exclude`` where the trainer cannot honour it. They run in ``prepare_verl_config``, in
+``PipelinedRewardLoopManager``, in every manager's constructor, and, through the setup hook, where
+verl's own trainer builds its ``RewardLoopManager``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-__all__ = ["SETUP_HOOK", "init_local_ray", "prepare_verl_config", "ray_runtime_env", "setup_worker"]
+from async_reward._config_rules import bad_value
+
+__all__ = [
+    "EXCLUDE_LOSS_AGG_MODES",
+    "EXCLUDE_POLICY_LOSSES",
+    "PIPELINED_TRAINER_KEY",
+    "SETUP_HOOK",
+    "check_failure_policy",
+    "check_reward_config",
+    "declare_pipelined_trainer",
+    "init_local_ray",
+    "prepare_verl_config",
+    "ray_runtime_env",
+    "setup_worker",
+]
 
 #: Import path of the Ray worker setup hook.
 SETUP_HOOK = "async_reward.integration.setup_worker"
+#: The config node our pipelined trainer reads. Its presence declares that trainer (which honours
+#: ``on_failure: exclude``) as the one training: our entry point and ``PipelinedRayPPOTrainer`` add
+#: it, and the entry point refuses to let any other trainer run a config that has it.
+PIPELINED_TRAINER_KEY = "async_reward.pipeline"
+#: verl loss aggregations under which a sample with an all-zero loss mask changes nothing: verl 0.9's
+#: actor divides by the mini-batch's valid tokens (token-mean) or not at all (token-sum). The
+#: seq-mean modes divide by ``global_batch_size`` (ppo_mini_batch_size x rollout.n sequences, excluded
+#: ones included), so an excluded sample would shrink the update instead of being absent.
+EXCLUDE_LOSS_AGG_MODES = ("token-mean", "token-sum")
+#: verl policy losses (``actor.policy_loss.loss_mode``) verified to ignore zero-mask rows exactly under
+#: those aggregations (tests/test_exclude.py checks every registered loss). ``geo_mean`` and ``sapo``
+#: normalise per sequence by the global batch size, so they do not; losses registered later are
+#: refused until verified.
+EXCLUDE_POLICY_LOSSES = (
+    "vanilla",
+    "bypass_mode",
+    "cispo",
+    "clip_cov",
+    "dppo_kl",
+    "dppo_tv",
+    "dro",
+    "gpg",
+    "gspo",
+    "kl_cov",
+)
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: importing the package registers our managers."""
+    """Ray ``worker_process_setup_hook``: registers our managers in this process (on import), and
+    checks the reward settings where verl's own trainer builds its ``RewardLoopManager``."""
     import async_reward  # noqa: F401
+
+    _check_before_verl_reward_loop()
+
+
+def _check_before_verl_reward_loop() -> None:
+    """Run :func:`check_reward_config` at the top of verl's ``RewardLoopManager.__init__``.
+
+    verl builds that manager in its task runner (a Ray actor, so this hook ran there) and starts its
+    ``RewardLoopWorker`` actors without waiting for them: a worker whose manager refuses the config
+    only surfaces as an ``ActorDiedError`` at the first scoring call, after every GPU worker started.
+    Checking first makes the same ``ConfigError`` the task runner's own error, at start-up. Only this
+    process's class is wrapped, once; verl's behaviour is otherwise unchanged.
+    """
+    from verl.experimental.reward_loop import reward_loop
+
+    manager_cls = reward_loop.RewardLoopManager
+    original = manager_cls.__init__
+    if getattr(original, "_async_reward_checked", False):
+        return
+
+    @functools.wraps(original)
+    def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        check_reward_config(config)
+        original(self, config, *args, **kwargs)
+
+    checked_init._async_reward_checked = True  # type: ignore[attr-defined]
+    manager_cls.__init__ = checked_init  # type: ignore[method-assign]
 
 
 def ray_runtime_env(base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -72,10 +149,16 @@ def _has_legacy_reward_keys(config: DictConfig) -> bool:
 
 
 def prepare_verl_config(config: DictConfig) -> DictConfig:
-    """Honour the legacy ``reward_model.*`` reward keys and register our managers in Ray workers.
+    """Honour the legacy ``reward_model.*`` reward keys, register our managers in Ray workers, and
+    refuse bad reward settings before anything starts.
 
-    Runs verl's own ``migrate_legacy_reward_impl`` (when the legacy section is present) and adds our
-    setup hook to ``ray_kwargs.ray_init.runtime_env``. Returns the same (mutated) config.
+    Runs verl's own ``migrate_legacy_reward_impl`` (when the legacy section is present), adds our
+    setup hook to ``ray_kwargs.ray_init.runtime_env``, then :func:`check_reward_config`. Returns the
+    same (mutated) config.
+
+    Raises:
+        ConfigError: a reward setting a worker would refuse, or ``on_failure: exclude`` for a trainer
+            that cannot honour it (call :func:`declare_pipelined_trainer` first when ours trains).
     """
     if _has_legacy_reward_keys(config):
         from verl.experimental.reward_loop.reward_loop import migrate_legacy_reward_impl
@@ -91,4 +174,175 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
             OmegaConf.to_container(current, resolve=True) if isinstance(current, DictConfig) else current
         )
         config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(current_dict)  # type: ignore[arg-type]
+    check_reward_config(config)
     return config
+
+
+def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
+    """Mark ``config`` as trained by ``PipelinedRayPPOTrainer`` (adds an empty ``async_reward.pipeline``
+    node when absent), so :func:`check_failure_policy` admits ``on_failure: exclude``. Our entry point
+    and the trainer call it; returns the same config."""
+    if _select(config, PIPELINED_TRAINER_KEY) is None:
+        with open_dict(config):
+            if config.get("async_reward") is None:
+                config.async_reward = {}
+            config.async_reward.pipeline = {}
+    return config
+
+
+def check_reward_config(verl_config: Any) -> None:
+    """Refuse, before any reward worker starts, every reward setting a worker would refuse.
+
+    For our managers (and users' subclasses of ``AsyncRewardManager``): every ``reward.async_reward``
+    value, what the chosen manager requires (``judge.base_url``, ``remote.url``, API key variables set
+    in the workers' environment: this process's plus ``ray_kwargs.ray_init.runtime_env.env_vars``),
+    and :func:`check_failure_policy`. Also ``reward.num_workers`` >= 1. Other managers are verl's to
+    check.
+
+    Raises:
+        ConfigError: naming the key, the bad value and the fix (never a secret's value).
+    """
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    from async_reward.managers.base import AsyncRewardManager
+
+    workers = _select(verl_config, "reward.num_workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise bad_value(
+            "reward.num_workers",
+            workers,
+            "must be an integer >= 1 (verl starts that many reward worker processes)",
+            "write reward.num_workers=1 or more",
+        )
+    try:
+        manager_cls = resolve_reward_manager_cls(verl_config)
+    except Exception as exc:  # unknown name, bad importlib path: verl's own message, our error type
+        name = _select(verl_config, "reward.reward_manager.name")
+        raise bad_value(
+            "reward.reward_manager.name",
+            name,
+            f"cannot be resolved ({type(exc).__name__}: {exc})",
+            "name a registered manager (async_naive, async_rate_limited, async_remote, llm_judge, "
+            "async_stateful, or verl's own), or fix reward.reward_manager.source / module.path",
+        ) from exc
+    if not (isinstance(manager_cls, type) and issubclass(manager_cls, AsyncRewardManager)):
+        return
+    manager_cls.check_config(verl_config, env=_worker_environment(verl_config))
+
+
+def check_failure_policy(verl_config: Any) -> None:
+    """Refuse ``reward.async_reward.on_failure: exclude`` where it cannot be honoured.
+
+    ``exclude`` keeps a failed sample out of the gradient: zero loss mask, and its group's advantages
+    from the members that were scored. Only a trainer that reads the samples' ``excluded`` flag can
+    do that. Where it works:
+
+    * async-reward's pipelined trainer (``python -m async_reward.pipeline.main_ppo`` in any mode,
+      baseline included, or ``PipelinedRayPPOTrainer``): configs marked by
+      :func:`declare_pipelined_trainer`;
+    * offline scoring (a config without ``actor_rollout_ref`` trains nothing): rows report
+      ``excluded``.
+
+    verl's own trainers (``RayPPOTrainer``, the v1 trainer) would train on ``fallback_score`` instead,
+    so they are refused. Under our trainer, so are the verl settings that would let an excluded sample
+    still move the weights: a loss aggregation or policy loss outside :data:`EXCLUDE_LOSS_AGG_MODES` /
+    :data:`EXCLUDE_POLICY_LOSSES` (actor, and critic when one trains), rollout-correction weights
+    normalised over the whole batch (``rollout_is_batch_normalize``: computed before rewards exist),
+    PF-PPO's reward-weighted resampling (``use_pf_ppo``), and an adaptive in-reward KL controller.
+
+    Raises:
+        ConfigError: naming the setting, why, and where ``exclude`` works.
+    """
+    policy = _select(verl_config, "reward.async_reward.on_failure")
+    if policy != "exclude" or _select(verl_config, "actor_rollout_ref") is None:
+        return
+    if _select(verl_config, PIPELINED_TRAINER_KEY) is None:
+        raise bad_value(
+            "reward.async_reward.on_failure",
+            policy,
+            "is not honoured by verl's own trainers (RayPPOTrainer, the v1 trainer): they would train "
+            "on fallback_score for every failed sample",
+            "train with async-reward's pipelined trainer (python -m async_reward.pipeline.main_ppo, any "
+            "mode, or PipelinedRayPPOTrainer; a StepSchedule loop of your own: call "
+            "async_reward.integration.declare_pipelined_trainer(config) first), which gives excluded "
+            "samples no gradient; or use on_failure=fallback (explicit status, fallback_score) or raise",
+        )
+    actor = "actor_rollout_ref.actor"
+    _check_exclude_setting(f"{actor}.loss_agg_mode", _select(verl_config, f"{actor}.loss_agg_mode"))
+    loss_mode = _select(verl_config, f"{actor}.policy_loss.loss_mode") or "vanilla"
+    if loss_mode not in EXCLUDE_POLICY_LOSSES:
+        raise bad_value(
+            f"{actor}.policy_loss.loss_mode",
+            loss_mode,
+            "does not ignore excluded samples exactly (it normalises per sequence by the global batch "
+            "size, or is not verified)",
+            f"with on_failure=exclude use one of {list(EXCLUDE_POLICY_LOSSES)}, or on_failure=fallback",
+        )
+    if _trains_critic(verl_config):
+        _check_exclude_setting("critic.loss_agg_mode", _select(verl_config, "critic.loss_agg_mode"))
+    kl_controller = _select(verl_config, "algorithm.kl_ctrl.type")
+    if _select(verl_config, "algorithm.use_kl_in_reward") and kl_controller == "adaptive":
+        raise bad_value(
+            "algorithm.kl_ctrl.type",
+            "adaptive",
+            "would move on the KL of samples that train on nothing (a mini-batch made only of "
+            "excluded samples still reports its zero KL to the controller)",
+            "use kl_ctrl.type=fixed, or use_kl_loss instead of the reward KL, with on_failure=exclude",
+        )
+    if _select(verl_config, "algorithm.use_pf_ppo"):
+        raise bad_value(
+            "algorithm.use_pf_ppo",
+            True,
+            "resamples the batch by reward, so rows no longer line up with their exclusion",
+            "set it to false with on_failure=exclude",
+        )
+    if _select(verl_config, "algorithm.rollout_correction.rollout_is_batch_normalize"):
+        raise bad_value(
+            "algorithm.rollout_correction.rollout_is_batch_normalize",
+            True,
+            "normalises importance weights over the whole batch before rewards exist, so excluded "
+            "samples would still shape the others' weights",
+            "set it to false with on_failure=exclude",
+        )
+
+
+def _check_exclude_setting(key: str, mode: Any) -> None:
+    if mode is not None and mode not in EXCLUDE_LOSS_AGG_MODES:
+        raise bad_value(
+            key,
+            mode,
+            "cannot honour on_failure=exclude: verl divides the loss by the mini-batch's sequence count "
+            "(ppo_mini_batch_size x rollout.n), excluded samples included, so each would shrink the "
+            "update instead of being absent",
+            f"use one of {list(EXCLUDE_LOSS_AGG_MODES)}, or on_failure=fallback",
+        )
+
+
+def _trains_critic(verl_config: Any) -> bool:
+    """verl's ``need_critic`` rule, without its warning."""
+    enabled = _select(verl_config, "critic.enable")
+    if enabled is not None:
+        return bool(enabled)
+    estimator = _select(verl_config, "algorithm.adv_estimator")
+    return str(getattr(estimator, "value", estimator)) == "gae"
+
+
+def _worker_environment(verl_config: Any) -> Mapping[str, str]:
+    """The environment reward workers will see: this process's plus the job's runtime_env env_vars."""
+    env_vars: Any = _select(verl_config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+    if isinstance(env_vars, DictConfig):
+        env_vars = OmegaConf.to_container(env_vars, resolve=True)
+    extra = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, Mapping) else {}
+    return {**os.environ, **extra}
+
+
+def _select(config: Any, key: str) -> Any:
+    """``OmegaConf.select`` that also walks plain mappings; None when a part is missing."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=None)
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from aiolimiter import AsyncLimiter
 
-from .config import ConfigError, LimitsConfig
+from .config import LimitsConfig
 
 __all__ = ["Admission", "FifoSlots", "TokenReservation", "strict_minute_limiter"]
 
@@ -176,18 +176,8 @@ class Admission:
         self._tokens: AsyncLimiter | None = None
         self._token_whole = self._token_chunk = 0
         if self.token_budget is not None:
+            # limits.validate refused a share below one token or below one estimated request.
             self._token_whole = math.floor(self.token_budget)
-            if self._token_whole < 1:
-                raise ConfigError(
-                    f"tokens_per_minute={tpm} split over {worker_count} workers leaves less than one "
-                    "token each"
-                )
-            if limits.estimated_tokens_per_request > self._token_whole:
-                raise ConfigError(
-                    f"limits.estimated_tokens_per_request={limits.estimated_tokens_per_request} exceeds "
-                    f"this worker's share of tokens_per_minute ({tpm} / {worker_count} workers); "
-                    "no request could ever be admitted"
-                )
             # A typical request is charged in one piece, as the provider counts it; the bucket stays
             # under 5 % of the share so >= 95 % of it is sustained. Larger charges go in pieces.
             burst_cap = max(1, math.floor(_MAX_TOKEN_BURST_SHARE * self._token_whole))

@@ -9,6 +9,7 @@ as a 0.0.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -17,10 +18,13 @@ import numpy as np
 
 __all__ = [
     "EXTRA_STRING_MAX_CHARS",
+    "ExtraInfo",
     "RewardResult",
     "RewardSample",
     "ScoredFloat",
     "Status",
+    "extras_fill_values",
+    "fill_missing_extras",
     "neutral_value",
     "normalize_user_result",
 ]
@@ -67,26 +71,53 @@ class RewardSample:
         return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in self.prompt)
 
 
+class ExtraInfo(dict[str, Any]):
+    """A sample's ``reward_extra_info``: a plain dict to every reader.
+
+    Its own type only for Ray: a worker's outputs go through Ray's msgpack path, which copies plain
+    dicts, while other objects are pickled together (one pickle, shared references kept). As a
+    subclass this dict is pickled with the :class:`ScoredFloat` that holds it, so the driver still
+    sees one object through both names.
+    """
+
+    def __reduce__(self):
+        return (ExtraInfo, (dict(self),))
+
+
 class ScoredFloat(float):
-    """A reward score that remembers whether it is a fallback and which group it belongs to.
+    """A reward score that remembers whether it is a fallback, which group post-processor it belongs
+    to, and its sample's ``reward_extra_info`` dict.
 
     verl's Reward Loop hands only the list of scores to ``assemble_rm_scores`` on the driver. Group
     post-processing (e.g. the recipe's group-mean imputation of failed scores) needs to know which
-    scores failed; a ``float`` subclass carries that through Ray unchanged, while every consumer that
-    treats it as a number (verl's agent loop, ``torch.tensor``) still sees the fallback value.
+    scores failed, and verl stacks the extras right after that call by the *first* sample's keys
+    (``RewardLoopManager.compute_rm_score``), so a key another sample lacks is a ``KeyError``; holding
+    the very dict verl reads lets ``assemble_rm_scores`` give every sample every key first. A ``float``
+    subclass carries all of it through Ray (the dict stays shared with the output's
+    ``reward_extra_info``: see :class:`ExtraInfo`), while every consumer that treats it as a number
+    (verl's agent loop, ``torch.tensor``) still sees the plain value.
     """
 
     failed: bool
     postprocess_spec: tuple[str, ...] | None
+    extras: dict[str, Any] | None
+    """The sample's ``reward_extra_info`` (an :class:`ExtraInfo`, so Ray keeps it shared)."""
 
-    def __new__(cls, value: float, failed: bool = False, postprocess_spec: tuple[str, ...] | None = None):
+    def __new__(
+        cls,
+        value: float,
+        failed: bool = False,
+        postprocess_spec: tuple[str, ...] | None = None,
+        extras: dict[str, Any] | None = None,
+    ):
         obj = super().__new__(cls, value)
         obj.failed = failed
         obj.postprocess_spec = postprocess_spec
+        obj.extras = extras
         return obj
 
-    def __reduce__(self):  # pickling keeps the flags (Ray uses pickle)
-        return (ScoredFloat, (float(self), self.failed, self.postprocess_spec))
+    def __reduce__(self):  # pickling keeps the flags and the shared extras dict (Ray uses pickle)
+        return (ScoredFloat, (float(self), self.failed, self.postprocess_spec, self.extras))
 
     def __repr__(self) -> str:
         return f"ScoredFloat({float(self)!r}, failed={self.failed})"
@@ -118,18 +149,25 @@ class RewardResult:
         return cls(score=None, status=status, failure_reason=_short(reason), **kwargs)
 
     def to_verl(
-        self, fallback_score: float, postprocess_spec: tuple[str, ...] | None = None
+        self,
+        fallback_score: float,
+        postprocess_spec: tuple[str, ...] | None = None,
+        *,
+        exclude_failures: bool = False,
     ) -> dict[str, Any]:
-        """The dict verl's ``run_single`` returns. Failed samples score ``fallback_score``."""
+        """The dict verl's ``run_single`` returns. Failed samples score ``fallback_score``; with
+        ``exclude_failures`` (``on_failure: exclude``) they are also flagged ``excluded``, for the
+        trainer to give them no gradient. Every sample carries ``excluded``, so the keys agree."""
         failed = not self.ok or self.score is None
         value = fallback_score if failed else float(self.score)  # type: ignore[arg-type]
-        extra: dict[str, Any] = {k: _scalar(v) for k, v in self.extras.items()}
+        extra = ExtraInfo((k, _scalar(v)) for k, v in self.extras.items())
         extra["status"] = self.status.value
         extra["latency_s"] = round(float(self.latency_s), 6)
         extra["attempts"] = int(self.attempts)
         extra["failure_reason"] = self.failure_reason
+        extra["excluded"] = bool(failed and exclude_failures)
         return {
-            "reward_score": ScoredFloat(value, failed=failed, postprocess_spec=postprocess_spec),
+            "reward_score": ScoredFloat(value, failed, postprocess_spec, extras=extra),
             "reward_extra_info": extra,
         }
 
@@ -144,6 +182,34 @@ def neutral_value(value: Any) -> Any:
     if isinstance(value, (int, float, np.number)):
         return math.nan
     return None
+
+
+def extras_fill_values(
+    infos: Sequence[Mapping[str, Any]], known: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Key -> value for a sample that lacks it, for every key any of ``infos`` (or ``known``) has.
+
+    ``known`` fill values win (declared ``extra_defaults``, or values learned earlier); otherwise the
+    neutral value of the first sample's value for that key. Key order: first appearance in ``infos``,
+    then ``known``.
+    """
+    known = known or {}
+    fills: dict[str, Any] = {}
+    for info in infos:
+        for key, value in info.items():
+            if key not in fills:
+                fills[key] = known[key] if key in known else neutral_value(value)
+    for key, value in known.items():
+        fills.setdefault(key, value)
+    return fills
+
+
+def fill_missing_extras(infos: Sequence[dict[str, Any]], known: Mapping[str, Any] | None = None) -> None:
+    """Give every dict of ``infos`` every key any of them has (in place), with neutral values."""
+    fills = extras_fill_values(infos, known)
+    for info in infos:
+        for key, value in fills.items():
+            info.setdefault(key, value)
 
 
 def _short(text: str) -> str:

@@ -1,10 +1,11 @@
 """``AsyncRewardManager``: the one ``run_single`` every async-reward manager shares.
 
 A manager subclass only implements ``score(sample) -> RewardResult``. Everything that must be right
-for every manager lives here once: decoding a verl ``DataProto`` item into a ``RewardSample``,
-admission (concurrency, job-wide RPM/TPM), per-attempt deadlines, retries of transient failures,
-the failure policy (``fallback`` with an explicit status, or ``raise``), consistent extras keys, and
-conversion to verl's ``{"reward_score", "reward_extra_info"}`` dict.
+for every manager lives here once: the start-up checks of its settings (:meth:`check_config`, also
+run on the driver), decoding a verl ``DataProto`` item into a ``RewardSample``, admission
+(concurrency, job-wide RPM/TPM), per-attempt deadlines, retries of transient failures, the failure
+policy (``fallback`` with an explicit status, ``raise``, or ``exclude``: flagged for the trainer),
+consistent extras keys, and conversion to verl's ``{"reward_score", "reward_extra_info"}`` dict.
 
 Fixes over verl's own managers, on purpose: a failed call is never a silent 0.0 (status says what
 happened), nothing waits without a deadline, and rate budgets are per job, not per worker process.
@@ -17,7 +18,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar, TypeVar
@@ -29,10 +30,19 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.http import HTTPStatusError, MalformedResponseError
+from async_reward.integration import check_failure_policy
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
-from async_reward.result import RewardResult, RewardSample, Status, neutral_value, normalize_user_result
+from async_reward.result import (
+    RewardResult,
+    RewardSample,
+    ScoredFloat,
+    Status,
+    fill_missing_extras,
+    neutral_value,
+    normalize_user_result,
+)
 from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
 
 __all__ = ["AsyncRewardManager", "RewardScoringError"]
@@ -65,6 +75,9 @@ class AsyncRewardManager(RewardManagerBase):
     uses_rate_budgets: ClassVar[bool] = True
     #: Set by the pipeline's reward worker on the manager it drives (``PipelineRewardWorker``).
     driven_by_pipeline: bool = False
+    #: Sections of ``reward.async_reward`` this manager cannot run without (e.g. ``("judge",)``): their
+    #: ``require`` runs at start-up, on the driver and in every worker.
+    required_sections: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -76,7 +89,9 @@ class AsyncRewardManager(RewardManagerBase):
         **_: Any,
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
-        self.settings: AsyncRewardConfig = load_config(config)
+        # The same checks the driver ran (integration.check_reward_config); repeated here because a
+        # worker may be started by code that never ran them (verl's own trainer, a user's loop).
+        self.settings: AsyncRewardConfig = type(self).check_config(config)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
             limits = type(limits)(max_concurrency=limits.max_concurrency)
@@ -86,11 +101,27 @@ class AsyncRewardManager(RewardManagerBase):
         # Keys seen in user extras, with a neutral value per key, so a failed sample carries the same
         # keys as its batch mates (verl stacks extras per key and fails on a missing one).
         self._extra_defaults: dict[str, Any] = {**self.extra_defaults, **self.settings.extra_defaults}
+        self._results_returned = 0
         self._executor: Executor | None = None
         # The pipelined trainer's settings in a job whose samples reach this manager through verl's
         # own reward loop: verl's trainer is training and ignoring them (issue 8). Refuse to score.
         trainer_node: Any = (config.get("async_reward") if hasattr(config, "get") else None) or {}
         self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
+
+    @classmethod
+    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """Every start-up check of this manager's settings, without building it: the values of
+        ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
+        environment, default this process's), and the failure policy against the trainer.
+
+        Raises:
+            ConfigError: naming the key, the bad value and the fix.
+        """
+        settings = load_config(config)
+        for section in cls.required_sections:
+            getattr(settings, section).require(env)
+        check_failure_policy(config)
+        return settings
 
     # ----------------------------------------------------------------- subclass API
     async def score(self, sample: RewardSample) -> RewardResult:
@@ -133,7 +164,16 @@ class AsyncRewardManager(RewardManagerBase):
 
     @classmethod
     def assemble_rm_scores(cls, data: DataProto, scores: list[float]) -> torch.Tensor:
-        """verl calls this on the driver with the whole batch: run group post-processing here."""
+        """verl calls this on the driver with the whole batch: every sample gets every extras key, then
+        group post-processing runs.
+
+        verl's ``RewardLoopManager.compute_rm_score`` stacks extras right after this call, by the first
+        sample's keys: a sample scored by another worker process, or one that failed before its worker
+        learnt a key from a success, would lack it (a bare ``KeyError``) and keys first seen later
+        would be dropped. Each score holds its sample's extras dict (:class:`ScoredFloat`), so the
+        missing keys are filled here, in the dicts verl then reads.
+        """
+        fill_missing_extras([s.extras for s in scores if isinstance(s, ScoredFloat) and s.extras is not None])
         uids = data.non_tensor_batch.get("uid") if data.non_tensor_batch else None
         processed = apply_group_postprocessing(list(uids) if uids is not None else None, scores)
         return super().assemble_rm_scores(data, processed)
@@ -271,9 +311,25 @@ class AsyncRewardManager(RewardManagerBase):
         for key, value in result.extras.items():
             if key not in self._extra_defaults:
                 self._extra_defaults[key] = neutral_value(value)
+                if self._results_returned:
+                    # verl's compute_rm_score path is fixed up on the driver (assemble_rm_scores), but
+                    # verl's agent-loop scoring stacks extras of samples from several workers directly.
+                    logger.warning(
+                        "extras key %r first appeared after %d samples were returned without it; declare "
+                        "it in reward.async_reward.extra_defaults (e.g. {%r: <value of a failed sample>}) "
+                        "so every sample carries it from the start",
+                        key,
+                        self._results_returned,
+                        key,
+                    )
         for key, default in self._extra_defaults.items():
             result.extras.setdefault(key, default)
-        return result.to_verl(self.settings.fallback_score, self.postprocess_spec())
+        self._results_returned += 1
+        return result.to_verl(
+            self.settings.fallback_score,
+            self.postprocess_spec(),
+            exclude_failures=self.settings.on_failure == "exclude",
+        )
 
     def _get_executor(self) -> Executor | None:
         if self.settings.executor == "thread" and self.settings.executor_workers is None:

@@ -43,6 +43,7 @@ class StructuredOutputUnsupported(RuntimeError):
 class LLMJudgeRewardManager(AsyncRewardManager):
     """Scores each sample by asking an LLM judge, under admission, deadline and retry."""
 
+    required_sections: ClassVar[tuple[str, ...]] = ("judge",)
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,
         "judge_tokens": 0,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from async_reward.http import MalformedResponseError, post_json
 from async_reward.managers.base import AsyncRewardManager
@@ -45,6 +45,8 @@ def sample_payload(sample: RewardSample) -> dict[str, Any]:
 @register_manager("async_remote")
 class AsyncRemoteRewardManager(AsyncRewardManager):
     """POSTs each sample to ``reward.async_reward.remote.url`` under admission, deadline and retry."""
+
+    required_sections: ClassVar[tuple[str, ...]] = ("remote",)
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)

@@ -22,7 +22,7 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward.postprocess import apply_group_postprocessing
-from async_reward.result import neutral_value
+from async_reward.result import extras_fill_values, neutral_value
 
 __all__ = [
     "ChunkBook",
@@ -195,15 +195,8 @@ def stack_extras(
     value is the key's fill value from ``known``, else the neutral value of another sample's value.
     Key order: first appearance in ``infos``, then ``known``.
     """
-    known = known or {}
-    defaults: dict[str, Any] = {}
-    for info in infos:
-        for key, value in info.items():
-            if key not in defaults:
-                defaults[key] = known[key] if key in known else neutral_value(value)
-    for key, value in known.items():
-        defaults.setdefault(key, value)
-    return {key: np.array([info.get(key, default) for info in infos]) for key, default in defaults.items()}
+    fills = extras_fill_values(infos, known)
+    return {key: np.array([info.get(key, fill) for info in infos]) for key, fill in fills.items()}
 
 
 def postprocess_groups(

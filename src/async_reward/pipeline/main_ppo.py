@@ -30,7 +30,7 @@ from omegaconf import DictConfig, open_dict
 from verl.trainer.main_ppo import run_ppo
 
 from async_reward.config import ConfigError
-from async_reward.integration import prepare_verl_config
+from async_reward.integration import declare_pipelined_trainer, prepare_verl_config
 from async_reward.pipeline import task_runner as _task_runner
 from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunnerActor, TrainerReport
 from async_reward.pipeline.trainer_config import load_pipeline_config
@@ -50,6 +50,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
+    declare_pipelined_trainer(config)  # our trainer honours on_failure: exclude (checked next)
     config = prepare_verl_config(config)
     with open_dict(config):
         config.trainer.use_v1 = False  # the legacy trainer, which PipelinedRayPPOTrainer extends

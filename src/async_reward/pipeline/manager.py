@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from verl import DataProto
 
 from async_reward.config import load_config
+from async_reward.integration import check_reward_config
 from async_reward.managers.base import RewardScoringError
 from async_reward.pipeline.chunks import (
     GroupLayout,
@@ -66,6 +67,9 @@ class PipelinedRewardLoopManager:
 
     Ray must be initialised (with ``async_reward.integration.ray_runtime_env()`` when other Ray
     processes must resolve our manager names). ``reward.reward_model`` servers are not managed here.
+    Every reward setting a worker would refuse raises ``ConfigError`` here, before any worker starts
+    (``async_reward.integration.check_reward_config``). Chunks carry each sample's ``excluded`` flag
+    (``on_failure: exclude``); ``StepSchedule`` honours it, a loop of your own must too.
     """
 
     def __init__(
@@ -85,9 +89,13 @@ class PipelinedRewardLoopManager:
             raise ValueError("reward.reward_model.enable is not supported by the pipelined manager")
         from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
+        # Every setting a worker would refuse, refused here before any worker starts.
+        check_reward_config(config)
         self.config = config
-        self.reward_manager_cls = resolve_reward_manager_cls(config)  # fails fast on a bad name
-        self._fallback_score = load_config(config).fallback_score
+        self.reward_manager_cls = resolve_reward_manager_cls(config)
+        settings = load_config(config)
+        self._fallback_score = settings.fallback_score
+        self._exclude_failures = settings.on_failure == "exclude"
         self._id = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -148,7 +156,7 @@ class PipelinedRewardLoopManager:
         with self._lock:
             self._check_open()
             ticket = Ticket(seq=next(self._seq), num_samples=num_samples, manager_id=self._id)
-            state = TicketState(ticket, layout, shipped, ranks, self._fallback_score)
+            state = TicketState(ticket, layout, shipped, ranks, self._fallback_score, self._exclude_failures)
             self._dispatch.assign(state)  # raises when no worker is alive
             self._tickets[ticket.seq] = state
         return ticket
@@ -242,7 +250,8 @@ class PipelinedRewardLoopManager:
         ``timing_s/reward_submit_to_done`` (elapsed so far while samples are pending),
         ``timing_s/reward_blocked`` (time callers spent in ``get_chunk``: the trainer's idle time),
         ``reward/latency_p50|p95|max`` (seconds per sample in a worker, NaN before any result),
-        ``reward/status_ok|timeout|error|invalid`` (counts), ``reward/retries`` (sum of attempts - 1),
+        ``reward/status_ok|timeout|error|invalid`` (counts), ``reward/excluded`` (samples flagged for no
+        gradient under ``on_failure: exclude``), ``reward/retries`` (sum of attempts - 1),
         ``reward/in_flight`` and ``reward/queued`` (samples running / waiting, as of the workers' last
         report).
         """

@@ -60,12 +60,16 @@ class TicketState:
     ranks: np.ndarray
     """Scoring order of each sample within the ticket (group-major)."""
     fallback_score: float
+    exclude_failures: bool = False
+    """``on_failure: exclude``: a sample no worker could score is flagged ``excluded`` too."""
     book: ChunkBook = field(init=False)
     scores: list[Any] = field(init=False)
     extras: list[dict[str, Any] | None] = field(init=False)
     run_s: np.ndarray = field(init=False)
     known_extras: dict[str, Any] = field(default_factory=dict)
     status_counts: Counter[str] = field(default_factory=Counter)
+    excluded: int = 0
+    """Samples flagged ``excluded`` (``on_failure: exclude``): the trainer gives them no gradient."""
     retries: int = 0
     postprocess_spec: tuple[str, ...] | None = None
     error: str | None = None
@@ -96,6 +100,7 @@ class TicketState:
         if run_s is not None:
             self.run_s[index] = float(run_s)
         self.status_counts[str(info.get("status", Status.OK.value))] += 1
+        self.excluded += info.get("excluded") is True
         attempts = info.get("attempts")
         if isinstance(attempts, (int, float)) and not isinstance(attempts, bool) and attempts > 1:
             self.retries += int(attempts) - 1
@@ -125,6 +130,7 @@ class TicketState:
                 "latency_s": 0.0,
                 "attempts": 0,
                 "failure_reason": reason[:256],
+                "excluded": self.exclude_failures,
             },
             "run_s": run_s,
         }
@@ -155,6 +161,7 @@ class TicketState:
             metrics[f"reward/status_{status.value}"] = float(self.status_counts.get(status.value, 0))
         pending = self.book.num_pending
         in_flight = min(in_flight, pending)
+        metrics["reward/excluded"] = float(self.excluded)
         metrics["reward/retries"] = float(self.retries)
         metrics["reward/in_flight"] = float(in_flight)
         metrics["reward/queued"] = float(pending - in_flight)

@@ -33,6 +33,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.skip.skip_manager import SkipManager
 
 from async_reward.config import ConfigError
+from async_reward.integration import check_reward_config, declare_pipelined_trainer
 from async_reward.pipeline.agent_loop import SCORE_LATER, ScoreLaterAgentLoopManager, ScoreValidation
 from async_reward.pipeline.schedule import RewardSource, StepRecord, StepSchedule
 from async_reward.pipeline.trainer_config import load_pipeline_config
@@ -52,7 +53,9 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
     """
 
     def __init__(self, *args: Any, reward_source: RewardSource | None = None, **kwargs: Any) -> None:
-        self.pipeline_config = load_pipeline_config(kwargs["config"] if "config" in kwargs else args[0])
+        config = declare_pipelined_trainer(kwargs["config"] if "config" in kwargs else args[0])
+        self.pipeline_config = load_pipeline_config(config)
+        check_reward_config(config)  # bad reward settings and on_failure checks, before any worker
         super().__init__(*args, **kwargs)
         self.reward_source = reward_source
         self._owns_reward_source = False

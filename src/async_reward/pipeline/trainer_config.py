@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from async_reward._config_rules import bad_value
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.schedule import check_estimator
 
@@ -66,8 +67,11 @@ class PipelineConfig:
 
     def validate(self) -> None:
         if self.chunk_timeout_s is not None and self.chunk_timeout_s <= 0:
-            raise ConfigError(
-                f"{PIPELINE_CONFIG_PATH}.chunk_timeout_s must be > 0 or null, got {self.chunk_timeout_s}"
+            raise bad_value(
+                f"{PIPELINE_CONFIG_PATH}.chunk_timeout_s",
+                self.chunk_timeout_s,
+                "must be > 0",
+                "write seconds > 0, or null for no limit beyond the managers' deadlines",
             )
 
 

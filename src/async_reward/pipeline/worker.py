@@ -168,7 +168,8 @@ class PipelineRewardWorker:
             output = await self.manager.run_single(data[row : row + 1])
             payload: dict[str, Any] = {
                 "reward_score": output["reward_score"],
-                "reward_extra_info": dict(output.get("reward_extra_info") or {}),
+                # Not copied: the score (a ScoredFloat) holds this very dict, and pickle sends one.
+                "reward_extra_info": output.get("reward_extra_info") or {},
             }
         except asyncio.CancelledError:
             self._running.pop((seq, index), None)

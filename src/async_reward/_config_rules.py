@@ -1,0 +1,240 @@
+"""The generic half of configuration checking: ``ConfigError`` and per-field value rules.
+
+A setting that could corrupt the reward (a NaN deadline, an inverted range, a negative worker count)
+must stop the job at start-up with a message a user can act on, so every error names the key, the
+bad value and the fix. Range rules are declared on the dataclass field (``field(metadata=...)``) and
+checked by one walker, so a field added later gets its rule checked without a new ``if``; every float
+is checked to be finite by the parser and the walker whatever its rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "HIDDEN",
+    "ConfigError",
+    "Rule",
+    "at_least",
+    "bad_value",
+    "check_finite",
+    "check_values",
+    "dataclass_from_flags",
+    "greater_than",
+    "in_range",
+    "missing_value",
+    "parse_config",
+    "rule",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem found at start-up (bad key, bad value, missing environment variable).
+
+    ``key`` names the setting (dotted path) and ``fix`` says what to do, when known; the message
+    always carries both. Constructible from the message alone, so it pickles through Ray unchanged.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.fix = fix
+
+
+# Shown (in tracebacks, in Ray's error text) under its public home.
+ConfigError.__module__ = "async_reward.config"
+
+
+#: Printed instead of a value that may be a secret (a header, or a key pasted where its variable's
+#: name belongs).
+HIDDEN = "<hidden>"
+
+
+def bad_value(key: str, value: Any, problem: str, fix: str, *, hide: bool = False) -> ConfigError:
+    """``<key>=<value> <problem>; <fix>``; ``hide`` prints :data:`HIDDEN` instead of the value."""
+    return ConfigError(f"{key}={HIDDEN if hide else _show(value)} {problem}; {fix}", key=key, fix=fix)
+
+
+def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
+    """``<key> is required by <needed_by> (not set); <fix>``."""
+    return ConfigError(f"{key} is required by {needed_by} (not set); {fix}", key=key, fix=fix)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one field's value must satisfy (None always passes: null means "not set")."""
+
+    holds: Callable[[Any], bool]
+    """True when the value is acceptable."""
+    problem: str
+    """What is wrong when it does not hold, e.g. ``must be > 0``."""
+    fix: str
+    """What to write instead."""
+    hide: bool = False
+    """Never print the value (it may be a secret)."""
+
+
+def rule(holds: Callable[[Any], bool], problem: str, fix: str, *, hide: bool = False) -> dict[str, Rule]:
+    """``field(metadata=rule(...))``: attach a :class:`Rule` to a dataclass field."""
+    return {"rule": Rule(holds, problem, fix, hide)}
+
+
+def greater_than(low: float, fix: str) -> dict[str, Rule]:
+    return rule(lambda v: v > low, f"must be > {low:g}", fix)
+
+
+def at_least(low: float, fix: str) -> dict[str, Rule]:
+    return rule(lambda v: v >= low, f"must be >= {low:g}", fix)
+
+
+def in_range(low: float, high: float, fix: str) -> dict[str, Rule]:
+    return rule(lambda v: low <= v <= high, f"must be in [{low:g}, {high:g}]", fix)
+
+
+def check_finite(key: str, value: Any) -> None:
+    """Refuse NaN and infinities in a number or a tuple of numbers (bools are not numbers here)."""
+    items = value if isinstance(value, tuple) else (value,)
+    for item in items:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise bad_value(
+                key,
+                value,
+                "is not a finite number",
+                "write a finite number (null where 'no limit' is allowed)",
+            )
+
+
+def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
+    """Check every field of dataclass ``obj``: finite numbers, then the field's :class:`Rule`.
+
+    Nested dataclasses are checked too (``recurse``). Raises :class:`ConfigError` for the first bad
+    value, naming ``path.field``.
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{path}.{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if recurse:
+                check_values(value, key)
+            continue
+        if value is None:
+            continue
+        check_finite(key, value)
+        field_rule: Rule | None = f.metadata.get("rule")
+        if field_rule is not None and not field_rule.holds(value):
+            raise bad_value(key, value, field_rule.problem, field_rule.fix, hide=field_rule.hide)
+
+
+_T = TypeVar("_T")
+
+
+def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "reward.async_reward") -> _T:
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses.
+
+    Raises:
+        ConfigError: on an unknown key (naming the valid ones) or a value of the wrong type.
+    """
+    raw = dict(raw or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {path}; valid keys: {sorted(fields)}",
+            key=f"{path}.{unknown[0]}",
+            fix=f"use one of {sorted(fields)}",
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        # A field kept out of reprs (headers) is kept out of errors too.
+        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=not fields[name].repr)
+    config = cls(**kwargs)
+    check_values(config, path, recurse=False)  # nested sections were checked by their own parse
+    return config
+
+
+def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise bad_value(path, value, "is not a mapping", "write key: value pairs under it", hide=hide)
+        return parse_config(hint, value, path)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise bad_value(path, value, "must not be null", "write a value (this key has no 'not set')")
+        non_null = [a for a in args if a is not type(None)]
+        errors: list[ConfigError] = []
+        for arg in non_null:
+            try:
+                return _coerce(arg, value, path, hide)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            raise bad_value(path, value, "is not allowed", f"use one of {list(args)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad_value(
+                path, value, f"is not a list of {len(args)} values", f"write [{', '.join('x' * len(args))}]"
+            )
+        try:
+            return tuple(_coerce(a, v, path) for a, v in zip(args, value, strict=True))
+        except ConfigError as exc:
+            fix = exc.fix or "fix that element"
+            raise bad_value(path, value, f"has a bad element ({exc})", fix) from None
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise bad_value(path, value, "is not a mapping", "write key: value pairs under it", hide=hide)
+        if args and args[0] is str and any(not isinstance(k, str) for k in value):
+            raise bad_value(path, sorted(map(str, value)), "has keys that are not strings", "quote the keys")
+        return dict(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad_value(path, value, "is not a number", "write a number")
+        # Every float field, present or future: NaN compares false with every bound, so a range
+        # check alone would let it through (timeout_s: .nan times out every sample).
+        check_finite(path, float(value))
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad_value(path, value, "is not an integer", "write a whole number")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad_value(path, value, "is not a boolean", "write true or false")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad_value(path, value, "is not a string", "write text (quote it)")
+        return value
+    return value
+
+
+def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | None = None) -> _T:
+    """Build dataclass ``cls`` from argparse flags named like its fields (the benchmarks' CLIs).
+
+    A flag left unset (None) keeps the ``preset`` value (e.g. ``--quick``), else the field's default;
+    list values become tuples.
+    """
+    values: dict[str, Any] = dict(preset or {})
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        given = getattr(flags, f.name, None)
+        if given is not None:
+            values[f.name] = tuple(given) if isinstance(given, list) else given
+    return cls(**values)

@@ -1,0 +1,451 @@
+"""Every setting is validated at start-up, and the error names the key, the bad value and the fix.
+
+The table below has rows for every field of every training config dataclass (``reward.async_reward.*``
+and ``async_reward.pipeline.*``), found by introspection: a field added later without rows fails
+``test_every_field_has_rows``. Each bad value goes through the path a user's config takes
+(``load_config`` on a real verl config, ``load_pipeline_config``); each good value must be accepted,
+so the checks are not simply strict. Then the places that must refuse before any worker starts:
+``prepare_verl_config``, ``PipelinedRewardLoopManager``, the CLI, and verl's own path (the manager's
+constructor in a Ray worker, and verl's ``RewardLoopManager`` built in a Ray actor with our hook).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+from async_reward import ConfigError, prepare_verl_config
+from async_reward.config import AsyncRewardConfig, load_config
+from async_reward.integration import check_reward_config
+from async_reward.pipeline.trainer_config import PipelineConfig, load_pipeline_config
+
+NAN, INF = math.nan, math.inf
+
+#: (dotted key under its root, bad value, words the problem must contain, other settings needed).
+BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
+    ("timeout_s", NAN, "finite", {}),
+    ("timeout_s", INF, "finite", {}),
+    ("timeout_s", 0, "> 0", {}),
+    ("timeout_s", "soon", "not a number", {}),
+    ("admission_timeout_s", -5, "> 0", {}),
+    ("admission_timeout_s", NAN, "finite", {}),
+    ("fallback_score", NAN, "finite", {}),
+    ("fallback_score", -INF, "finite", {}),
+    ("on_failure", "ignore", "not allowed", {}),
+    ("executor", "gpu", "not allowed", {}),
+    ("executor_workers", 0, ">= 1", {}),
+    ("executor_workers", 1.5, "not an integer", {}),
+    ("extra_defaults", {"status": "x"}, "library sets", {}),
+    ("extra_defaults", {"acc": [1, 2]}, "not a scalar", {}),
+    ("extra_defaults", {"acc": INF}, "infinite", {}),
+    ("num_workers", -2, ">= 1", {}),
+    ("limits.max_concurrency", 0, ">= 1", {}),
+    ("limits.requests_per_minute", 0, "> 0", {}),
+    ("limits.requests_per_minute", NAN, "finite", {}),
+    ("limits.requests_per_minute", 3, "less than one request", {"num_workers": 4}),
+    ("limits.tokens_per_minute", -1, "> 0", {}),
+    ("limits.tokens_per_minute", 3, "less than one token", {"num_workers": 4}),
+    ("limits.estimated_tokens_per_request", -1, ">= 0", {}),
+    (
+        "limits.estimated_tokens_per_request",
+        600,
+        "could ever be admitted",
+        {"limits.tokens_per_minute": 1000, "num_workers": 2},
+    ),
+    ("retry.max_attempts", 0, ">= 1", {}),
+    ("retry.initial_backoff_s", -1, ">= 0", {}),
+    ("retry.max_backoff_s", NAN, "finite", {}),
+    ("retry.max_backoff_s", 0.1, "below initial_backoff_s", {"retry.initial_backoff_s": 2}),
+    ("retry.jitter_s", -0.5, ">= 0", {}),
+    ("retry.max_retry_after_s", INF, "finite", {}),
+    ("retry.max_total_s", 0, "> 0", {}),
+    ("judge.base_url", "judge:8000/v1", "http(s) URL", {}),
+    ("judge.api_key_env", "sk-live abc", "environment variable name", {}),
+    ("judge.model", " ", "empty", {}),
+    ("judge.template", "Rate {prompt}", "template", {}),
+    ("judge.template", "{response} {reference}", "template", {}),
+    ("judge.system_prompt", 7, "not a string", {}),
+    ("judge.parser", "regex", "not allowed", {}),
+    ("judge.parser", "boxed", "does not fit the template", {"judge.template": "Grade {response}: [[n]]"}),
+    ("judge.verdict_position", "last", "not allowed", {}),
+    ("judge.on_conflict", "max", "not allowed", {}),
+    ("judge.think", "trailing", "not allowed", {}),
+    ("judge.min_score", NAN, "finite", {}),
+    ("judge.max_score", 0, "must exceed min_score", {}),
+    ("judge.normalize_to", [1, 0], "strictly increasing", {}),
+    ("judge.normalize_to", [0.5, 0.5], "strictly increasing", {}),
+    ("judge.normalize_to", [0, NAN], "finite", {}),
+    ("judge.normalize_to", [1], "list of 2", {}),
+    ("judge.temperature", -0.1, "[0, 2]", {}),
+    ("judge.temperature", NAN, "finite", {}),
+    ("judge.max_tokens", -5, ">= 1", {}),
+    ("judge.extra_body", {"temperature": 1.0}, "override", {}),
+    ("judge.extra_body", {"messages": []}, "override", {}),
+    (
+        "judge.extra_body",
+        {"response_format": {"type": "json_object"}},
+        "structured",
+        {"judge.parser": "structured"},
+    ),
+    ("judge.cache", "yes", "boolean", {}),
+    ("remote.url", "ftp://host/score", "http(s) URL", {}),
+    ("remote.api_key_env", "Bearer x", "environment variable name", {}),
+    ("remote.headers", {"X-Token": 5}, "not a string", {}),
+    ("remote.headers", "token", "mapping", {}),
+    ("stateful.init_kwargs", [1, 2], "mapping", {}),
+    ("pipeline.mini_batch", "yes", "boolean", {}),
+    ("pipeline.one_step_off_policy", 1, "boolean", {}),
+    ("pipeline.chunk_timeout_s", NAN, "finite", {}),
+    ("pipeline.chunk_timeout_s", 0, "> 0", {}),
+    ("pipeline.assume_group_local", "true", "boolean", {}),
+    ("pipeline.allow_ppo_epochs_per_chunk", "no", "boolean", {}),
+    ("pipeline.dry_run", "yes", "boolean", {}),
+]
+
+#: (dotted key, a valid value other than the default).
+GOOD: list[tuple[str, Any]] = [
+    ("timeout_s", 0.5),
+    ("admission_timeout_s", 30),
+    ("fallback_score", -1),
+    ("on_failure", "raise"),
+    ("executor", "process"),
+    ("executor_workers", 2),
+    ("extra_defaults", {"acc": NAN, "tag": "", "ok": False, "note": None}),
+    ("num_workers", 3),
+    ("limits.max_concurrency", 1),
+    ("limits.requests_per_minute", 600),
+    ("limits.tokens_per_minute", 100000),
+    ("limits.estimated_tokens_per_request", 0),
+    ("retry.max_attempts", 1),
+    ("retry.initial_backoff_s", 0),
+    ("retry.max_backoff_s", 60),
+    ("retry.jitter_s", 0),
+    ("retry.max_retry_after_s", 0),
+    ("retry.max_total_s", 1),
+    ("judge.base_url", "https://api.example.com/v1"),
+    ("judge.api_key_env", "JUDGE_API_KEY"),
+    ("judge.model", "gpt-x"),
+    ("judge.template", "Grade {response} against {ground_truth}. End with: Score: n"),
+    ("judge.system_prompt", "You grade."),
+    ("judge.parser", "brackets"),
+    ("judge.parser", "structured"),
+    ("judge.verdict_position", "anywhere"),
+    ("judge.on_conflict", "min"),
+    ("judge.think", "none"),
+    ("judge.min_score", -5),
+    ("judge.max_score", 100),
+    ("judge.normalize_to", [-1, 1]),
+    ("judge.normalize_to", None),
+    ("judge.temperature", 2),
+    ("judge.max_tokens", 1),
+    ("judge.extra_body", {"top_p": 0.9}),
+    ("judge.cache", True),
+    ("remote.url", "http://127.0.0.1:9000/score"),
+    ("remote.api_key_env", "RM_TOKEN"),
+    ("remote.headers", {"X-Team": "rl"}),
+    ("stateful.init_kwargs", {"k": 3}),
+    ("pipeline.mini_batch", True),
+    ("pipeline.one_step_off_policy", True),
+    ("pipeline.chunk_timeout_s", 600),
+    ("pipeline.assume_group_local", True),
+    ("pipeline.allow_ppo_epochs_per_chunk", True),
+    ("pipeline.dry_run", True),
+]
+
+
+def leaf_fields(cls: type, prefix: str = "") -> list[str]:
+    """Dotted names of every non-dataclass field of ``cls``, nested dataclasses expanded."""
+    names = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            names += leaf_fields(hint, f"{prefix}{f.name}.")
+        else:
+            names.append(f"{prefix}{f.name}")
+    return names
+
+
+ALL_FIELDS = leaf_fields(AsyncRewardConfig) + leaf_fields(PipelineConfig, "pipeline.")
+
+
+def test_every_field_has_rows():
+    """A field added to a config dataclass without a bad and a good row here fails this test."""
+    assert ALL_FIELDS, "introspection found no fields"
+    assert sorted(set(ALL_FIELDS) - {key for key, *_ in BAD}) == []
+    assert sorted(set(ALL_FIELDS) - {key for key, _ in GOOD}) == []
+    assert {key for key, *_ in BAD} | {key for key, _ in GOOD} <= set(ALL_FIELDS)  # no stale rows
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def load(verl_config_factory: Any, key: str, value: Any, others: dict[str, Any] | None = None) -> Any:
+    """The user's path for ``key``: a real verl config holding it, read as the workers / trainer do."""
+    settings = {**(others or {}), key: value}
+    if key.startswith("pipeline."):
+        config = verl_config_factory("async_naive", {})
+        with open_dict(config):
+            config.async_reward = nested(settings)
+            config.algorithm.adv_estimator = "grpo"  # mini_batch needs a group-local estimator
+        return load_pipeline_config(config)
+    # The reward workers read only the `reward` node: a config holding just that is the same path.
+    return load_config(OmegaConf.create({"reward": {"num_workers": 1, "async_reward": nested(settings)}}))
+
+
+def shown(value: Any) -> list[str]:
+    """Ways the message may print ``value`` (after the parser turned ints into floats)."""
+    texts = [repr(value)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        texts.append(repr(float(value)))
+    if isinstance(value, list):
+        texts.append(
+            repr([float(v) for v in value]) if all(isinstance(v, (int, float)) for v in value) else ""
+        )
+        texts.append(repr(tuple(value)))
+    return [t for t in texts if t]
+
+
+#: Keys whose bad values are never printed: they may be secrets (a header, a key pasted as a name).
+HIDDEN_KEYS = ("judge.api_key_env", "remote.api_key_env", "remote.headers")
+
+
+@pytest.mark.parametrize(("key", "value", "problem", "others"), BAD, ids=[f"{k}={v!r}" for k, v, *_ in BAD])
+def test_bad_value_is_refused_naming_key_value_and_fix(verl_config_factory, key, value, problem, others):
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, key, value, others)
+    error, message = info.value, str(info.value)
+    root = "async_reward." if key.startswith("pipeline.") else "reward.async_reward."
+    assert error.key is not None and error.key.startswith(root + key), (error.key, message)
+    assert f"{error.key}=" in message and problem in message, message
+    if key in HIDDEN_KEYS:
+        assert f"{error.key}=<hidden>" in message and all(t not in message for t in shown(value)), message
+    elif isinstance(value, dict) and len(value) == 1:  # a mapping is reported by its bad entry
+        assert any(t in message for t in [*shown(next(iter(value.values()))), repr(sorted(value))]), message
+    else:
+        assert any(t in message for t in shown(value)), message
+    assert error.fix and error.fix in message  # the fix is said, not only the problem
+
+
+@pytest.mark.parametrize(("key", "value"), GOOD, ids=[f"{k}={v!r}" for k, v in GOOD])
+def test_good_value_is_accepted(verl_config_factory, key, value):
+    loaded = load(verl_config_factory, key, value)
+    node: Any = loaded
+    for part in key.removeprefix("pipeline.").split("."):
+        node = getattr(node, part)
+    expected = tuple(value) if isinstance(value, list) else value
+    if isinstance(expected, float) and math.isnan(expected):
+        assert math.isnan(node)
+    elif key == "extra_defaults":
+        assert set(node) == set(value)
+    else:
+        assert node == expected
+
+
+def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
+    secret = "sk-never-print-me-42"
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", secret)
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, "remote.headers", {"Authorization": 12345678})
+    assert "12345678" not in str(info.value)
+    monkeypatch.delenv("JUDGE_KEY_FOR_TEST")
+    config = verl_config_factory(
+        "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "JUDGE_KEY_FOR_TEST"}}
+    )
+    with pytest.raises(ConfigError, match="JUDGE_KEY_FOR_TEST") as info:
+        check_reward_config(config)
+    assert info.value.key == "reward.async_reward.judge.api_key_env"
+    assert secret not in str(info.value)
+
+
+# -- manager-specific requirements, on the driver --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("manager", "settings", "key"),
+    [
+        ("llm_judge", {}, "reward.async_reward.judge.base_url"),
+        (
+            "llm_judge",
+            {"judge": {"base_url": "http://x/v1", "api_key_env": "UNSET_VAR_X"}},
+            "judge.api_key_env",
+        ),
+        ("async_remote", {}, "reward.async_reward.remote.url"),
+        (
+            "async_remote",
+            {"remote": {"url": "http://x/s", "api_key_env": "UNSET_VAR_X"}},
+            "remote.api_key_env",
+        ),
+        ("no_such_manager", {}, "reward.reward_manager.name"),
+    ],
+)
+def test_prepare_verl_config_refuses_before_anything_starts(
+    verl_config_factory, manager, settings, key, monkeypatch
+):
+    import ray
+
+    monkeypatch.delenv("UNSET_VAR_X", raising=False)
+    started = ray.is_initialized()
+    with pytest.raises(ConfigError) as info:
+        prepare_verl_config(verl_config_factory(manager, settings))
+    assert info.value.key is not None and info.value.key.endswith(key)
+    assert ray.is_initialized() == started  # nothing was started to find out
+
+
+def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypatch):
+    """A key passed to the workers through Ray's runtime_env is where the workers run: accepted."""
+    monkeypatch.delenv("KEY_ONLY_IN_RUNTIME_ENV", raising=False)
+    config = verl_config_factory(
+        "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "KEY_ONLY_IN_RUNTIME_ENV"}}
+    )
+    with open_dict(config):
+        config.ray_kwargs = {"ray_init": {"runtime_env": {"env_vars": {"KEY_ONLY_IN_RUNTIME_ENV": "k"}}}}
+    prepare_verl_config(config)
+
+
+def test_verl_reward_num_workers_is_checked(verl_config_factory):
+    config = verl_config_factory("async_naive", {})
+    with open_dict(config):
+        config.reward.num_workers = 0
+    with pytest.raises(ConfigError, match=r"reward\.num_workers=0"):
+        prepare_verl_config(config)
+
+
+def test_pipelined_manager_refuses_before_starting_workers(ray_cluster, verl_config_factory, monkeypatch):
+    import async_reward.pipeline.manager as manager_module
+    from async_reward.pipeline import PipelinedRewardLoopManager
+
+    started: list[int] = []
+    monkeypatch.setattr(manager_module, "start_workers", lambda *a, **k: started.append(1))
+    config = verl_config_factory("llm_judge", {"judge": {"base_url": "http://x/v1", "normalize_to": [1, 0]}})
+    with pytest.raises(ConfigError, match=r"judge\.normalize_to=\[1\.0, 0\.0\]"):
+        PipelinedRewardLoopManager(config)
+    assert started == []
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def score_args(tmp_path: Path, override: str) -> list[str]:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "2+3?", "response": "5", "ground_truth": "5"}\n')
+    return [
+        "score",
+        "--input",
+        str(rows),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+        "--manager",
+        "llm_judge",
+        "--set",
+        "judge.base_url=http://127.0.0.1:1/v1",
+        "--set",
+        override,
+        "--no-progress",
+    ]
+
+
+def test_cli_score_refuses_an_unknown_parser_before_scoring(tmp_path):
+    """Through the user's path: the command line in a subprocess (it used to exit 0, every row error)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "async_reward.cli", *score_args(tmp_path, "judge.parser=regex")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "reward.async_reward.judge.parser='regex' is not allowed; use one of" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"), [("timeout_s=.nan", "timeout_s"), ("judge.normalize_to=[1,0]", "judge.normalize_to")]
+)
+def test_cli_score_refuses_bad_numbers(tmp_path, capsys, override, key):
+    from async_reward.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(score_args(tmp_path, override))
+    assert info.value.code == 2
+    assert f"reward.async_reward.{key}=" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+# -- verl's own path (the user added only the setup hook) --------------------------------------------
+
+
+def test_worker_side_refusal_survives_rays_wrapping(
+    ray_cluster, verl_config_factory, reward_loop, batch_factory, monkeypatch
+):
+    """The key is exported where the driver runs but not where the reward workers run: the manager's
+    constructor refuses in the worker, and the message reaches the caller of compute_rm_score."""
+    import ray
+
+    monkeypatch.setenv("ONLY_ON_THE_DRIVER", "k")  # after ray.init: the workers do not inherit it
+    config = verl_config_factory(
+        "llm_judge", {"judge": {"base_url": "http://127.0.0.1:1/v1", "api_key_env": "ONLY_ON_THE_DRIVER"}}
+    )
+    manager = reward_loop(config)  # the driver-side check passes here
+    with pytest.raises(ray.exceptions.RayError) as info:
+        manager.compute_rm_score(batch_factory([{"response": "5", "ground_truth": "5"}] * 2))
+    message = str(info.value)
+    assert "ConfigError" in message
+    assert "reward.async_reward.judge.api_key_env='ONLY_ON_THE_DRIVER'" in message
+    assert "runtime_env.env_vars" in message  # the fix travels too
+
+
+def test_verl_task_runner_gets_the_config_error_at_start_up(ray_cluster, verl_config_factory):
+    """Where verl's trainer builds its RewardLoopManager (a Ray actor, so our hook ran there), the bad
+    setting is the constructor's error, before any RewardLoopWorker starts."""
+    import ray
+
+    @ray.remote
+    class TaskRunnerLike:
+        def build(self, config: Any) -> str:
+            from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+            RewardLoopManager(config)
+            return "built"
+
+    config = verl_config_factory("llm_judge", {"judge": {"base_url": "http://x/v1", "temperature": 9}})
+    runner = TaskRunnerLike.remote()
+    with pytest.raises(ConfigError) as info:  # Ray re-raises it as (a subclass of) our error
+        ray.get(runner.build.remote(config), timeout=120)
+    assert "reward.async_reward.judge.temperature=9.0 must be in [0, 2]" in str(info.value)
+    with pytest.raises(ValueError):
+        ray.get_actor("reward_loop_worker_0")  # the check ran before verl started any worker
+    ray.kill(runner)
+
+
+def test_config_error_pickles_with_its_fields():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ConfigError("k=1 bad; fix", key="k", fix="fix")))
+    assert (str(error), error.key, error.fix) == ("k=1 bad; fix", "k", "fix")
+
+
+def test_yaml_nan_is_what_users_write(tmp_path, verl_config_factory):
+    """``.nan`` in YAML (the issue's example) reaches the parser as a float NaN and is refused."""
+    text = OmegaConf.create({"timeout_s": float("nan")})
+    path = Path(tmp_path) / "a.yaml"
+    OmegaConf.save(text, path)
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    assert isinstance(raw, dict) and math.isnan(raw["timeout_s"])
+    with pytest.raises(ConfigError, match="timeout_s=nan is not a finite number"):
+        load_config(verl_config_factory("async_naive", raw))
