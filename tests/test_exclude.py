@@ -57,6 +57,7 @@ async def test_manager_flags_failures_keeps_status_and_is_refused_outside_our_tr
     with pytest.raises(ConfigError, match="not honoured by verl's own trainers"):
         load_reward_manager(config, tokenizer)
     manager: Any = load_reward_manager(declare_pipelined_trainer(config), tokenizer)
+    manager.driven_by_pipeline = True  # as PipelineRewardWorker marks the manager it drives
     batch = batch_factory(
         [{"response": "boom"}, {"response": "it is 5", "ground_truth": "5"}, {"response": "none"}]
     )
