@@ -169,7 +169,7 @@ def test_llm_judge_trains_under_v1_with_per_step_metrics_and_a_hanging_judge(
     (hung,) = [row for row in rows if row.reward_extra_info["status"] != "ok"]
     info = hung.reward_extra_info
     assert info["status"] == "timeout" and info["attempts"] == 2 and "deadline" in info["failure_reason"]
-    assert info["latency_s"] < 2 * timeout_s + 1.0
+    assert 2 * timeout_s <= info["latency_s"] < 2 * timeout_s + 3.0  # two deadlines (+ slack for a busy CPU)
     assert hung.score == 0.0 and hung.index == 1
     assert server.stats()["faults_injected"].get("hang") == 2
 
@@ -266,7 +266,8 @@ def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, 
     """colocate_async with ``async_naive``: the group whose sample raised is tagged failed, evicted and
     replaced; the run neither crashes nor hangs, and no member of that group is trained on."""
     rows = [("What is 1+1?", "2"), ("What is 2+3?", "5"), ("What is 4*4?", "16"), ("What is 7+1?", "8")]
-    rows += [("What is 9-4?", "5"), ("What is 3*3?", "9")]
+    # enough rows that the run never comes back to row 0 (warm-up 2, two steps of 2, one refill)
+    rows += [("What is 9-4?", "5"), ("What is 3*3?", "9"), ("What is 6+1?", "7"), ("What is 8-5?", "3")]
     script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in rows}
     script["What is 1+1?"] = ["The answer is 2", "boom"]
     run = train(
