@@ -185,7 +185,9 @@ def test_llm_judge_trains_under_v1_with_per_step_metrics_and_a_hanging_judge(
     assert all(0 <= m["reward/extra/judge_shared/mean"] <= 1 for m in logs)  # a boolean: a fraction
 
 
-# ----------------------------------------------------------------------------- the other four managers
+# ----------------------------------------------------------------------------- async_remote
+# (async_rate_limited runs in the raise test, async_naive in the exclude test, async_stateful in the
+# post-processing test: each Ray worker process costs seconds, so each run proves two things)
 
 ROWS = [("What is 2+3?", "5"), ("What is 4*4?", "16")]
 SCRIPT = {
@@ -195,24 +197,17 @@ SCRIPT = {
 SCORES = {0: [0.0, 0.0, 1.0, 1.0], 1: [0.0, 1.0, 1.0, 1.0]}
 
 
-@pytest.mark.parametrize("manager", ["async_rate_limited", "async_remote"])
-def test_other_managers_reach_the_v1_batch(manager, tmp_path, model_dir, rollout, transfer_queue, server):
-    lines = [f"reward.reward_manager.name={manager}", *FAST_RETRY]
-    if manager == "async_remote":
-        lines.append(f"+reward.async_reward.remote.url={server.url}/score")
-    else:
-        lines += [
-            f"reward.custom_reward_function.path={write_module(tmp_path, USER_FUNCTIONS)}",
-            "reward.custom_reward_function.name=async_score",
-            "+reward.async_reward.limits.requests_per_minute=6000",
-        ]
+def test_async_remote_reaches_the_v1_batch(tmp_path, model_dir, rollout, transfer_queue, server):
+    lines = [
+        "reward.reward_manager.name=async_remote",
+        f"+reward.async_reward.remote.url={server.url}/score",
+        *FAST_RETRY,
+    ]
     run = train(tmp_path, model_dir, rollout, ROWS, SCRIPT, lines, n=4)
     groups = group_by_index(run.updates[0])
     assert {index: sorted(row.score for row in group) for index, group in groups.items()} == SCORES
-    keys = assert_same_extras_keys(run)
-    if manager == "async_remote":
-        assert {"acc", "pred"} <= keys
-        assert server.stats()["requests_by_path"].get("/score", 0) >= 8
+    assert {"acc", "pred"} <= assert_same_extras_keys(run)  # the service's extras
+    assert server.stats()["requests_by_path"].get("/score", 0) >= 8
     assert_reward_metrics_every_step(run, steps=1, samples_per_step=8)
     assert step_logs(run)[0]["reward/status_ok"] == 8.0
 
@@ -263,8 +258,8 @@ def test_stateful_group_postprocessing_runs_once_per_group_before_sampling(
 
 
 def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, transfer_queue):
-    """colocate_async with ``async_naive``: the group whose sample raised is tagged failed, evicted and
-    replaced; the run neither crashes nor hangs, and no member of that group is trained on."""
+    """colocate_async with ``async_rate_limited``: the group whose sample raised is tagged failed,
+    evicted and replaced; the run neither crashes nor hangs, and no member of that group is trained on."""
     rows = [("What is 1+1?", "2"), ("What is 2+3?", "5"), ("What is 4*4?", "16"), ("What is 7+1?", "8")]
     # enough rows that the run never comes back to row 0 (warm-up 2, two steps of 2, one refill)
     rows += [("What is 9-4?", "5"), ("What is 3*3?", "9"), ("What is 6+1?", "7"), ("What is 8-5?", "3")]
@@ -277,9 +272,10 @@ def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, 
         rows,
         script,
         [
-            "reward.reward_manager.name=async_naive",
+            "reward.reward_manager.name=async_rate_limited",
             f"reward.custom_reward_function.path={write_module(tmp_path, USER_FUNCTIONS)}",
             "reward.custom_reward_function.name=sync_score",
+            "+reward.async_reward.limits.requests_per_minute=6000",
             "+reward.async_reward.on_failure=raise",
         ],
         n=2,
@@ -289,7 +285,7 @@ def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, 
     assert len(run.updates) == 2
     trained = [row for update in run.updates for row in sessions(update)]
     assert 0 not in {row.index for row in trained}
-    for update in run.updates:  # async_naive's scores: one right and one wrong answer per group
+    for update in run.updates:  # the user function's scores: one right and one wrong answer per group
         assert all(
             sorted(row.score for row in group) == [0.0, 1.0] for group in group_by_index(update).values()
         )
@@ -302,18 +298,16 @@ def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, 
 
 # ----------------------------------------------------------------------------- on_failure: exclude
 
-EXCLUDING_MANAGER = '''
-from async_reward import AsyncRewardManager, RewardResult, Status
+EXCLUDING_FUNCTION = """
+from async_reward import RewardResult, Status
 
 
-class ExcludingManager(AsyncRewardManager):
-    """What ``on_failure: exclude`` produces: a failed sample keeps its status and is marked excluded."""
-
-    async def score(self, sample):
-        if "fail" in sample.response:
-            return RewardResult.failure(Status.ERROR, "judge unavailable", extras={"excluded": True})
-        return RewardResult(score=float(sample.ground_truth in sample.response), extras={"excluded": False})
-'''
+def score_or_exclude(data_source, solution_str, ground_truth, extra_info=None):
+    # What on_failure: exclude makes of a failed sample: it keeps its status and is marked excluded.
+    if "fail" in solution_str:
+        return RewardResult.failure(Status.ERROR, "judge unavailable", extras={"excluded": True})
+    return {"score": float(str(ground_truth) in solution_str), "excluded": False}
+"""
 
 
 def grpo_advantages(scores: list[float]) -> list[float]:
@@ -325,6 +319,8 @@ def grpo_advantages(scores: list[float]) -> list[float]:
 def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_scored(
     tmp_path, model_dir, rollout, transfer_queue
 ):
+    """``async_naive`` with a user function whose failed sample carries ``excluded=True``, the agreed
+    contract of ``on_failure: exclude`` (the policy's setting produces the same extras)."""
     script = {
         "What is 2+3?": ["The answer is 5", "fail", "The answer is 2", "The answer is 5"],
         "What is 4*4?": ["The answer is 16", "The answer is 16", "The answer is 3", "The answer is 16"],
@@ -336,9 +332,9 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
         ROWS,
         script,
         [
-            "reward.reward_manager.source=importlib",
-            "reward.reward_manager.name=ExcludingManager",
-            f"reward.reward_manager.module.path={write_module(tmp_path, EXCLUDING_MANAGER, 'excluding.py')}",
+            "reward.reward_manager.name=async_naive",
+            f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'exclude.py')}",
+            "reward.custom_reward_function.name=score_or_exclude",
         ],
         n=4,
     )

@@ -76,6 +76,14 @@ async def test_a_failing_postprocessor_keeps_the_scores_and_opens_the_gate(caplo
     assert "keeps its scores" in caplog.text
 
 
+async def test_a_session_beyond_the_group_size_keeps_its_score(caplog):
+    gate = GroupGate(1, lambda scores: [s + 1 for s in scores])
+    assert await gate.arrive(0, 1.0) == 2.0
+    with caplog.at_level(logging.ERROR):
+        assert await asyncio.wait_for(gate.arrive(1, 5.0), 1) == 5.0
+    assert "after its group of 1 was complete" in caplog.text
+
+
 async def test_gate_refuses_a_second_arrival_and_an_empty_group():
     gate = GroupGate(2, list)
     task = asyncio.create_task(gate.arrive(0, 1.0))

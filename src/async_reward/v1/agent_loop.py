@@ -65,7 +65,12 @@ class RewardAgentLoopWorker(_VerlWorker):
         trace: bool = False,
     ) -> None:
         uid = str(prompt["uid"])
-        self._gates[uid] = GroupGate(self._group_size(prompt, trajectory), partial(_postprocess_group, uid))
+        try:
+            self._gates[uid] = GroupGate(
+                self._group_size(prompt, trajectory), partial(_postprocess_group, uid)
+            )
+        except Exception:  # verl's _run_prompt reads the same size and tags the group failed if it cannot
+            logger.exception("group %s runs without post-processing: its size is unknown", uid)
         try:
             await super()._run_prompt(prompt, sampling_params, trajectory, trace)
         finally:

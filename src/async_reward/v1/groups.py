@@ -48,9 +48,15 @@ class GroupGate:
         return self._complete.is_set()
 
     async def arrive(self, session_id: int, score: Any) -> Any:
-        """Wait until every session is accounted for; return this session's post-processed score."""
+        """Wait until every session is accounted for; return this session's post-processed score.
+
+        A session beyond the group's size (the gate already open) keeps its score unchanged.
+        """
         if session_id in self._scores or session_id in self._absent:
             raise RuntimeError(f"session {session_id} arrived twice at its group gate")
+        if self._complete.is_set():
+            logger.error("session %d arrived after its group of %d was complete", session_id, self.size)
+            return score
         self._scores[session_id] = score
         self._close_if_complete()
         await self._complete.wait()
