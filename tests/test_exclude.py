@@ -28,6 +28,7 @@ from async_reward.integration import (
 )
 from async_reward.pipeline.exclusion import advantage_without_excluded, trainable_rows
 from async_reward.pipeline.schedule import StepSchedule
+from async_reward.v1.settings import AGENT_LOOP_MANAGER
 from tests import test_trainer as trainer_tests
 from tests.conftest import make_batch
 from tests.test_managers import USER_FUNCTIONS, write_module
@@ -72,6 +73,9 @@ async def test_manager_flags_failures_keeps_status_and_is_refused_outside_our_tr
 # -- where exclude is refused ----------------------------------------------------------------------
 
 OURS = {"async_reward": {"pipeline": {}}}
+V1_AGENT = {"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_class": AGENT_LOOP_MANAGER}}}}
+V1_OURS = {"trainer": {"use_v1": True}, **V1_AGENT}
+SEQ_MEAN = {"loss_agg_mode": "seq-mean-token-mean"}
 
 
 @pytest.mark.parametrize(
@@ -79,6 +83,12 @@ OURS = {"async_reward": {"pipeline": {}}}
     [
         ({}, "reward.async_reward.on_failure"),  # verl's own trainer
         ({"trainer": {"use_v1": True}}, "reward.async_reward.on_failure"),  # verl's v1 trainer
+        (V1_OURS, None),  # verl's v1 trainer with our agent-loop manager
+        ({"trainer": {"use_v1": False}, **V1_AGENT}, "reward.async_reward.on_failure"),  # legacy
+        (
+            {**V1_OURS, "actor_rollout_ref": {**V1_AGENT["actor_rollout_ref"], "actor": SEQ_MEAN}},
+            "actor_rollout_ref.actor.loss_agg_mode",
+        ),
         (OURS, None),
         ({**OURS, "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-sum"}}}, None),
         (

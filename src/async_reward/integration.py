@@ -230,6 +230,13 @@ def check_reward_config(verl_config: Any) -> None:
     manager_cls.check_config(verl_config, env=_worker_environment(verl_config))
 
 
+def _v1_problem(verl_config: Any) -> str | None:
+    """Why verl's v1 trainer as configured cannot honour ``exclude`` (None: our v1 integration runs)."""
+    from async_reward.v1.settings import v1_integration_problem
+
+    return v1_integration_problem(verl_config)
+
+
 def check_failure_policy(verl_config: Any) -> None:
     """Refuse ``reward.async_reward.on_failure: exclude`` where it cannot be honoured.
 
@@ -240,10 +247,13 @@ def check_failure_policy(verl_config: Any) -> None:
     * async-reward's pipelined trainer (``python -m async_reward.pipeline.main_ppo`` in any mode,
       baseline included, or ``PipelinedRayPPOTrainer``): configs marked by
       :func:`declare_pipelined_trainer`;
+    * verl's v1 trainer with async-reward's v1 integration (``async_reward.v1.V1_OVERRIDES``: our
+      agent-loop manager masks excluded sessions and gives them groups of their own);
     * offline scoring (a config without ``actor_rollout_ref`` trains nothing): rows report
       ``excluded``.
 
-    verl's own trainers (``RayPPOTrainer``, the v1 trainer) would train on ``fallback_score`` instead,
+    verl's own trainers (``RayPPOTrainer``, the v1 trainer without our integration) would train on
+    ``fallback_score`` instead,
     so they are refused. Under our trainer, so are the verl settings that would let an excluded sample
     still move the weights: a loss aggregation or policy loss outside :data:`EXCLUDE_LOSS_AGG_MODES` /
     :data:`EXCLUDE_POLICY_LOSSES` (actor, and critic when one trains), rollout-correction weights
@@ -256,16 +266,18 @@ def check_failure_policy(verl_config: Any) -> None:
     policy = _select(verl_config, "reward.async_reward.on_failure")
     if policy != "exclude" or _select(verl_config, "actor_rollout_ref") is None:
         return
-    if _select(verl_config, PIPELINED_TRAINER_KEY) is None:
+    if _select(verl_config, PIPELINED_TRAINER_KEY) is None and _v1_problem(verl_config) is not None:
         raise bad_value(
             "reward.async_reward.on_failure",
             policy,
-            "is not honoured by verl's own trainers (RayPPOTrainer, the v1 trainer): they would train "
-            "on fallback_score for every failed sample",
+            "is not honoured by verl's own trainers as configured (RayPPOTrainer; the v1 trainer without "
+            f"async-reward's v1 integration: {_v1_problem(verl_config)}): they would train on "
+            "fallback_score for every failed sample",
             "train with async-reward's pipelined trainer (python -m async_reward.pipeline.main_ppo, any "
             "mode, or PipelinedRayPPOTrainer; a StepSchedule loop of your own: call "
-            "async_reward.integration.declare_pipelined_trainer(config) first), which gives excluded "
-            "samples no gradient; or use on_failure=fallback (explicit status, fallback_score) or raise",
+            "async_reward.integration.declare_pipelined_trainer(config) first), or with verl's v1 trainer "
+            "plus async_reward.v1.V1_OVERRIDES (README, 'verl v1'), both of which give excluded samples "
+            "no gradient; or use on_failure=fallback (explicit status, fallback_score) or raise",
         )
     actor = "actor_rollout_ref.actor"
     _check_exclude_setting(f"{actor}.loss_agg_mode", _select(verl_config, f"{actor}.loss_agg_mode"))

@@ -4,7 +4,8 @@
 ``compute_score(data_source, solution_str, ground_truth, extra_info)`` (sync or async) returning a
 number, a dict with ``score``, or ``(score, query, explanation)``; and optionally
 ``post_process_scores(scores) -> scores``, run once per complete ``uid`` group with failed scores as
-NaN (on the driver in verl's plain path, in the pipeline for the pipelined path).
+NaN (on the driver in verl's plain path, in the pipeline for the pipelined path, in the agent loop
+under verl's v1 trainer with ``async_reward.v1.RewardAgentLoopManager``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from async_reward.managers.base import AsyncRewardManager
 from async_reward.postprocess import load_user_instance, make_postprocess_spec
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
+from async_reward.v1.settings import AGENT_LOOP_MANAGER, v1_integration_problem
 
 __all__ = ["AsyncStatefulRewardManager"]
 
@@ -45,14 +47,16 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         if not callable(getattr(self.instance, "compute_score", None)):
             raise ConfigError(f"class {name!r} in {path} has no compute_score method")
         self._has_postprocess = callable(getattr(self.instance, "post_process_scores", None))
-        if self._has_postprocess and not type(self)._warned_postprocess_path:
+        in_v1_agent_loop = v1_integration_problem(config) is None
+        if self._has_postprocess and not in_v1_agent_loop and not type(self)._warned_postprocess_path:
             type(self)._warned_postprocess_path = True
             logger.warning(
-                "%s.post_process_scores runs where a whole batch is assembled: verl's "
-                "RewardLoopManager.compute_rm_score and async-reward's pipeline. verl 0.9.1's default "
-                "trainer (no reward model) scores samples one by one inside the agent loop, where it "
-                "cannot run; train with python -m async_reward.pipeline.main_ppo to apply it.",
+                "%s.post_process_scores runs where a whole group is assembled: verl's "
+                "RewardLoopManager.compute_rm_score, async-reward's pipeline, and verl's v1 agent loop "
+                "with +actor_rollout_ref.rollout.agent.agent_loop_manager_class=%s. verl's agent loop "
+                "without it scores samples one by one, where it cannot run.",
                 name,
+                AGENT_LOOP_MANAGER,
             )
 
     def postprocess_spec(self) -> tuple[str, ...] | None:

@@ -17,6 +17,7 @@ from verl import DataProto
 
 from async_reward.pipeline.chunks import ChunkBook, GroupLayout, neutral_value
 from async_reward.result import ScoredFloat, Status
+from async_reward.reward_metrics import status_metrics
 
 __all__ = ["RewardChunkTimeout", "Ticket", "TicketError", "TicketState"]
 
@@ -144,25 +145,13 @@ class TicketState:
     def metrics(self, in_flight: int) -> dict[str, float]:
         """verl-style metrics of this ticket (see ``PipelinedRewardLoopManager.ticket_metrics``)."""
         end = self.done_at if self.done_at is not None else time.monotonic()
-        latencies = self.run_s[~np.isnan(self.run_s)]
-        if latencies.size:
-            p50, p95 = np.percentile(latencies, [50, 95])
-            latency_max = float(latencies.max())
-        else:
-            p50 = p95 = latency_max = math.nan
         metrics = {
             "timing_s/reward_submit_to_done": end - self.submitted_at,
             "timing_s/reward_blocked": self.blocked_s,
-            "reward/latency_p50": float(p50),
-            "reward/latency_p95": float(p95),
-            "reward/latency_max": latency_max,
+            **status_metrics(self.status_counts, self.run_s, self.retries, self.excluded),
         }
-        for status in Status:
-            metrics[f"reward/status_{status.value}"] = float(self.status_counts.get(status.value, 0))
         pending = self.book.num_pending
         in_flight = min(in_flight, pending)
-        metrics["reward/excluded"] = float(self.excluded)
-        metrics["reward/retries"] = float(self.retries)
         metrics["reward/in_flight"] = float(in_flight)
         metrics["reward/queued"] = float(pending - in_flight)
         return metrics

@@ -1,0 +1,53 @@
+"""async-reward under verl's v1 trainer (``trainer.use_v1=true``, verl's default).
+
+Add :data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_config` in a launcher):
+
+* :class:`RewardAgentLoopManager` (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) runs
+  group post-processing once per ``uid`` group and honours ``on_failure: exclude``;
+* :class:`RewardReplayBuffer` (``trainer.v1.sampler.custom_sampler``) is verl's replay buffer that
+  also logs the ``reward/*`` metrics of every training step.
+
+The classes import verl's v1 modules (and TransferQueue), so they load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from async_reward.v1.settings import (
+    AGENT_LOOP_MANAGER,
+    REPLAY_BUFFER_NAME,
+    REPLAY_BUFFER_PATH,
+    V1_OVERRIDES,
+    prepare_v1_config,
+    uses_reward_replay_buffer,
+    v1_integration_problem,
+)
+
+__all__ = [
+    "AGENT_LOOP_MANAGER",
+    "REPLAY_BUFFER_NAME",
+    "REPLAY_BUFFER_PATH",
+    "V1_OVERRIDES",
+    "RewardAgentLoopManager",
+    "RewardAgentLoopWorker",
+    "RewardReplayBuffer",
+    "prepare_v1_config",
+    "uses_reward_replay_buffer",
+    "v1_integration_problem",
+]
+
+_LAZY = {
+    "RewardAgentLoopManager": "async_reward.v1.agent_loop",
+    "RewardAgentLoopWorker": "async_reward.v1.agent_loop",
+    "RewardReplayBuffer": "async_reward.v1.replay_buffer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'async_reward.v1' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,185 @@
+"""verl v1's TransferQueue agent loop with group post-processing and ``on_failure: exclude``.
+
+``AgentLoopWorkerTQ`` runs the n sessions of a prompt together, scores each session through the
+reward workers (where our managers run) and writes it to TransferQueue; once every session has
+settled it tags the ``uid`` ``finished`` (or ``failure`` when a session raised) and the replay buffer
+may hand the group out. Our worker changes only what happens between scoring and that write:
+
+* **group post-processing**: each scored session waits at its group's :class:`GroupGate`; when all
+  n sessions are scored (or ended without a score) ``post_process_scores`` runs once on the group,
+  failed scores passed as NaN, before anything of the group is written;
+* **exclude**: a session whose ``reward_extra_info`` says ``excluded=True`` (``on_failure: exclude``)
+  is written with a zero ``response_mask`` / ``loss_mask`` and a ``uid`` of its own, exactly like
+  verl's own padding samples (``verl.trainer.ppo.padding_utils``): it adds nothing to any loss, and
+  group-relative advantages (GRPO, RLOO, ...) of its group come from the scored members only. It
+  stays in the batch with its status, so the per-step metrics count it. A group left with fewer than
+  two scored members trains on nothing (all its sessions are masked), as in the pipelined trainer.
+  Validation is not trained on and keeps every session as scored.
+
+Everything else (generation, scoring, TransferQueue layout, failure tagging) is verl's.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import numpy as np
+import ray
+import transfer_queue as tq
+from omegaconf import DictConfig
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.utils import tensordict_utils as tu
+
+from async_reward.config import ConfigError
+from async_reward.postprocess import apply_group_postprocessing
+from async_reward.v1.groups import GroupGate
+from async_reward.v1.settings import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, uses_reward_replay_buffer
+
+__all__ = ["RewardAgentLoopManager", "RewardAgentLoopWorker", "excluded_uid"]
+
+logger = logging.getLogger(__name__)
+
+# verl decorates its worker with @ray.remote; subclass the class underneath and make ours an actor.
+_VerlWorker: Any = AgentLoopWorkerTQ.__ray_actor_class__  # type: ignore[attr-defined]
+
+
+def excluded_uid(uid: str, session_id: int) -> str:
+    """The ``uid`` field an excluded session gets: its own GRPO group, so it moves no group statistic
+    (its TransferQueue key, and so its group membership in the replay buffer, keep the real uid)."""
+    return f"{uid}/excluded/{session_id}"
+
+
+class RewardAgentLoopWorker(_VerlWorker):
+    """``AgentLoopWorkerTQ`` whose sessions pass their group's gate between scoring and TransferQueue."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gates: dict[str, GroupGate] = {}
+
+    async def _run_prompt(
+        self,
+        prompt: dict[str, Any],
+        sampling_params: dict[str, Any],
+        trajectory: dict[str, Any],
+        trace: bool = False,
+    ) -> None:
+        uid = str(prompt["uid"])
+        try:
+            self._gates[uid] = GroupGate(
+                self._group_size(prompt, trajectory), partial(_postprocess_group, uid)
+            )
+        except Exception:  # verl's _run_prompt reads the same size and tags the group failed if it cannot
+            logger.exception("group %s runs without post-processing: its size is unknown", uid)
+        try:
+            await super()._run_prompt(prompt, sampling_params, trajectory, trace)
+        finally:
+            self._gates.pop(uid, None)
+
+    async def _run_agent_loop(
+        self,
+        sampling_params: dict[str, Any],
+        trajectory: dict[str, Any],
+        *,
+        agent_name: str,
+        trace: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        try:
+            return await super()._run_agent_loop(
+                sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs
+            )
+        finally:
+            # A session that raised (its group will be tagged ``failure``) or was cancelled must not
+            # keep its siblings waiting; after arriving this is a no-op.
+            gate = self._gates.get(str(kwargs.get("uid")))
+            if gate is not None:
+                gate.leave(int(kwargs["session_id"]))
+
+    async def _agent_loop_postprocess(self, output: Any, validate: bool, **kwargs: Any) -> None:
+        outputs = output if isinstance(output, list) else [output]
+        uid, session_id = str(kwargs["uid"]), int(kwargs["session_id"])
+        gate = self._gates.get(uid)
+        if gate is None or not outputs:
+            await super()._agent_loop_postprocess(output, validate, **kwargs)
+            return
+        await self._compute_score(outputs, kwargs=kwargs)  # verl's streaming reward call; a no-op later
+        final = outputs[-1]
+        flagged = is_excluded(final.extra_fields.get("reward_extra_info"))
+        final.reward_score = await gate.arrive(session_id, final.reward_score, excluded=flagged)
+        # A group left with fewer than two scored members trains on nothing, as in the pipeline.
+        exclude = not validate and (flagged or gate.starved)
+        if exclude:
+            for item in outputs:  # verl writes loss_mask = response_mask
+                item.response_mask = [0] * len(item.response_mask)
+        await super()._agent_loop_postprocess(output, validate, **kwargs)
+        if exclude:
+            keys = [f"{uid}_{session_id}_{index}" for index in range(len(outputs))]
+            own_uid: dict[str, Any] = {
+                "uid": np.array([excluded_uid(uid, session_id)] * len(keys), dtype=object)
+            }
+            # Written before _run_prompt tags the group terminal, so no sampled batch sees the old uid.
+            await tq.async_kv_batch_put(keys=keys, partition_id="train", fields=tu.get_tensordict(own_uid))
+
+    def _group_size(self, prompt: dict[str, Any], trajectory: dict[str, Any]) -> int:
+        """Sessions ``_run_prompt`` starts for this prompt (it pops the same key with this default)."""
+        rollout = self.rollout_config
+        default = rollout.val_kwargs.n if trajectory["validate"] else rollout.n
+        return int(prompt.get("__rollout_n__", default))
+
+
+RewardAgentLoopWorkerActor: Any = ray.remote(RewardAgentLoopWorker)
+
+
+class RewardAgentLoopManager(AgentLoopManagerTQ):
+    """verl v1's ``AgentLoopManagerTQ`` running :class:`RewardAgentLoopWorker` actors.
+
+    Name it with ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+    async_reward.v1.RewardAgentLoopManager``; verl's ``TaskRunnerV1`` builds it with ``create``.
+    Refused at start-up where it cannot do its job: the legacy trainer, or a reward model colocated
+    with training (verl then scores after sampling, outside the agent loop).
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        llm_client: Any,
+        teacher_client: Any = None,
+        reward_loop_worker_handles: list[Any] | None = None,
+    ) -> None:
+        if not config.trainer.get("use_v1", False):
+            raise ConfigError(
+                "async_reward.v1.RewardAgentLoopManager runs under verl's v1 trainer only "
+                "(trainer.use_v1=true); the legacy trainer takes a non-TransferQueue agent-loop manager"
+            )
+        if reward_loop_worker_handles is None:
+            raise ConfigError(
+                "async_reward.v1.RewardAgentLoopManager needs rewards scored in the agent loop; with "
+                "reward.reward_model.enable and no enable_resource_pool verl scores after sampling"
+            )
+        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
+        self.agent_loop_workers_class = RewardAgentLoopWorkerActor  # after super(): it sets verl's
+        if not uses_reward_replay_buffer(config):
+            logger.warning(
+                "async-reward under verl v1 without its replay buffer: training steps will not log "
+                "reward/* metrics; add trainer.v1.sampler.custom_sampler.path=%s and .name=%s",
+                REPLAY_BUFFER_PATH,
+                REPLAY_BUFFER_NAME,
+            )
+
+
+def is_excluded(reward_extra_info: Any) -> bool:
+    """Whether a session's extras mark it ``excluded`` (``on_failure: exclude``); a real bool only."""
+    if not isinstance(reward_extra_info, dict):
+        return False
+    value = reward_extra_info.get("excluded")
+    return isinstance(value, bool | np.bool_) and bool(value)
+
+
+def _postprocess_group(uid: str, scores: list[Any]) -> list[Any]:
+    """Our managers' group post-processing for one group (a no-op unless a score names a
+    ``post_process_scores``); scores an agent loop left unset stay as they are."""
+    if any(score is None for score in scores):
+        return scores
+    return apply_group_postprocessing([uid] * len(scores), scores)

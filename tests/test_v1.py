@@ -1,0 +1,357 @@
+"""Our managers under verl's v1 trainer, on CPU, through verl's real v1 code.
+
+Each test trains with ``PPOTrainer.fit`` of the configured v1 mode: verl's agent loop (our
+``RewardAgentLoopManager`` / worker, named by the config), verl's ``RewardLoopManager`` whose Ray
+workers run our managers, TransferQueue, and verl's replay buffer (our ``RewardReplayBuffer``, named
+by the config). The config is composed from the README's lines (``V1_OVERRIDES`` plus the manager's
+own). Stand-ins replace only the token-generating server, the actor's model and the weight sync
+(tests/v1_standins.py). What the actor would train on and what v1 logs are checked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from async_reward.v1 import V1_OVERRIDES
+from async_reward.v1.agent_loop import excluded_uid
+from tests.test_managers import STATEFUL_CLASS, USER_FUNCTIONS, write_module
+from tests.v1_standins import (
+    ScriptedRollout,
+    TrainingRun,
+    base_overrides,
+    build_tiny_model_dir,
+    compose_v1_config,
+    group_by_index,
+    run_v1_training,
+    sessions,
+    write_dataset,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+STANDARD_KEYS = {"status", "latency_s", "attempts", "failure_reason"}
+FAST_RETRY = [
+    "+reward.async_reward.retry.initial_backoff_s=0.01",
+    "+reward.async_reward.retry.jitter_s=0.0",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("v1_model"))
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir: Path, ray_cluster: None) -> Iterator[ScriptedRollout]:
+    scripted = ScriptedRollout(model_dir)
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_cluster: None) -> Iterator[None]:
+    """One TransferQueue (controller + one storage unit) for the module, as ``TaskRunnerV1`` starts it."""
+    import transfer_queue as tq
+
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    yield
+    tq.close()
+
+
+def train(
+    tmp_path: Path,
+    model_dir: Path,
+    rollout: ScriptedRollout,
+    rows: list[tuple[str, str]],
+    script: dict[str, list[str]],
+    reward_lines: list[str],
+    *,
+    n: int,
+    prompts: int = 2,
+    steps: int = 1,
+    mode: str = "sync",
+    validate_first: bool = False,
+) -> TrainingRun:
+    dataset = write_dataset(tmp_path / "train.parquet", rows)
+    overrides = [
+        *base_overrides(model_dir, dataset, steps=steps, prompts=prompts, n=n),
+        f"trainer.v1.trainer_mode={mode}",
+        *V1_OVERRIDES,
+        *reward_lines,
+        f"trainer.val_before_train={str(validate_first).lower()}",
+    ]
+    config = compose_v1_config(overrides)
+    return run_v1_training(config, rollout, script, tmp_path / "metrics.jsonl")
+
+
+def step_logs(run: TrainingRun) -> list[dict[str, Any]]:
+    """The metrics v1 logged for each training step (validation-only entries left out)."""
+    return [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+
+
+def assert_reward_metrics_every_step(run: TrainingRun, steps: int, samples_per_step: int) -> None:
+    logs = step_logs(run)
+    assert len(logs) == steps
+    for metrics in logs:
+        counted = sum(metrics[f"reward/status_{s}"] for s in ("ok", "timeout", "error", "invalid"))
+        assert counted == samples_per_step, metrics
+        for key in ("reward/excluded", "reward/retries", "reward/latency_p50", "reward/latency_p95"):
+            assert key in metrics, key
+        latencies = [metrics[f"reward/latency_{q}"] for q in ("p50", "p95", "max")]
+        assert 0 <= latencies[0] <= latencies[1] <= latencies[2]
+
+
+def assert_same_extras_keys(run: TrainingRun) -> set[str]:
+    keys = {frozenset(row.reward_extra_info) for update in run.updates for row in sessions(update)}
+    assert len(keys) == 1, keys
+    (only,) = keys
+    assert set(only) >= STANDARD_KEYS
+    return set(only)
+
+
+# ----------------------------------------------------------------------------- llm_judge, sync mode
+
+JUDGE_ROWS = [("What is 2+3?", "5"), ("What is 4*4?", "16"), ("What is 7+1?", "8"), ("What is 9-4?", "5")]
+JUDGE_SCRIPT = {
+    "What is 2+3?": ["The answer is 5", "The answer is 6", "The answer is 5", "The answer is 5"],
+    "What is 4*4?": ["The answer is 16", "It is 15 @@fault:hang@@", "The answer is 16", "The answer is 4"],
+    "What is 7+1?": ["The answer is 8", "The answer is 8", "The answer is 9", "The answer is 9"],
+    "What is 9-4?": ["The answer is 5", "The answer is 1", "The answer is 2", "The answer is 3"],
+}
+JUDGE_SCORES = {
+    0: [0.0, 1.0, 1.0, 1.0],
+    1: [0.0, 0.0, 1.0, 1.0],
+    2: [0.0, 0.0, 1.0, 1.0],
+    3: [0.0, 0.0, 0.0, 1.0],
+}
+
+
+def test_llm_judge_trains_under_v1_with_per_step_metrics_and_a_hanging_judge(
+    tmp_path, model_dir, rollout, transfer_queue, server
+):
+    """The README's lines, verl's v1 sync trainer, two steps; one judge call hangs on every attempt."""
+    timeout_s = 1.5
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        JUDGE_ROWS,
+        JUDGE_SCRIPT,
+        [
+            "reward.reward_manager.name=llm_judge",
+            f"+reward.async_reward.judge.base_url={server.url}/v1",
+            f"+reward.async_reward.timeout_s={timeout_s}",
+            "+reward.async_reward.retry.max_attempts=2",
+            *FAST_RETRY,
+        ],
+        n=4,
+        steps=2,
+    )
+    # Scores and our extras reach the batch the replay buffer handed out, the same keys everywhere.
+    assert len(run.updates) == 2
+    for update in run.updates:
+        groups = group_by_index(update)
+        assert len(groups) == 2 and all(len(group) == 4 for group in groups.values())
+        for index, group in groups.items():
+            assert sorted(row.score for row in group) == JUDGE_SCORES[index]
+    keys = assert_same_extras_keys(run)
+    assert {"judge_verdict", "judge_tokens", "judge_shared"} <= keys
+
+    # The hanging judge became a timeout within its deadline; its group completed and was trained.
+    rows = [row for update in run.updates for row in sessions(update)]
+    (hung,) = [row for row in rows if row.reward_extra_info["status"] != "ok"]
+    info = hung.reward_extra_info
+    assert info["status"] == "timeout" and info["attempts"] == 2 and "deadline" in info["failure_reason"]
+    assert 2 * timeout_s <= info["latency_s"] < 2 * timeout_s + 3.0  # two deadlines (+ slack for a busy CPU)
+    assert hung.score == 0.0 and hung.index == 1
+    assert server.stats()["faults_injected"].get("hang") == 2
+
+    # reward/* metrics are in what v1 logged for every training step.
+    assert_reward_metrics_every_step(run, steps=2, samples_per_step=8)
+    logs = step_logs(run)
+    assert [m["reward/status_timeout"] for m in logs] == [1.0, 0.0]
+    assert [m["reward/retries"] for m in logs] == [1.0, 0.0]
+    assert logs[0]["reward/latency_max"] >= 2 * timeout_s
+    assert all(m["reward/excluded"] == 0.0 for m in logs)
+    # Seven verdicts of 10 or 0 (five right answers); the timed-out sample's NaN is left out, not a 0.
+    assert logs[0]["reward/extra/judge_verdict/mean"] == pytest.approx(50 / 7)
+    assert all(0 <= m["reward/extra/judge_shared/mean"] <= 1 for m in logs)  # a boolean: a fraction
+
+
+# ----------------------------------------------------------------------------- async_remote
+# (async_rate_limited runs in the raise test, async_naive in the exclude test, async_stateful in the
+# post-processing test: each Ray worker process costs seconds, so each run proves two things)
+
+ROWS = [("What is 2+3?", "5"), ("What is 4*4?", "16")]
+SCRIPT = {
+    "What is 2+3?": ["The answer is 5", "The answer is 6", "The answer is 5", "The answer is 7"],
+    "What is 4*4?": ["The answer is 16", "The answer is 16", "The answer is 3", "The answer is 16"],
+}
+SCORES = {0: [0.0, 0.0, 1.0, 1.0], 1: [0.0, 1.0, 1.0, 1.0]}
+
+
+def test_async_remote_reaches_the_v1_batch(tmp_path, model_dir, rollout, transfer_queue, server):
+    lines = [
+        "reward.reward_manager.name=async_remote",
+        f"+reward.async_reward.remote.url={server.url}/score",
+        *FAST_RETRY,
+    ]
+    run = train(tmp_path, model_dir, rollout, ROWS, SCRIPT, lines, n=4)
+    groups = group_by_index(run.updates[0])
+    assert {index: sorted(row.score for row in group) for index, group in groups.items()} == SCORES
+    assert {"acc", "pred"} <= assert_same_extras_keys(run)  # the service's extras
+    assert server.stats()["requests_by_path"].get("/score", 0) >= 8
+    assert_reward_metrics_every_step(run, steps=1, samples_per_step=8)
+    assert step_logs(run)[0]["reward/status_ok"] == 8.0
+
+
+# ----------------------------------------------------------------------------- group post-processing
+
+
+def test_stateful_group_postprocessing_runs_once_per_group_before_sampling(
+    tmp_path, model_dir, rollout, transfer_queue
+):
+    """The recipe's imputation: a failed member's score (NaN) becomes its group's mean of the rest."""
+    script = {
+        "What is 2+3?": ["The answer is 5", "fail", "The answer is 2", "The answer is 5"],
+        "What is 4*4?": ["fail", "The answer is 16", "The answer is 16", "The answer is 16"],
+    }
+    agent = write_module(tmp_path, STATEFUL_CLASS, "agent.py")
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        ROWS,
+        script,
+        [
+            "reward.reward_manager.name=async_stateful",
+            f"reward.custom_reward_function.path={agent}",
+            "reward.custom_reward_function.name=RewardAgent",
+            "+reward.async_reward.extra_defaults={judge_query:'',judge_explanation:''}",
+        ],
+        n=4,
+        validate_first=True,  # v1's validation runs through the same worker and replay buffer
+    )
+    groups = group_by_index(run.updates[0])
+    failed = {
+        i: [row for row in group if row.reward_extra_info["status"] != "ok"] for i, group in groups.items()
+    }
+    assert [row.reward_extra_info["status"] for row in failed[0] + failed[1]] == ["error", "error"]
+    # group 0: [1, nan, 0, 1] -> nan := 2/3; group 1: [nan, 1, 1, 1] -> nan := 1
+    assert failed[0][0].score == pytest.approx(2 / 3) and failed[1][0].score == pytest.approx(1.0)
+    assert sorted(row.score for row in groups[0]) == pytest.approx([0.0, 2 / 3, 1.0, 1.0])
+    assert_same_extras_keys(run)
+    assert step_logs(run)[0]["reward/status_error"] == 2.0
+    (validation,) = [entry["data"] for entry in run.logged if entry["step"] == 0]
+    assert any(key.startswith("val-core/v1test/reward/") for key in validation), validation
+    assert not any(key.startswith("reward/") for key in validation)  # sampler metrics are training only
+
+
+# ----------------------------------------------------------------------------- on_failure: raise
+
+
+def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, transfer_queue):
+    """colocate_async with ``async_rate_limited``: the group whose sample raised is tagged failed,
+    evicted and replaced; the run neither crashes nor hangs, and no member of that group is trained on."""
+    rows = [("What is 1+1?", "2"), ("What is 2+3?", "5"), ("What is 4*4?", "16"), ("What is 7+1?", "8")]
+    # enough rows that the run never comes back to row 0 (warm-up 2, two steps of 2, one refill)
+    rows += [("What is 9-4?", "5"), ("What is 3*3?", "9"), ("What is 6+1?", "7"), ("What is 8-5?", "3")]
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in rows}
+    script["What is 1+1?"] = ["The answer is 2", "boom"]
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        rows,
+        script,
+        [
+            "reward.reward_manager.name=async_rate_limited",
+            f"reward.custom_reward_function.path={write_module(tmp_path, USER_FUNCTIONS)}",
+            "reward.custom_reward_function.name=sync_score",
+            "+reward.async_reward.limits.requests_per_minute=6000",
+            "+reward.async_reward.on_failure=raise",
+        ],
+        n=2,
+        steps=2,
+        mode="colocate_async",
+    )
+    assert len(run.updates) == 2
+    trained = [row for update in run.updates for row in sessions(update)]
+    assert 0 not in {row.index for row in trained}
+    for update in run.updates:  # the user function's scores: one right and one wrong answer per group
+        assert all(
+            sorted(row.score for row in group) == [0.0, 1.0] for group in group_by_index(update).values()
+        )
+    assert_same_extras_keys(run)
+    logs = step_logs(run)
+    assert sum(m.get("training/rollout_failure/evicted_samples", 0) for m in logs) == 1
+    assert_reward_metrics_every_step(run, steps=2, samples_per_step=4)
+    assert all(m["reward/status_ok"] == 4.0 for m in logs)
+
+
+# ----------------------------------------------------------------------------- on_failure: exclude
+
+EXCLUDING_FUNCTION = """
+from async_reward import RewardResult, Status
+
+
+def score_or_exclude(data_source, solution_str, ground_truth, extra_info=None):
+    # What on_failure: exclude makes of a failed sample: it keeps its status and is marked excluded.
+    if "fail" in solution_str:
+        return RewardResult.failure(Status.ERROR, "judge unavailable", extras={"excluded": True})
+    return {"score": float(str(ground_truth) in solution_str), "excluded": False}
+"""
+
+
+def grpo_advantages(scores: list[float]) -> list[float]:
+    """verl's GRPO outcome advantage of one group: (score - mean) / (std + 1e-6), unbiased std."""
+    values = torch.tensor(scores)
+    return ((values - values.mean()) / (values.std() + 1e-6)).tolist()
+
+
+def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_scored(
+    tmp_path, model_dir, rollout, transfer_queue
+):
+    """``async_naive`` with a user function whose failed sample carries ``excluded=True``, the agreed
+    contract of ``on_failure: exclude`` (the policy's setting produces the same extras)."""
+    script = {
+        "What is 2+3?": ["The answer is 5", "fail", "The answer is 2", "The answer is 5"],
+        "What is 4*4?": ["The answer is 16", "The answer is 16", "The answer is 3", "The answer is 16"],
+    }
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        ROWS,
+        script,
+        [
+            "reward.reward_manager.name=async_naive",
+            f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'exclude.py')}",
+            "reward.custom_reward_function.name=score_or_exclude",
+        ],
+        n=4,
+    )
+    group = group_by_index(run.updates[0])[0]
+    (excluded,) = [row for row in group if row.reward_extra_info["excluded"]]
+    scored = [row for row in group if row is not excluded]
+    real_uid = scored[0].uid
+    assert {row.uid for row in scored} == {real_uid}
+    assert excluded.key.startswith(f"{real_uid}_")  # still its group's member in the replay buffer
+    assert excluded.uid == excluded_uid(real_uid, int(excluded.key.split("_")[1]))
+    assert excluded.reward_extra_info["status"] == "error" and excluded.score == 0.0
+    assert excluded.mask_tokens == 0 and excluded.advantage == 0.0  # nothing to any loss
+    expected = dict(zip([1.0, 0.0], grpo_advantages([1.0, 0.0, 1.0])[:2], strict=True))
+    for row in scored:
+        assert row.mask_tokens > 0
+        assert row.advantage == pytest.approx(expected[row.score], abs=1e-4)
+    assert not math.isclose(expected[1.0], grpo_advantages([1.0, 0.0, 0.0, 1.0])[0], abs_tol=1e-3)
+    metrics = step_logs(run)[0]
+    assert metrics["reward/excluded"] == 1.0 and metrics["reward/status_error"] == 1.0
+    assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 7

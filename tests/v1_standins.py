@@ -1,0 +1,387 @@
+"""verl v1 training on CPU: verl's real v1 trainer, agent loop, reward loop, TransferQueue and replay
+buffer, with small stand-ins only for what needs GPUs.
+
+Stand-ins (each honest about what it does not do):
+
+* :class:`ScriptedLLMServer` (a Ray actor) replaces a vLLM replica behind verl's real load balancer
+  and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt.
+* :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
+  ``update_actor`` takes no optimizer step but records exactly what the actor would train on (the
+  batch's advantages, masks, uids, scores and reward extras, read from TransferQueue).
+* :class:`StandInCheckpointManager` replaces the weight sync: it only tells the server the version.
+* :class:`StandInServerManager` hands out verl's own client classes over the load balancer.
+
+:func:`run_v1_training` then does what ``TaskRunnerV1.run`` does, with verl's own code: the trainer
+class for ``trainer.v1.trainer_mode`` (whose ``__init__`` builds the replay buffer named by the
+config), verl's ``RewardLoopManager`` (our managers run in its Ray workers), the agent-loop manager
+picked by ``TaskRunnerV1.init_agent_loop_manager`` from the config, and ``PPOTrainer.fit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tests.conftest import compose_verl_config, shutdown_reward_loop
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def build_tiny_model_dir(directory: Path) -> Path:
+    """A model directory verl's ``HFModelConfig`` accepts: our tiny tokenizer with a chat template and
+    a one-layer Llama config (no weights: nothing here runs the model)."""
+    from transformers import LlamaConfig
+
+    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(directory)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(directory))
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(str(directory))
+    return directory
+
+
+def write_dataset(path: Path, rows: list[tuple[str, str]]) -> str:
+    """A verl RL parquet file: one chat prompt per (question, ground truth), ``extra_info.index`` = row."""
+    import pandas as pd
+
+    pd.DataFrame(
+        [
+            {
+                "data_source": "v1test",
+                "prompt": [{"role": "user", "content": question}],
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {"index": index},
+            }
+            for index, (question, truth) in enumerate(rows)
+        ]
+    ).to_parquet(path)
+    return str(path)
+
+
+@ray.remote
+class ScriptedLLMServer:
+    """Stands in for a vLLM replica: the k-th request whose prompt contains a scripted question gets
+    that question's k-th response (cycling); sessions of a prompt run concurrently, so which session
+    gets which response is not fixed, but each group's set of responses is."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.script: dict[str, list[str]] = {}
+        self.calls: dict[str, int] = defaultdict(int)
+        self.version = 0
+
+    def start(self, script: dict[str, list[str]]) -> None:
+        """A new run: its script, call counters and policy version from zero."""
+        self.script, self.calls, self.version = dict(script), defaultdict(int), 0
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **_: Any
+    ) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        prompt = self.tokenizer.decode(prompt_ids)
+        question = next((q for q in self.script if q in prompt), None)
+        if question is None:
+            raise ValueError(f"no scripted response for prompt {prompt!r}")
+        responses = self.script[question]
+        text = responses[self.calls[question] % len(responses)]
+        self.calls[question] += 1
+        token_ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
+        log_probs = [-1.0] * len(token_ids) if sampling_params.get("logprobs") else None
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            num_preempted=0,
+            extra_fields={"global_steps": self.version},
+        )
+
+
+class ScriptedRollout:
+    """The stand-in server behind verl's real load balancer, shared by a module's runs (each Ray
+    process costs seconds to start); ``close`` kills both."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from verl.workers.rollout.router import get_router_handle
+
+        self.server = ScriptedLLMServer.remote(str(model_dir))
+        self.load_balancer = get_router_handle(servers={"scripted-0": self.server})
+
+    def close(self) -> None:
+        ray.kill(self.load_balancer, no_restart=True)
+        ray.kill(self.server, no_restart=True)
+
+
+class StandInServerManager:
+    """What the trainer asks of ``LLMServerManager`` (``get_client``), over verl's real load balancer."""
+
+    def __init__(self, config: DictConfig, load_balancer: Any) -> None:
+        self.config = config
+        self.load_balancer = load_balancer
+
+    def get_client(self, client_cls: type | None = None, **kwargs: Any) -> Any:
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        client = client_cls or LLMServerClient
+        return client(config=self.config, load_balancer_handle=self.load_balancer, **kwargs)
+
+
+class StandInCheckpointManager:
+    """The weight sync cannot run without GPUs; the server only learns the policy version."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def update_weights(self, global_steps: int | None = None) -> None:
+        if global_steps is not None:
+            ray.get(self.server.set_version.remote(global_steps))
+
+    def sleep_replicas(self) -> None:
+        pass
+
+    def abort_replicas(self) -> None:
+        pass
+
+    def resume_generation_replicas(self) -> None:
+        pass
+
+
+@dataclass
+class TrainedSample:
+    """One row of a batch ``update_actor`` received, as the actor would read it from TransferQueue."""
+
+    key: str
+    uid: str
+    index: int
+    score: float
+    advantage: float
+    mask_tokens: int
+    padding: bool
+    reward_extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+class StandInActor:
+    """The actor worker group of a single data-parallel rank, without a model."""
+
+    def __init__(self) -> None:
+        self._dispatch_info = {"actor": [0]}
+        self.updates: list[list[TrainedSample]] = []
+
+    def _query_dispatch_info(self, role: str) -> list[int]:
+        return self._dispatch_info[role]
+
+    def compute_log_prob(self, batch: Any) -> Any:
+        import transfer_queue as tq
+        from tensordict import TensorDict
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids"])
+        lengths = data["input_ids"].offsets().diff().tolist()
+        log_probs = _nested([torch.full((n,), -1.0) for n in lengths])
+        entropy = _nested([torch.full((n,), 0.5) for n in lengths])
+        fields = TensorDict({"log_probs": log_probs, "entropy": entropy}, batch_size=len(lengths))
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        return batch
+
+    def update_actor(self, batch: Any) -> dict[str, Any]:
+        import transfer_queue as tq
+
+        fields = ["uid", "advantages", "response_mask", "rm_scores", "extra_fields", "extra_info"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        advantages = data["advantages"].to_padded_tensor(0.0)
+        masks = data["response_mask"].to_padded_tensor(0)
+        scores = data["rm_scores"].to_padded_tensor(0.0).sum(dim=1).tolist()
+        extra_fields, extra_infos = list(data["extra_fields"]), list(data["extra_info"])
+        rows = []
+        for i, key in enumerate(batch.keys):
+            mask = masks[i].bool()
+            rows.append(
+                TrainedSample(
+                    key=key,
+                    uid=str(data["uid"][i]),
+                    index=int((extra_infos[i] or {}).get("index", -1)),
+                    score=float(scores[i]),
+                    # the advantage the loss sees; a row with no loss tokens must carry none at all
+                    advantage=float(advantages[i][mask].mean() if mask.any() else advantages[i].abs().sum()),
+                    mask_tokens=int(mask.sum()),
+                    padding=bool(batch.tags[i].get("is_padding", False)),
+                    reward_extra_info=dict((extra_fields[i] or {}).get("reward_extra_info") or {}),
+                )
+            )
+        self.updates.append(rows)
+        return {"metrics": {"mfu": [0.0], "pg_loss": [0.0]}}
+
+
+def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def base_overrides(model_dir: Path, dataset: str, *, steps: int, prompts: int, n: int) -> list[str]:
+    """verl config for a tiny GRPO run on one stand-in rank (everything not a reward setting)."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.prompt_length=64",
+        "actor_rollout_ref.rollout.response_length=32",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={dataset}",
+        f"data.val_files={dataset}",
+        f"data.train_batch_size={prompts}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=32",
+        "data.dataloader_num_workers=0",
+        "data.shuffle=false",
+        "reward.num_workers=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.n_gpus_per_node=1",
+        "trainer.logger=[file]",
+    ]
+
+
+def compose_v1_config(overrides: list[str]) -> DictConfig:
+    """verl's ``ppo_trainer`` config from command-line style overrides, as ``main_ppo`` composes it."""
+    return compose_verl_config(overrides)
+
+
+@dataclass
+class TrainingRun:
+    """What a v1 training run left behind."""
+
+    logged: list[dict[str, Any]]
+    """Each ``Tracking.log`` call of the run (verl's ``file`` logger): ``{"step": n, "data": metrics}``."""
+    updates: list[list[TrainedSample]]
+    """The batch of each ``update_actor`` call."""
+    wall_s: float
+
+
+def run_v1_training(
+    config: DictConfig,
+    rollout: ScriptedRollout,
+    script: dict[str, list[str]],
+    log_path: Path,
+    poll_interval_s: float = 0.1,
+) -> TrainingRun:
+    """``TaskRunnerV1.run`` with stand-ins for the GPU parts; returns what was logged and trained.
+
+    TransferQueue must be up (``tq.init``). The run's agent-loop and reward workers are killed and
+    the ``train`` partition is cleared afterwards.
+    """
+    from verl.experimental.reward_loop import RewardLoopManager
+    from verl.trainer.main_ppo import TaskRunnerV1
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    with open_dict(config):
+        config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    previous_log_path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(log_path)  # verl's "file" tracking backend writes here
+    ray.get(rollout.server.start.remote(script))
+    actor = StandInActor()
+    runner = SimpleNamespace(config=config, trainer=None, agent_loop_manager=None)
+    reward_loop = None
+    started = time.monotonic()
+    try:
+        trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+        # The sampler polls TransferQueue every 2 s by default (verl passes no interval); tests are
+        # faster with a shorter poll. Behaviour is otherwise verl's.
+        trainer.replay_buffer._builtin.poll_interval = poll_interval_s
+        trainer._init_tokenizer()
+        trainer._init_dataloader()
+        trainer._init_dump_executor()
+        trainer._init_resource_pool_mgr()
+        trainer.actor_rollout_wg = actor
+        trainer.ref_in_actor = False
+        reward_loop = trainer.reward_loop_manager = RewardLoopManager(config=config)
+        trainer.teacher_model_manager = None
+        trainer.distillation_config = None
+        trainer.llm_server_manager = StandInServerManager(config, rollout.load_balancer)
+        trainer.checkpoint_manager = StandInCheckpointManager(rollout.server)
+        trainer._load_checkpoint()
+        trainer.on_init_end()
+        runner.trainer = trainer
+        TaskRunnerV1.__ray_actor_class__.init_agent_loop_manager(runner)
+        trainer.fit(runner.agent_loop_manager)
+        trainer.logger.finish()
+    finally:
+        if previous_log_path is None:
+            os.environ.pop("VERL_FILE_LOGGER_PATH", None)
+        else:
+            os.environ["VERL_FILE_LOGGER_PATH"] = previous_log_path
+        # Agent-loop workers of an async run still generate ahead: stop them before clearing what
+        # they wrote, so the next run starts from an empty partition.
+        kill_and_wait(getattr(runner.agent_loop_manager, "agent_loop_workers", []))
+        if reward_loop is not None:
+            shutdown_reward_loop(reward_loop)
+        clear_partition("train")
+    logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    return TrainingRun(logged=logged, updates=actor.updates, wall_s=time.monotonic() - started)
+
+
+def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> None:
+    """Kill actors and return once each is gone (``ray.kill`` only sends the request)."""
+    for handle in actors:
+        ray.kill(handle, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    for handle in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(handle.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
+            time.sleep(0.05)
+
+
+def clear_partition(partition_id: str) -> None:
+    """Drop every key of a TransferQueue partition (prompt tags left in flight by an async run)."""
+    import transfer_queue as tq
+
+    listing = tq.kv_list(partition_id) or {}
+    keys = list(listing.get(partition_id, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=partition_id)
+
+
+def sessions(update: list[TrainedSample]) -> list[TrainedSample]:
+    """The real (non-padding) rows of one update."""
+    return [row for row in update if not row.padding]
+
+
+def group_by_index(update: list[TrainedSample]) -> dict[int, list[TrainedSample]]:
+    """Rows of one update by dataset row (``extra_info.index``)."""
+    groups: dict[int, list[TrainedSample]] = defaultdict(list)
+    for row in sessions(update):
+        groups[row.index].append(row)
+    return dict(groups)
+
+
+def as_array(values: list[float]) -> np.ndarray:
+    return np.asarray(values, dtype=float)
