@@ -299,14 +299,10 @@ def test_raise_fails_the_group_and_v1_replaces_it(tmp_path, model_dir, rollout, 
 # ----------------------------------------------------------------------------- on_failure: exclude
 
 EXCLUDING_FUNCTION = """
-from async_reward import RewardResult, Status
-
-
-def score_or_exclude(data_source, solution_str, ground_truth, extra_info=None):
-    # What on_failure: exclude makes of a failed sample: it keeps its status and is marked excluded.
+def score_or_fail(data_source, solution_str, ground_truth, extra_info=None):
     if "fail" in solution_str:
-        return RewardResult.failure(Status.ERROR, "judge unavailable", extras={"excluded": True})
-    return {"score": float(str(ground_truth) in solution_str), "excluded": False}
+        raise ConnectionError("judge unavailable")
+    return float(str(ground_truth) in solution_str)
 """
 
 
@@ -319,11 +315,12 @@ def grpo_advantages(scores: list[float]) -> list[float]:
 def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_scored(
     tmp_path, model_dir, rollout, transfer_queue
 ):
-    """``async_naive`` with a user function whose failed sample carries ``excluded=True``, the agreed
-    contract of ``on_failure: exclude`` (the policy's setting produces the same extras)."""
+    """``async_naive`` with ``on_failure: exclude`` and a user function that fails one sample: it keeps
+    its ``error`` status, is flagged ``excluded`` by the manager, and trains on nothing."""
     script = {
         "What is 2+3?": ["The answer is 5", "fail", "The answer is 2", "The answer is 5"],
-        "What is 4*4?": ["The answer is 16", "The answer is 16", "The answer is 3", "The answer is 16"],
+        # Three of four fail: one scored member cannot make a group-relative advantage; none trains.
+        "What is 4*4?": ["fail", "The answer is 16", "fail", "fail"],
     }
     run = train(
         tmp_path,
@@ -334,7 +331,9 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
         [
             "reward.reward_manager.name=async_naive",
             f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'exclude.py')}",
-            "reward.custom_reward_function.name=score_or_exclude",
+            "reward.custom_reward_function.name=score_or_fail",
+            "+reward.async_reward.on_failure=exclude",
+            "+reward.async_reward.retry.max_attempts=1",
         ],
         n=4,
     )
@@ -352,6 +351,9 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
         assert row.mask_tokens > 0
         assert row.advantage == pytest.approx(expected[row.score], abs=1e-4)
     assert not math.isclose(expected[1.0], grpo_advantages([1.0, 0.0, 0.0, 1.0])[0], abs_tol=1e-3)
+    starved = group_by_index(run.updates[0])[1]
+    assert sorted(row.reward_extra_info["excluded"] for row in starved) == [False, True, True, True]
+    assert all(row.mask_tokens == 0 for row in starved)  # the lone scored member trains on nothing too
     metrics = step_logs(run)[0]
-    assert metrics["reward/excluded"] == 1.0 and metrics["reward/status_error"] == 1.0
-    assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 7
+    assert metrics["reward/excluded"] == 4.0 and metrics["reward/status_error"] == 4.0
+    assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 4
