@@ -1,9 +1,11 @@
-"""Step time of baseline / mini-batch / one-step-off / both schedules against a slow reward service.
+"""Step time of our schedules (baseline / mini-batch / one-step-off / both / recipe-style) and verl
+v1's (``sync``, ``colocate_async``) against a slow reward service, with a verdict on ours.
 
 A thin script over ``async_reward.benchmark.speedup`` (also ``async-reward bench``)::
 
-    python benchmarks/pipeline_speedup.py --quick     # recipe regime, under 2 minutes
-    python benchmarks/pipeline_speedup.py             # all regimes, ~10 minutes
+    python benchmarks/pipeline_speedup.py --quick     # ours, recipe regime: ~70 s on a quiet machine
+    python benchmarks/pipeline_speedup.py             # 4 regimes x 7 strategies, ~20 min (2 cores)
+    python benchmarks/pipeline_speedup.py --regimes long_tail --strategies both v1_colocate_async
 
 Writes ``bench_out/pipeline_speedup.json`` and ``bench_out/timeline_<regime>_<strategy>.png``.
 """

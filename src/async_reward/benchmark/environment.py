@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from async_reward.benchmark.scenarios import V1_STRATEGIES
+
 if TYPE_CHECKING:
-    from async_reward.benchmark.speedup import BenchConfig
+    from async_reward.benchmark.settings import BenchConfig
 
 __all__ = ["bench_environment"]
 
@@ -24,7 +26,11 @@ __all__ = ["bench_environment"]
 def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     """Yield ``{"server", "manager", "factory"}``: the judge (latency 0 until a regime sets it), a
     ``PipelinedRewardLoopManager`` running ``llm_judge`` on ``cfg.num_workers`` Ray workers, and the
-    batch factory. Starts Ray unless it is running (and then shuts it down again)."""
+    batch factory. Starts Ray unless it is running (and then shuts it down again).
+
+    With a v1 strategy selected it also holds ``"v1_rewards"`` (``cfg.num_workers`` of verl's
+    ``RewardLoopWorker`` actors running ``llm_judge``, as verl's v1 trainer creates them) and
+    ``"v1_config"``, a function of the v1 ``trainer_mode`` giving the trainer's verl config."""
     import ray
 
     from async_reward.benchmark.backend import BatchFactory
@@ -54,7 +60,44 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
         # Warm-up at zero latency: worker imports, HTTP connections, first-call costs are paid here.
         warm = factory.make(0)
         manager.get_chunk(manager.submit(warm), len(warm), timeout=120)
-        yield {"server": server, "manager": manager, "factory": factory}
+        env: dict[str, Any] = {"server": server, "manager": manager, "factory": factory}
+        if any(s in V1_STRATEGIES for s in cfg.strategies):
+            env["v1_rewards"] = _v1_reward_workers(cfg, directory, server.url, warm, stack)
+            env["v1_config"] = lambda mode: _v1_trainer_config(cfg, directory, server.url, mode)
+        yield env
+
+
+def _v1_reward_workers(
+    cfg: BenchConfig, model_dir: Path, server_url: str, warm: Any, stack: contextlib.ExitStack
+) -> Any:
+    """verl's reward workers for the v1 strategies (``v1_reward_worker``), warmed up like ours."""
+    import ray
+
+    from async_reward.benchmark.v1_reward_worker import start_reward_workers
+
+    rewards = start_reward_workers(_verl_config(cfg, model_dir, server_url), cfg.num_workers, warm)
+    for worker in rewards.reward_loop_worker_handles:
+        stack.callback(ray.kill, worker)
+    return rewards
+
+
+def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, mode: str) -> Any:
+    """verl's config for its v1 trainer in ``mode``, shaped like the benchmark's step: GRPO with a
+    reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples, ``mini_batches``
+    actor updates."""
+    return _verl_config(
+        cfg,
+        model_dir,
+        server_url,
+        [
+            f"trainer.v1.trainer_mode={mode}",
+            f"data.train_batch_size={cfg.prompts}",
+            f"actor_rollout_ref.rollout.n={cfg.group_size}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts // cfg.mini_batches}",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "algorithm.adv_estimator=grpo",
+        ],
+    )
 
 
 def _start_server(cfg: BenchConfig) -> Any:
@@ -72,7 +115,9 @@ def _start_server(cfg: BenchConfig) -> Any:
     return process
 
 
-def _verl_config(cfg: BenchConfig, model_dir: Path, server_url: str) -> Any:
+def _verl_config(
+    cfg: BenchConfig, model_dir: Path, server_url: str, overrides: list[str] | None = None
+) -> Any:
     """verl's ``ppo_trainer`` config composed by hydra (as ``main_ppo`` does), set up for ``llm_judge``."""
     import verl
     from hydra import compose, initialize_config_dir
@@ -82,7 +127,10 @@ def _verl_config(cfg: BenchConfig, model_dir: Path, server_url: str) -> Any:
     config_dir = str(Path(str(verl.__file__)).parent / "trainer" / "config")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model_dir}"])
+        config = compose(
+            config_name="ppo_trainer",
+            overrides=[f"actor_rollout_ref.model.path={model_dir}", *(overrides or [])],
+        )
     GlobalHydra.instance().clear()
     with open_dict(config):
         config.reward.reward_manager.name = "llm_judge"

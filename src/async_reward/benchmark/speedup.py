@@ -9,8 +9,18 @@ entirely real: :class:`~async_reward.pipeline.PipelinedRewardLoopManager`, its R
 The recipe's proportions are kept and scaled down together: 1024 prompts x 5 responses with capacity
 256 becomes 128 x 5 with capacity 32 (64 x 5 with 16 in ``--quick``), so the service needs the same
 share of a step (5120 x 20.5 s / 256 = 410 s). Regimes change the judge latency so that reward work /
-capacity is ~1.7x the GPU work (the recipe's), equal to it, or half of it. Ray and the reward workers
+capacity is ~1.7x the GPU work (the recipe's), equal to it, or half of it; ``long_tail`` stretches
+the rollout 4x with long-tailed response lengths at equal reward and GPU work. Ray and the reward workers
 start once per run; every (regime, strategy) run then starts from an idle service.
+
+Beside our strategies run verl's own v1 trainer modes ``sync`` and ``colocate_async``
+(``benchmark.v1_trainer``): verl's trainer code with the same calibrated GPU stages, each sample
+scored as soon as its (simulated) generation finishes by verl's ``RewardLoopWorker`` actors running
+the same ``llm_judge`` against the same server. A fourth regime has a long-tailed generation.
+
+The run ends with a verdict on our strategies in the recipe regime (``benchmark.verdict``): one line
+first (PASS, FAIL or INCONCLUSIVE), then the tables and the checks. ``--quick`` and ``--check`` exit 1
+on FAIL.
 
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.
@@ -22,13 +32,24 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from async_reward.benchmark.calibration import RECIPE_SERVICE, StageMedians, load_medians, recipe_targets
+from async_reward.benchmark.calibration import StageMedians, load_medians, recipe_targets
+from async_reward.benchmark.scenarios import (
+    DEFAULT_REGIMES,
+    OUR_STRATEGIES,
+    REGIMES,
+    STRATEGIES,
+    V1_STRATEGIES,
+    Regime,
+    regime_latency,
+    regime_stages,
+)
+from async_reward.benchmark.settings import QUICK, BenchConfig
 from async_reward.config import dataclass_from_flags
 
 __all__ = [
@@ -40,117 +61,9 @@ __all__ = [
     "config_from_args",
     "configure_parser",
     "main",
-    "regime_latency",
     "run",
     "run_benchmark",
 ]
-
-#: Strategy -> schedule mode. ``recipe_style`` is "both" with the recipe's admission: batch k+1's
-#: rewards start only when all of batch k's are in (instead of taking the slots batch k leaves free).
-STRATEGIES: dict[str, str] = {
-    "baseline": "baseline",
-    "mini_batch": "mini_batch",
-    "one_step_off": "one_step_off",
-    "both": "both",
-    "recipe_style": "both",
-}
-
-
-@dataclass(frozen=True)
-class Regime:
-    """How loaded the reward service is relative to the GPU."""
-
-    name: str
-    reward_to_gpu: float | None
-    """Target (reward work / capacity) / GPU work, reached by scaling the judge latency; None keeps
-    the recipe's uniform 1-40 s."""
-    description: str
-
-
-REGIMES: dict[str, Regime] = {
-    "recipe": Regime("recipe", None, "the recipe's judge latency, reward-bound"),
-    "balanced": Regime("balanced", 1.0, "latency scaled so reward work / capacity = GPU work"),
-    "gpu_bound": Regime("gpu_bound", 0.5, "latency scaled so reward work / capacity = 0.5 x GPU work"),
-}
-
-
-@dataclass
-class BenchConfig:
-    """One benchmark run. Times are recipe seconds unless named ``*_real``."""
-
-    prompts: int = 128
-    """Prompts per step (the recipe: 1024)."""
-    group_size: int = 5
-    """Responses per prompt (the recipe: 5)."""
-    mini_batches: int = 4
-    """Optimizer updates per step (the recipe: 4)."""
-    capacity: int = 32
-    """Requests the judge serves at once (the recipe: 256 for 1024 prompts)."""
-    steps: int = 10
-    """Steps per (regime, strategy); see ``report.STEADY_STATE_RULE`` for which are averaged."""
-    time_scale: float = 0.01
-    """Real seconds per recipe second: 0.01 runs a 585.7 s step in 5.9 s."""
-    regimes: tuple[str, ...] = tuple(REGIMES)
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
-    calibration_run: str = "gsm8k_qwen2_7b_base"
-    """CSV row whose stage medians the GPU stages sleep."""
-    calibration_csv: str | None = None
-    """Calibration CSV (default: the copy shipped with the package)."""
-    num_workers: int = 2
-    """Ray reward workers (``reward.num_workers``)."""
-    server: str = "thread"
-    """Where the judge runs: ``thread`` (a thread of this process) or ``process`` (a child process,
-    which keeps it off this process's GIL; measured no different here, and slower to start)."""
-    worker_concurrency: int | None = None
-    """Samples each worker scores at once (``limits.max_concurrency``). None: ``capacity``, so that
-    the service, not our admission, is the bottleneck even when one worker holds all the work."""
-    seed: int = 0
-    sample_interval_real: float = 0.05
-    """Real seconds between samples of the service's in-flight counters (for the timelines)."""
-    out_dir: Path = field(default_factory=lambda: Path("bench_out"))
-    progress: bool = True
-    plots: bool = True
-
-    @property
-    def per_worker_concurrency(self) -> int:
-        return self.worker_concurrency or self.capacity
-
-    def validate(self) -> None:
-        unknown = [r for r in self.regimes if r not in REGIMES] + [
-            s for s in self.strategies if s not in STRATEGIES
-        ]
-        if unknown:
-            raise ValueError(f"unknown regime(s)/strategy(ies) {unknown}")
-        if min(self.prompts, self.group_size, self.mini_batches, self.capacity, self.steps) < 1:
-            raise ValueError("prompts, group size, mini-batches, capacity and steps must be >= 1")
-        if self.prompts % self.mini_batches:
-            raise ValueError(f"{self.prompts} prompts cannot be split into {self.mini_batches} mini-batches")
-        if self.server not in ("process", "thread"):
-            raise ValueError(f"server must be 'process' or 'thread', got {self.server!r}")
-        if not 0 < self.time_scale <= 1:
-            raise ValueError(f"time scale must be in (0, 1], got {self.time_scale}")
-
-
-#: ``--quick`` (what ``make bench`` runs): the recipe regime only, half the samples with half the
-#: capacity (the same service share), 6 steps (3 measured), a faster clock. About 100 s on 2 cores,
-#: of which ~40 s are imports, Ray and worker start-up.
-QUICK: dict[str, Any] = {
-    "prompts": 64,
-    "capacity": 16,
-    "steps": 6,
-    "time_scale": 1 / 300,
-    "regimes": ("recipe",),
-}
-
-
-def regime_latency(regime: Regime, cfg: BenchConfig, gpu_work_s: float) -> tuple[float, float]:
-    """The judge's latency range (recipe seconds) that puts the service at the regime's load."""
-    lo, hi = RECIPE_SERVICE.latency_s
-    if regime.reward_to_gpu is None:
-        return lo, hi
-    work = cfg.prompts * cfg.group_size * (lo + hi) / 2 / cfg.capacity
-    factor = regime.reward_to_gpu * gpu_work_s / work
-    return lo * factor, hi * factor
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -169,7 +82,7 @@ def _run_one(
     source = SequentialRewards(manager) if strategy == "recipe_style" else manager
     timeout = max(60.0, 20 * backend.stages.step_s)
     schedule = StepSchedule(
-        backend, source, STRATEGIES[strategy], cfg.mini_batches, timeout, keep_batches=False
+        backend, source, OUR_STRATEGIES[strategy], cfg.mini_batches, timeout, keep_batches=False
     )
     sampler = InFlightSampler(server.stats, cfg.sample_interval_real).start()
     origin = time.perf_counter()
@@ -185,12 +98,29 @@ def _run_one(
     return {"records": records, "samples": samples, "origin": origin}
 
 
+def _regime_summary(regime: Regime, cfg: BenchConfig, stages: StageMedians) -> dict[str, Any]:
+    latency = regime_latency(regime, cfg.prompts * cfg.group_size, cfg.capacity, stages.gpu_work_s)
+    work = cfg.prompts * cfg.group_size * sum(latency) / 2 / cfg.capacity
+    return {
+        "name": regime.name,
+        "description": regime.description,
+        "latency_s": list(latency),
+        "gen_s": stages.gen_s,
+        "gen_sigma": regime.gen_sigma,
+        "gpu_work_s": stages.gpu_work_s,
+        "reward_work_per_capacity_s": work,
+        "bound_s": max(stages.gpu_work_s, work),
+        "strategies": {},
+    }
+
+
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
     from async_reward.benchmark.backend import CalibratedBackend
     from async_reward.benchmark.environment import bench_environment
-    from async_reward.benchmark.report import STEADY_STATE_RULE, acceptance, add_relative, summarize
+    from async_reward.benchmark.report import STEADY_STATE_RULE, add_relative, summarize
     from async_reward.benchmark.timeline import plot_timeline
+    from async_reward.benchmark.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
     from async_reward.progress import progress_bar
 
     cfg.validate()
@@ -204,6 +134,8 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         "stages_s": dataclasses.asdict(stages),
         "steady_state": STEADY_STATE_RULE,
         "recipe": targets,
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average_before": os.getloadavg(),
         "regimes": {},
     }
     total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps
@@ -211,27 +143,31 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     tags = itertools.count()
     with bar, bench_environment(cfg) as env:
         results["setup_s"] = time.perf_counter() - started
-        backend = CalibratedBackend(stages.scaled(scale), env["factory"])
+        if cfg.judge_faults:  # after the zero-latency warm-up, which must succeed
+            env["server"].update_config(fault_rates=cfg.fault_rates)
         for regime_name in cfg.regimes:
             regime = REGIMES[regime_name]
-            latency = regime_latency(regime, cfg, stages.gpu_work_s)
-            env["server"].update_config(latency_ms=[latency[0] * 1000 * scale, latency[1] * 1000 * scale])
-            work = cfg.prompts * cfg.group_size * sum(latency) / 2 / cfg.capacity
-            summary: dict[str, Any] = {
-                "name": regime_name,
-                "description": regime.description,
-                "latency_s": list(latency),
-                "gpu_work_s": stages.gpu_work_s,
-                "reward_work_per_capacity_s": work,
-                "bound_s": max(stages.gpu_work_s, work),
-                "strategies": {},
-            }
+            regime_stage = regime_stages(regime, stages)
+            summary = _regime_summary(regime, cfg, regime_stage)
+            lo, hi = summary["latency_s"]
+            env["server"].update_config(latency_ms=[lo * 1000 * scale, hi * 1000 * scale])
+            backend = CalibratedBackend(regime_stage.scaled(scale), env["factory"])
             for strategy in cfg.strategies:
                 bar.set_description(f"{regime_name}/{strategy}")
-                run = _run_one(env, backend, cfg, strategy, next(tags), bar)
+                if strategy in V1_STRATEGIES:
+                    from async_reward.benchmark.v1_run import run_v1_strategy
+
+                    run = run_v1_strategy(
+                        env, cfg, regime, regime_stage.scaled(scale), strategy, next(tags), bar
+                    )
+                else:
+                    run = _run_one(env, backend, cfg, strategy, next(tags), bar)
                 summary["strategies"][strategy] = summarize(
-                    run["records"], scale, run["samples"], cfg.capacity
+                    run["records"], scale, run["samples"], cfg.capacity, cfg.sample_interval_real
                 )
+                summary["strategies"][strategy]["load_average_1min"] = os.getloadavg()[0]
+                if "scored_during_rollout" in run:
+                    summary["strategies"][strategy]["scored_during_rollout"] = run["scored_during_rollout"]
                 if cfg.plots:
                     path = cfg.out_dir / f"timeline_{regime_name}_{strategy}.png"
                     title = (
@@ -249,8 +185,12 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                     )
                     summary["strategies"][strategy]["timeline_png"] = str(path)
             add_relative(summary["strategies"], summary["bound_s"])
-            if regime_name == "recipe":
-                summary["acceptance"] = acceptance(summary["strategies"], targets)
+            ours = {k: v for k, v in summary["strategies"].items() if k in OUR_STRATEGIES}
+            if regime_name == "recipe" and ours:  # the verdict is on our strategies, against the recipe
+                tolerances = QUICK_TOLERANCES if cfg.checks == "quick" else FULL_TOLERANCES
+                summary["verdict"] = judge(
+                    ours, targets, cfg.prompts * cfg.group_size, tolerances, results["cpus"]
+                )
             results["regimes"][regime_name] = summary
     results["wall_time_s"] = time.perf_counter() - started
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +224,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument(
         "--mini-batches", type=int, help=f"updates per step (default {defaults.mini_batches})"
     )
-    parser.add_argument("--regimes", nargs="+", choices=list(REGIMES), help="regimes to run (default: all)")
+    parser.add_argument(
+        "--regimes",
+        nargs="+",
+        choices=list(REGIMES),
+        help=f"regimes to run (default: {' '.join(DEFAULT_REGIMES)})",
+    )
     parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="strategies (default: all)")
     parser.add_argument(
         "--calibration", dest="calibration_csv", help="calibration CSV (default: shipped copy)"
@@ -308,7 +253,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     parser.add_argument("--no-plots", dest="plots", action="store_false", default=None)
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the recipe regime misses the acceptance targets"
+        "--rollout-slots",
+        type=int,
+        help="sequences the v1 strategies' simulated engine decodes at full speed (default: one batch)",
+    )
+    parser.add_argument(
+        "--judge-fault",
+        dest="judge_faults",
+        action="append",
+        metavar="KIND=RATE",
+        help="make the judge inject a fault (as 'async-reward serve --fault'), e.g. 400=1 fails every call",
+    )
+    parser.add_argument(
+        "--checks", choices=("full", "quick"), help="tolerances of the verdict (default: quick with --quick)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when the verdict fails (always so with --quick)"
     )
     return parser
 
@@ -318,8 +278,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark from parsed arguments; prints the tables, returns the exit code."""
+    """Run the benchmark from parsed arguments; prints the verdict line, then the tables and checks.
+
+    Returns 1 when the recipe regime's verdict is FAIL and ``--check`` or ``--quick`` was given (what
+    ``make bench`` runs: a failing first command must say so), 2 on bad settings, else 0 (also for
+    INCONCLUSIVE: the machine was too busy to tell, which says nothing against the code).
+    """
     from async_reward.benchmark.report import format_table
+    from async_reward.benchmark.verdict import summary_line
 
     cfg = config_from_args(args)
     try:
@@ -328,27 +294,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"async-reward bench: {exc}", file=sys.stderr)
         return 2
     results = run_benchmark(cfg)
+    verdict = results["regimes"].get("recipe", {}).get("verdict")
+    print()
+    if verdict is not None:
+        print(f"async-reward bench: {summary_line(verdict)}")
+    else:
+        print("async-reward bench: no verdict (it judges our strategies in the recipe regime; none ran)")
     print(
-        f"\nasync-reward bench: {cfg.prompts}x{cfg.group_size} samples/step, capacity {cfg.capacity}, "
-        f"{cfg.mini_batches} mini-batches, time scale {cfg.time_scale:.4g}, {cfg.steps} steps per strategy"
+        f"\n{cfg.prompts}x{cfg.group_size} samples/step, capacity {cfg.capacity}, {cfg.mini_batches} "
+        f"mini-batches, time scale {cfg.time_scale:.4g}, {cfg.steps} steps per strategy"
     )
     print(f"steady state: {results['steady_state']}\n")
     for name, regime in results["regimes"].items():
         print(format_table(regime, results["recipe"] if name == "recipe" else None))
-        checks = regime.get("acceptance")
-        if checks:
-            for key, check in checks.items():
-                if isinstance(check, dict):
-                    shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in check.items()}
-                    print(f"  check {key}: {shown}")
-            print(f"  acceptance: {'PASS' if checks['all_ok'] else 'MISS'}")
+        if "verdict" in regime:
+            for key, check in regime["verdict"]["checks"].items():
+                shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in check.items()}
+                print(f"  check {key}: {shown}")
+            print(f"  verdict: {regime['verdict']['outcome']}")
         print()
+    load = ", ".join(f"{x:.1f}" for x in results["load_average_before"])
     print(
-        f"wall time {results['wall_time_s']:.1f} s (setup {results['setup_s']:.1f} s); "
-        f"results in {cfg.out_dir / 'pipeline_speedup.json'}"
+        f"wall time {results['wall_time_s']:.1f} s (setup {results['setup_s']:.1f} s); load average "
+        f"{load} on {results['cpus']} CPUs at the start; results in {cfg.out_dir / 'pipeline_speedup.json'}"
     )
-    recipe = results["regimes"].get("recipe", {}).get("acceptance")
-    return 1 if args.check and recipe is not None and not recipe["all_ok"] else 0
+    failed = verdict is not None and verdict["outcome"] == "FAIL"
+    return 1 if failed and (args.check or args.quick) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,101 @@
+"""The rollout engine's timing, for schedules that see samples finish one by one (verl's v1 trainer).
+
+Our own strategies only need a rollout's makespan (the recipe's ``gen`` median: the rollout returns
+when its longest response is done). verl's v1 agent loop scores each sample as soon as *its*
+generation finishes, so its schedule depends on when each sample finishes. Two pieces model that:
+
+* :func:`rollout_durations`: each response's decoding time, from a log-normal length distribution
+  scaled so that the longest response of the batch takes the calibrated makespan (a lone batch
+  therefore takes exactly as long as our strategies' rollout).
+* :class:`GenerationState`: the sequences inside the engine, decoded concurrently. Up to
+  ``full_speed_slots`` sequences (one batch's worth, the concurrency the makespan was measured at)
+  each advance at full speed; beyond that the engine's throughput is shared (each advances at
+  ``slots / active``), so a second batch in flight does not come for free. A paused engine (the
+  colocated GPU is training) advances nothing, and an interrupted sequence keeps its progress
+  (verl's partial rollout resumes from the tokens already generated).
+
+Pure bookkeeping without clocks or threads, so it is tested exactly; ``v1_agent_loop`` drives it in
+(time-scaled) real time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+__all__ = ["GenerationState", "rollout_durations"]
+
+_DONE = 1e-12
+
+
+def rollout_durations(n: int, makespan_s: float, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Decoding time of each of ``n`` responses: log-normal lengths with shape ``sigma``, scaled so
+    that the longest takes ``makespan_s``. ``sigma = 0`` makes every response equally long."""
+    if n < 1 or makespan_s < 0 or sigma < 0:
+        raise ValueError(f"need n >= 1, makespan_s >= 0 and sigma >= 0, got {n}, {makespan_s}, {sigma}")
+    lengths = rng.lognormal(mean=0.0, sigma=sigma, size=n)
+    return np.asarray(makespan_s * lengths / lengths.max(), dtype=float)
+
+
+class GenerationState:
+    """Sequences being decoded: each needs ``work`` seconds of decoding at full speed.
+
+    Args:
+        full_speed_slots: sequences the engine decodes at full speed at once; more share its
+            throughput.
+    """
+
+    def __init__(self, full_speed_slots: int) -> None:
+        if full_speed_slots < 1:
+            raise ValueError(f"full_speed_slots must be >= 1, got {full_speed_slots}")
+        self.full_speed_slots = full_speed_slots
+        self._left: dict[Hashable, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._left)
+
+    def add(self, key: Hashable, work_s: float) -> None:
+        """Start decoding ``key``, which needs ``work_s`` seconds at full speed."""
+        if key in self._left:
+            raise KeyError(f"sequence {key!r} is already being decoded")
+        if not work_s >= 0:
+            raise ValueError(f"work must be >= 0, got {work_s}")
+        self._left[key] = float(work_s)
+
+    def rate(self) -> float:
+        """Seconds of decoding each active sequence gets per second (1.0 up to ``full_speed_slots``)."""
+        return min(1.0, self.full_speed_slots / len(self._left)) if self._left else 0.0
+
+    def time_to_next(self) -> float | None:
+        """Seconds until the next sequence finishes at the current rate (None when idle)."""
+        if not self._left:
+            return None
+        return max(0.0, min(self._left.values())) / self.rate()
+
+    def advance(self, elapsed_s: float) -> list[Hashable]:
+        """Decode for ``elapsed_s`` seconds and return the sequences that finished, in finishing order.
+
+        The rate is recomputed after every completion, so one long step equals many short ones.
+        """
+        finished: list[Hashable] = []
+        left_s = max(0.0, elapsed_s)
+        while self._left:
+            done = [key for key, work in self._left.items() if work <= _DONE]
+            for key in done:
+                del self._left[key]
+            finished.extend(done)
+            if not self._left or left_s <= 0:
+                break
+            step = min(left_s, self.time_to_next() or 0.0)
+            progress = step * self.rate()
+            for key in self._left:
+                self._left[key] -= progress
+            left_s -= step
+        return finished
+
+    def clear(self) -> list[Hashable]:
+        """Stop decoding everything; returns what was still being decoded."""
+        dropped = list(self._left)
+        self._left.clear()
+        return dropped

@@ -1,0 +1,93 @@
+"""What the speed-up benchmark runs: the strategies it compares and the regimes it runs them in.
+
+Cheap to import (no torch, verl or Ray): the command line lists these names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from async_reward.benchmark.calibration import RECIPE_SERVICE, StageMedians
+
+__all__ = [
+    "OUR_STRATEGIES",
+    "REGIMES",
+    "STRATEGIES",
+    "V1_STRATEGIES",
+    "Regime",
+    "regime_latency",
+    "regime_stages",
+]
+
+#: Our strategies -> ``StepSchedule`` mode. ``recipe_style`` is "both" with the recipe's admission:
+#: batch k+1's rewards start only when all of batch k's are in (instead of taking the slots batch k
+#: leaves free).
+OUR_STRATEGIES: dict[str, str] = {
+    "baseline": "baseline",
+    "mini_batch": "mini_batch",
+    "one_step_off": "one_step_off",
+    "both": "both",
+    "recipe_style": "both",
+}
+#: verl's own v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them).
+V1_STRATEGIES: dict[str, str] = {"v1_sync": "sync", "v1_colocate_async": "colocate_async"}
+STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How loaded the reward service is relative to the GPU, and how the rollout's samples finish."""
+
+    name: str
+    reward_to_gpu: float | None
+    """Target (reward work / capacity) / GPU work, reached by scaling the judge latency; None keeps
+    the recipe's uniform 1-40 s."""
+    description: str
+    gen_factor: float = 1.0
+    """Rollout makespan as a multiple of the recipe's ``gen`` median (39.8 s)."""
+    gen_sigma: float = 0.45
+    """Log-normal shape of the response lengths, which only the v1 schedules see (they score each
+    sample when it finishes; ours score a batch when its rollout returns). 0.45 puts the median
+    response at about a quarter of the longest, like GSM8K answers of a few hundred tokens under a
+    1024-token cap."""
+
+
+REGIMES: dict[str, Regime] = {
+    "recipe": Regime("recipe", None, "the recipe's judge latency, reward-bound"),
+    "balanced": Regime("balanced", 1.0, "latency scaled so reward work / capacity = GPU work"),
+    "gpu_bound": Regime("gpu_bound", 0.5, "latency scaled so reward work / capacity = 0.5 x GPU work"),
+    "long_tail": Regime(
+        "long_tail",
+        1.0,
+        "long-tailed generation: rollout 4x the recipe's, median response 1/15 of the longest; "
+        "reward work / capacity = GPU work",
+        gen_factor=4.0,
+        gen_sigma=0.9,
+    ),
+    "long_tail_fast": Regime(
+        "long_tail_fast",
+        0.1,
+        "long-tailed generation as in long_tail, with a fast reward (reward work / capacity = 0.1 x GPU "
+        "work, like a rule-based or small-model reward)",
+        gen_factor=4.0,
+        gen_sigma=0.9,
+    ),
+}
+#: The regimes a full run goes through (``long_tail_fast`` runs on request: ``--regimes long_tail_fast``).
+DEFAULT_REGIMES: tuple[str, ...] = ("recipe", "balanced", "gpu_bound", "long_tail")
+
+
+def regime_stages(regime: Regime, stages: StageMedians) -> StageMedians:
+    """The calibrated stages with the regime's rollout makespan."""
+    return dataclasses.replace(stages, gen_s=stages.gen_s * regime.gen_factor)
+
+
+def regime_latency(regime: Regime, samples: int, capacity: int, gpu_work_s: float) -> tuple[float, float]:
+    """The judge's latency range (recipe seconds) that puts the service at the regime's load."""
+    lo, hi = RECIPE_SERVICE.latency_s
+    if regime.reward_to_gpu is None:
+        return lo, hi
+    work = samples * (lo + hi) / 2 / capacity
+    factor = regime.reward_to_gpu * gpu_work_s / work
+    return lo * factor, hi * factor

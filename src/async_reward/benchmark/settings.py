@@ -1,0 +1,116 @@
+"""Settings of one speed-up benchmark run (``async-reward bench``), and the ``--quick`` preset.
+
+Cheap to import: the command line builds them before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from async_reward.benchmark.scenarios import DEFAULT_REGIMES, OUR_STRATEGIES, REGIMES, STRATEGIES
+
+__all__ = ["QUICK", "BenchConfig"]
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run. Times are recipe seconds unless named ``*_real``."""
+
+    prompts: int = 128
+    """Prompts per step (the recipe: 1024)."""
+    group_size: int = 5
+    """Responses per prompt (the recipe: 5)."""
+    mini_batches: int = 4
+    """Optimizer updates per step (the recipe: 4)."""
+    capacity: int = 32
+    """Requests the judge serves at once (the recipe: 256 for 1024 prompts)."""
+    steps: int = 10
+    """Steps per (regime, strategy); see ``report.STEADY_STATE_RULE`` for which are averaged."""
+    time_scale: float = 0.01
+    """Real seconds per recipe second: 0.01 runs a 585.7 s step in 5.9 s."""
+    regimes: tuple[str, ...] = DEFAULT_REGIMES
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    calibration_run: str = "gsm8k_qwen2_7b_base"
+    """CSV row whose stage medians the GPU stages sleep."""
+    calibration_csv: str | None = None
+    """Calibration CSV (default: the copy shipped with the package)."""
+    num_workers: int = 2
+    """Ray reward workers (``reward.num_workers``)."""
+    server: str = "thread"
+    """Where the judge runs: ``thread`` (a thread of this process) or ``process`` (a child process,
+    which keeps it off this process's GIL; measured no different here, and slower to start)."""
+    worker_concurrency: int | None = None
+    """Samples each worker scores at once (``limits.max_concurrency``). None: ``capacity``, so that
+    the service, not our admission, is the bottleneck even when one worker holds all the work."""
+    rollout_slots: int | None = None
+    """Sequences the simulated rollout engine of the v1 strategies decodes at full speed; more
+    share its throughput (``generation.GenerationState``). None: one batch (``prompts x group_size``)."""
+    judge_faults: tuple[str, ...] = ()
+    """Faults the judge injects, ``KIND=RATE`` as ``async-reward serve --fault`` takes them (e.g.
+    ``400=1`` answers every request with an error, which the verdict must then fail)."""
+    checks: str = "full"
+    """Tolerances of the verdict: ``full`` or ``quick`` (``verdict.FULL_TOLERANCES`` /
+    ``QUICK_TOLERANCES``)."""
+    seed: int = 0
+    sample_interval_real: float = 0.05
+    """Real seconds between samples of the service's in-flight counters (for the timelines)."""
+    out_dir: Path = field(default_factory=lambda: Path("bench_out"))
+    progress: bool = True
+    plots: bool = True
+
+    @property
+    def per_worker_concurrency(self) -> int:
+        return self.worker_concurrency or self.capacity
+
+    def validate(self) -> None:
+        unknown = [r for r in self.regimes if r not in REGIMES] + [
+            s for s in self.strategies if s not in STRATEGIES
+        ]
+        if unknown:
+            raise ValueError(f"unknown regime(s)/strategy(ies) {unknown}")
+        if min(self.prompts, self.group_size, self.mini_batches, self.capacity, self.steps) < 1:
+            raise ValueError("prompts, group size, mini-batches, capacity and steps must be >= 1")
+        if self.prompts % self.mini_batches:
+            raise ValueError(f"{self.prompts} prompts cannot be split into {self.mini_batches} mini-batches")
+        if self.server not in ("process", "thread"):
+            raise ValueError(f"server must be 'process' or 'thread', got {self.server!r}")
+        if not 0 < self.time_scale <= 1:
+            raise ValueError(f"time scale must be in (0, 1], got {self.time_scale}")
+        if self.rollout_slots is not None and self.rollout_slots < 1:
+            raise ValueError(f"rollout slots must be >= 1, got {self.rollout_slots}")
+        if self.checks not in ("full", "quick"):
+            raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
+        from async_reward.devserver import DevServerConfig
+
+        DevServerConfig(fault_rates=self.fault_rates).validate()  # the judge's own rules
+
+    @property
+    def fault_rates(self) -> dict[str, float]:
+        """``judge_faults`` as the judge's ``fault_rates``."""
+        rates: dict[str, float] = {}
+        for item in self.judge_faults:
+            kind, sep, rate = item.partition("=")
+            try:
+                rates[kind.strip()] = float(rate)
+            except ValueError:
+                sep = ""
+            if not sep:
+                raise ValueError(f"a judge fault is KIND=RATE (e.g. 429=0.01), got {item!r}")
+        return rates
+
+
+#: ``--quick`` (what ``make bench`` runs): the recipe regime and our strategies only, half the
+#: samples with half the capacity (the same service share), 6 steps (3 measured), a faster clock and
+#: the quick verdict's tolerances. 68-84 s on 2 cores at load averages of 3-8 (start-up included),
+#: 90-145 s at 10-15.
+QUICK: dict[str, Any] = {
+    "prompts": 64,
+    "capacity": 16,
+    "steps": 6,
+    "time_scale": 1 / 300,
+    "regimes": ("recipe",),
+    "strategies": tuple(OUR_STRATEGIES),
+    "checks": "quick",
+}

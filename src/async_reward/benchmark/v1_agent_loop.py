@@ -1,0 +1,272 @@
+"""verl's v1 agent loop, as the benchmark runs it: generation is time, scoring is real.
+
+What verl 0.9.1 does (``verl/trainer/ppo/v1/agent_loop_tq.py``): ``AgentLoopWorkerTQ._run_prompt`` tags a
+prompt group ``running``, starts its ``rollout.n`` sessions, and each session, once its generation
+finishes, is scored at once (``AgentLoopWorker._compute_score``: one ``compute_score.remote`` call to a
+randomly chosen ``RewardLoopWorker`` with a one-sample ``DataProto``) and written to TransferQueue as
+a trajectory (``_agent_loop_postprocess``, tag ``success``). When every session has settled the group
+becomes ``finished`` (``failure`` if one raised), and only then can the replay buffer sample it.
+
+Here the same happens with the LLM server replaced by :class:`~async_reward.benchmark.generation.
+GenerationState` driven in (time-scaled) real time, and everything after generation real: verl's
+``RewardLoopWorker`` (:class:`~async_reward.benchmark.v1_reward_worker.HeldBatchRewardWorker`, told
+in bulk which samples finished rather than one Ray call each, see there) running our manager, HTTP
+to the judge, tags in a :class:`~async_reward.benchmark.tag_store.TagStore` that verl's own replay
+buffer reads. The trainer switches the engine with :meth:`pause` / :meth:`resume` (a colocated GPU
+either generates or trains); scoring continues while it is paused, as verl's reward workers do.
+
+One asyncio loop in a thread holds the engine and the reward workers' result streams (verl's
+agent-loop workers are asyncio actors too); the trainer talks to it from its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from async_reward.benchmark.generation import GenerationState
+from async_reward.benchmark.tag_store import TagStore
+
+__all__ = ["V1AgentLoop"]
+
+logger = logging.getLogger(__name__)
+PARTITION = "train"
+
+
+@dataclass
+class _Group:
+    """One prompt and its sessions (``AgentLoopWorkerTQ._run_prompt``)."""
+
+    uid: str
+    global_steps: int
+    sessions_left: int
+    failed: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class _Session:
+    """One of a group's ``rollout.n`` sessions: row ``row`` of the batch held under ``key`` by
+    reward worker number ``worker`` (hashed by identity)."""
+
+    key: str
+    worker: int
+    row: int
+    group: _Group
+    session: int
+
+
+class V1AgentLoop:
+    """Generates submitted prompt groups on a simulated engine and scores each sample as it finishes.
+
+    Args:
+        reward_workers: ``HeldBatchRewardWorker`` actor handles; each sample goes to a random one,
+            as verl's agent loop picks a ``RewardLoopWorker`` per sample.
+        store: where group and trajectory tags go (what the replay buffer reads).
+        full_speed_slots: sequences the engine decodes at full speed (see ``GenerationState``).
+        seed: seed of the reward-worker choice.
+        clock: monotonic seconds, shared with the trainer's timeline.
+    """
+
+    def __init__(
+        self,
+        reward_workers: list[Any],
+        store: TagStore,
+        *,
+        full_speed_slots: int,
+        seed: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not reward_workers:
+            raise ValueError("need at least one reward worker")
+        self.reward_workers = list(reward_workers)
+        self.store = store
+        self.clock = clock
+        self.engine = GenerationState(full_speed_slots)
+        self.busy: list[tuple[float, float]] = []
+        """Intervals in which the engine was decoding (the GPU busy generating)."""
+        self.events: list[tuple[float, str, int]] = []
+        """``(time, "generated" | "scored", global_steps)`` per sample, in order."""
+        self._rng = random.Random(seed)
+        self._running = False
+        self._closed = False
+        self._last = clock()
+        self._commands: list[tuple[float, Callable[[], None]]] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="v1-agent-loop", daemon=True)
+        self._wake = asyncio.Event()
+        self._tasks: list[Any] = []
+        self._batches = 0
+        self._scoring: dict[tuple[str, int], _Session] = {}
+        """Samples handed to a reward worker, by (batch key, row)."""
+        self._left: dict[str, tuple[int, set[int]]] = {}
+        """Batch key -> (sessions not yet settled, reward workers holding its rows)."""
+
+    # -- the trainer's side (any thread) ------------------------------------------------------------
+
+    def start(self) -> V1AgentLoop:
+        self._thread.start()
+        self._tasks.append(asyncio.run_coroutine_threadsafe(self._run_engine(), self._loop))
+        for worker in range(len(self.reward_workers)):
+            self._tasks.append(asyncio.run_coroutine_threadsafe(self._collect(worker), self._loop))
+        return self
+
+    def submit(self, batch: Any, durations_s: np.ndarray, global_steps: int, group_key: str = "uid") -> None:
+        """Start generating ``batch`` (a verl ``DataProto``, one row per session, grouped by
+        ``group_key``); row ``i`` needs ``durations_s[i]`` seconds of decoding at full speed.
+
+        Each row's reward worker is drawn now (verl draws it when the sample is scored: the same
+        distribution) and receives its rows before generation starts."""
+        import ray
+
+        self.check()
+        uids = [str(u) for u in batch.non_tensor_batch[group_key]]
+        if len(durations_s) != len(uids):
+            raise ValueError(f"{len(durations_s)} durations for {len(uids)} samples")
+        key = f"{global_steps}:{self._batches}"
+        self._batches += 1
+        workers = [self._rng.randrange(len(self.reward_workers)) for _ in uids]
+        rows_of = {w: [row for row, chosen in enumerate(workers) if chosen == w] for w in set(workers)}
+        ray.get([self.reward_workers[w].hold.remote(key, batch[rows], rows) for w, rows in rows_of.items()])
+        groups: dict[str, _Group] = {}
+        sessions: list[tuple[_Session, float]] = []
+        for row, uid in enumerate(uids):
+            group = groups.setdefault(uid, _Group(uid, global_steps, 0))
+            sessions.append(
+                (_Session(key, workers[row], row, group, group.sessions_left), float(durations_s[row]))
+            )
+            group.sessions_left += 1
+
+        def start() -> None:
+            self._left[key] = (len(uids), set(rows_of))
+            for uid in groups:
+                self.store.kv_put(uid, PARTITION, tag={"status": "running"})
+            for session, work in sessions:
+                self.engine.add(session, work)
+
+        self._post(start)
+
+    def pause(self) -> None:
+        """Stop decoding (``sleep_replicas`` / ``abort_replicas``: sequences keep their progress)."""
+        self._post(lambda: setattr(self, "_running", False))
+
+    def resume(self) -> None:
+        """Decode again (``update_weights`` wakes the replicas; ``resume_generation_replicas``)."""
+        self._post(lambda: setattr(self, "_running", True))
+
+    def check(self) -> None:
+        """Raise if the engine or a result stream died (its error would otherwise only show as a
+        batch that never finishes)."""
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError("the v1 agent loop stopped") from task.exception()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Drop what is still generating, cancel the scoring in flight, stop the loop."""
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout)
+        for task in self._tasks:  # each returns once it sees the loop is closed
+            with contextlib.suppress(Exception):
+                task.result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    # -- the loop's side --------------------------------------------------------------------------
+
+    def _post(self, command: Callable[[], None]) -> None:
+        self.check()
+        with self._lock:
+            self._commands.append((self.clock(), command))
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _run_engine(self) -> None:
+        while not self._closed:
+            timeout = self.engine.time_to_next() if self._running else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            with self._lock:
+                commands, self._commands = self._commands, []
+            for at, command in commands:
+                self._advance_to(at)
+                command()
+            self._advance_to(self.clock())
+
+    def _advance_to(self, now: float) -> None:
+        start, self._last = self._last, max(self._last, now)
+        if not self._running or not len(self.engine) or self._last <= start or self._closed:
+            return
+        if self.busy and self.busy[-1][1] == start:
+            self.busy[-1] = (self.busy[-1][0], self._last)
+        else:
+            self.busy.append((start, self._last))
+        finished: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for session in self.engine.advance(self._last - start):
+            assert isinstance(session, _Session)
+            self.events.append((self._last, "generated", session.group.global_steps))
+            self._scoring[(session.key, session.row)] = session
+            finished[(session.worker, session.key)].append(session.row)
+        for (worker, key), rows in finished.items():  # one call per worker and batch, not per sample
+            self.reward_workers[worker].enqueue.remote(key, rows)
+
+    async def _collect(self, worker: int) -> None:
+        """Results of one reward worker, as they come: ``_agent_loop_postprocess`` of each session,
+        then the group's status once its last session settled (``_run_prompt``)."""
+        handle = self.reward_workers[worker]
+        while not self._closed:
+            for key, row, result, error in await handle.collect.remote(0.5):
+                session = self._scoring.pop((key, row), None)
+                if session is None:  # a result of a run already closed
+                    continue
+                group = session.group
+                if error is not None:  # the session raised: verl marks the whole group failed
+                    logger.warning("scoring %s session %d raised: %s", group.uid, session.session, error)
+                    group.failed = True
+                else:
+                    assert result is not None
+                    self.events.append((self.clock(), "scored", group.global_steps))
+                    self.store.kv_put(
+                        f"{group.uid}_{session.session}_0",
+                        PARTITION,
+                        fields={
+                            "score": float(result["reward_score"]),
+                            "extras": dict(result["reward_extra_info"]),
+                        },
+                        tag={"status": "success", "global_steps": group.global_steps},
+                    )
+                group.sessions_left -= 1
+                if group.sessions_left == 0:
+                    status = "failure" if group.failed else "finished"
+                    self.store.kv_put(group.uid, PARTITION, tag={"status": status})
+                self._settled(key)
+
+    def _settled(self, key: str) -> None:
+        left, holders = self._left[key]
+        if left > 1:
+            self._left[key] = (left - 1, holders)
+            return
+        del self._left[key]
+        for worker in holders:
+            self.reward_workers[worker].release.remote(key)
+
+    async def _shutdown(self) -> None:
+        self._closed = True  # the result streams see it within their 0.5 s long poll
+        self._wake.set()
+        self.engine.clear()
+        self._scoring.clear()
+        self._left.clear()
+        await asyncio.gather(*(w.cancel_all.remote() for w in self.reward_workers), return_exceptions=True)

@@ -1,0 +1,292 @@
+"""verl's own v1 trainer (``sync``, ``colocate_async``) with calibrated GPU stages, on our reward path.
+
+The schedule is verl 0.9.1's code, run unchanged: ``PPOTrainer.step`` (``prepare_step`` submits the
+next batch; ``parameter_sync_step`` times ``_step_once``: ``on_sample_begin``, ``ReplayBuffer.sample``
+/ ``ReplayBufferAsync.sample``, ``on_sample_end``, balance, old log-probs, reference, advantage,
+actor update), the mode's hooks (``PPOTrainerSync``: sleep the replicas after sampling, sync weights
+at step end; ``PPOTrainerColocateAsync``: ``num_warmup_batches`` submitted before the first step,
+abort + sleep after sampling, sync weights and resume generation at step end) and the replay
+buffers' selection, eviction and 2-second polling (time-scaled like every other duration).
+
+Replaced, because they need GPUs or services this machine does not run:
+
+* the GPU stages (``_compute_old_log_prob``, ``_compute_ref_log_prob``, ``_update_actor``) sleep the
+  recipe's medians, shared out by the samples they get, as ``CalibratedBackend`` does for ours;
+  ``_balance_batch`` is a no-op (one data-parallel rank); ``_compute_advantage`` runs verl's GRPO on
+  the real scores;
+* the dataloader (``_next_train_batch``) builds the benchmark's batches; ``_submit_batch_to_rollout``
+  tags the prompts as verl does and hands them to :class:`~async_reward.benchmark.v1_agent_loop.
+  V1AgentLoop` (generation as calibrated time, scoring real: verl's ``RewardLoopWorker`` actors
+  running our manager);
+* TransferQueue by :class:`~async_reward.benchmark.tag_store.TagStore`; the checkpoint manager's
+  weight sync / sleep / abort / resume by switching the simulated engine. Weight sync costs no extra
+  time: the legacy trainer's ``gen`` median, which the rollout makespan is, already includes it.
+
+``fit`` is not called (it also validates, checkpoints and logs); :func:`run_v1_steps` runs its loop
+body: ``on_step_begin``, ``step``, ``on_step_end``, clear the step's keys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
+
+from async_reward.benchmark.calibration import StageMedians
+from async_reward.benchmark.tag_store import TagStore
+from async_reward.benchmark.v1_agent_loop import PARTITION, V1AgentLoop
+from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+
+__all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
+
+#: Benchmark strategy -> verl v1 ``trainer.v1.trainer_mode``.
+V1_MODES: dict[str, str] = {"v1_sync": "sync", "v1_colocate_async": "colocate_async"}
+
+
+@dataclass
+class V1Harness:
+    """What the v1 trainer runs against instead of GPUs, a dataloader and TransferQueue."""
+
+    stages: StageMedians
+    """Time-scaled stage medians (``gen_s`` is the rollout makespan)."""
+    factory: Any
+    """``BatchFactory``: batch number -> verl ``DataProto``."""
+    durations: Callable[[int, int], np.ndarray]
+    """(batch number, samples) -> each sample's decoding time, real seconds."""
+    agent_loop: V1AgentLoop
+    store: TagStore
+    reward_loop_manager: Any
+    """verl's ``RewardLoopManager`` (its ``reward_loop_worker_handles`` score in the agent loop)."""
+    time_scale: float
+    clock: Callable[[], float] = time.perf_counter
+    sleep: Callable[[float], None] = time.sleep
+    events: list[TimelineEvent] = field(default_factory=list)
+    sample_windows: list[tuple[float, float]] = field(default_factory=list)
+    update_sizes: list[int] = field(default_factory=list)
+    """Samples per optimizer step, in order."""
+
+
+@dataclass
+class _PromptBatch:
+    data: Any
+    global_steps: int
+    number: int
+
+
+class _EngineSwitch:
+    """The trainer's ``checkpoint_manager``: weight sync, sleep, abort and resume switch the engine."""
+
+    def __init__(self, agent_loop: V1AgentLoop) -> None:
+        self.agent_loop = agent_loop
+
+    def update_weights(self, global_steps: int | None = None) -> None:
+        self.agent_loop.resume()  # the naive (colocated) backend wakes the replicas with new weights
+
+    def sleep_replicas(self) -> None:
+        self.agent_loop.pause()
+
+    def abort_replicas(self, reject_request: bool = False) -> None:
+        self.agent_loop.pause()  # partial rollout: aborted sequences resume later from their tokens
+
+    def resume_generation_replicas(self) -> None:
+        self.agent_loop.resume()
+
+
+class _CalibratedStages:
+    """verl ``PPOTrainer`` overrides: GPU stages as calibrated waits, data from the harness."""
+
+    bench: V1Harness
+    config: Any
+    global_steps: int
+    _bench_batches: int
+
+    def _batch_samples(self) -> int:
+        return int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+
+    def _gpu(self, name: str, seconds: float, chunk: int | None = None) -> None:
+        bench = self.bench
+        start = bench.clock()
+        left = start + seconds - bench.clock()
+        if left > 0:
+            bench.sleep(left)
+        bench.events.append(TimelineEvent(name, start, bench.clock(), self.global_steps - 1, chunk))
+
+    def _next_train_batch(self, num_prompts: int | None = None) -> _PromptBatch:
+        train = int(self.config.data.train_batch_size)
+        wanted = train if num_prompts is None else num_prompts
+        gen = int(self.config.data.get("gen_batch_size", None) or train)
+        if wanted <= 0 or wanted % gen or wanted % self.bench.factory.prompts:  # verl's rule, then ours
+            raise ValueError(f"num_prompts ({wanted}) must be a positive multiple of gen_batch_size ({gen})")
+        parts = []
+        for _ in range(wanted // self.bench.factory.prompts):
+            parts.append(self.bench.factory.make(self._bench_batches))
+            self._bench_batches += 1
+        data = parts[0] if len(parts) == 1 else DataProto.concat(parts)
+        return _PromptBatch(data, self.global_steps, self._bench_batches - 1)
+
+    def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
+        uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
+        tag = {"is_prompt": True, "status": "pending", "global_steps": self.global_steps}
+        self.bench.store.kv_batch_put(keys=uids, partition_id=PARTITION, tags=[dict(tag) for _ in uids])
+        durations = self.bench.durations(batch.number, len(batch.data))
+        self.bench.agent_loop.submit(batch.data, durations, self.global_steps)
+        return len(uids)
+
+    def _balance_batch(
+        self, batch: Any, metrics: dict, logging_prefix: str = "", keep_minibatch: bool = False
+    ) -> Any:
+        return batch
+
+    def _compute_old_log_prob(self, batch: Any, metrics: dict) -> Any:
+        self._gpu("prepare", self.bench.stages.old_log_prob_s * len(batch) / self._batch_samples())
+        return batch
+
+    def _compute_ref_log_prob(self, batch: Any, metrics: dict) -> Any:
+        self._gpu("prepare", self.bench.stages.ref_s * len(batch) / self._batch_samples())
+        return batch
+
+    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        start = self.bench.clock()
+        values = self.bench.store.values(batch.keys, batch.partition_id)
+        scores = torch.tensor([[v["score"]] for v in values], dtype=torch.float32)
+        uids = np.array([key.split("_")[0] for key in batch.keys], dtype=object)
+        compute_grpo_outcome_advantage(scores, torch.ones_like(scores), index=uids)
+        metrics["critic/score/mean"] = float(scores.mean())
+        self.bench.events.append(TimelineEvent("advantage", start, self.bench.clock(), self.global_steps - 1))
+        return batch
+
+    def _update_actor(self, batch: Any, metrics: dict) -> Any:
+        # verl's update_actor splits the batch into ppo_mini_batch_size x n samples, one step each.
+        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(
+            self.config.actor_rollout_ref.rollout.n
+        )
+        per_sample = self.bench.stages.update_actor_s / self._batch_samples()
+        sizes = [min(mini, len(batch) - start) for start in range(0, len(batch), mini)]
+        for i, size in enumerate(sizes):
+            self._gpu("update", per_sample * size, chunk=i)
+        self.bench.update_sizes.extend(sizes)
+        return batch
+
+    def on_sample_begin(self) -> None:
+        super().on_sample_begin()  # type: ignore[misc]
+        self._sample_started = self.bench.clock()
+
+    def on_sample_end(self) -> None:
+        self.bench.sample_windows.append((self._sample_started, self.bench.clock()))
+        super().on_sample_end()  # type: ignore[misc]
+
+
+class _BenchSync(_CalibratedStages, PPOTrainerSync):
+    """verl's ``PPOTrainerSync`` (``trainer.v1.trainer_mode=sync``) with calibrated stages."""
+
+
+class _BenchColocateAsync(_CalibratedStages, PPOTrainerColocateAsync):
+    """verl's ``PPOTrainerColocateAsync`` (``trainer.v1.trainer_mode=colocate_async``)."""
+
+
+def build_v1_trainer(config: Any, harness: V1Harness) -> Any:
+    """verl's v1 trainer of ``config.trainer.v1.trainer_mode``, wired to ``harness``."""
+    classes = {"sync": _BenchSync, "colocate_async": _BenchColocateAsync}
+    mode = str(config.trainer.v1.trainer_mode)
+    if mode not in classes:
+        raise ValueError(f"v1 trainer mode {mode!r} is not benchmarked; choose one of {sorted(classes)}")
+    trainer: Any = classes[mode](config)
+    trainer.bench = harness
+    trainer.reward_loop_manager = harness.reward_loop_manager
+    trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
+    trainer.curr_step_profile = False
+    trainer.global_steps = 0
+    trainer._bench_batches = 0
+    # verl polls TransferQueue every poll_interval (2 s) of wall time: scale it like every duration.
+    trainer.replay_buffer.poll_interval = trainer.replay_buffer.poll_interval * harness.time_scale
+    return trainer
+
+
+def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
+    """``PPOTrainer.fit``'s loop without validation, checkpoints and logging; one record per step.
+
+    The caller wraps it in ``serving_replay_buffer(harness.store)``.
+    """
+    bench: V1Harness = trainer.bench
+    trainer.on_init_end()  # sync / colocate_async: update_weights, which wakes the engine
+    trainer.global_steps = 1  # fit: "we start from step 1"
+    trainer.on_train_begin()  # colocate_async: the warm-up batch(es)
+    step_start = bench.clock()
+    for _ in range(num_steps):
+        metrics: dict[str, Any] = {}
+        trainer.timing_raw = {}
+        first = (len(bench.events), len(bench.sample_windows), len(bench.update_sizes))
+        trainer.on_step_begin()
+        batch = trainer.step(metrics, trainer.timing_raw)
+        trainer.on_step_end()
+        end = bench.clock()
+        record = _record(trainer, batch, metrics, step_start, end, first)
+        bench.store.kv_clear(keys=batch.keys, partition_id=batch.partition_id)  # fit: cleanup
+        trainer.global_steps += 1
+        yield record
+        step_start = bench.clock()
+
+
+def _record(
+    trainer: Any,
+    batch: Any,
+    metrics: dict[str, Any],
+    start: float,
+    end: float,
+    first: tuple[int, int, int],
+) -> StepRecord:
+    """The step's record, in the shape our schedule's records have (``report.summarize`` reads both)."""
+    bench: V1Harness = trainer.bench
+    step = trainer.global_steps - 1
+    first_event, first_window, first_update = first
+    events = list(bench.events[first_event:])
+    busy = [(max(a, start), min(b, end)) for a, b in bench.agent_loop.busy if b > start and a < end]
+    events += [TimelineEvent("rollout", a, b, step) for a, b in busy]
+    for lo, hi in bench.sample_windows[first_window:]:
+        events += [TimelineEvent("reward_wait", a, b, step) for a, b in _gaps(lo, hi, busy)]
+    events.sort(key=lambda e: e.start)
+    values = bench.store.values(batch.keys, batch.partition_id)
+    statuses = [str(v["extras"].get("status", "ok")) for v in values]
+    latencies = [float(v["extras"]["latency_s"]) for v in values if "latency_s" in v["extras"]]
+    record_metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    for status in ("ok", "timeout", "error", "invalid"):
+        record_metrics[f"reward/status_{status}"] = float(statuses.count(status))
+    record_metrics["reward/latency_p50"] = float(np.median(latencies)) if latencies else math.nan
+    submitted = [int(tag["global_steps"]) for tag in batch.tags]
+    blocked = sum(e.duration for e in events if e.name == "reward_wait")
+    return StepRecord(
+        step=step,
+        mode=str(trainer.trainer_mode),
+        start=start,
+        end=end,
+        policy_version=min(submitted) - 1,
+        trained_version=step,
+        num_samples=len(batch.keys),
+        chunk_sizes=bench.update_sizes[first_update:],
+        reward_blocked_s=blocked,
+        events=events,
+        metrics=record_metrics,
+    )
+
+
+def _gaps(lo: float, hi: float, busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [lo, hi] not covered by the (sorted, disjoint) ``busy`` intervals."""
+    gaps, at = [], lo
+    for a, b in busy:
+        if b <= at or a >= hi:
+            continue
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if at < hi:
+        gaps.append((at, hi))
+    return gaps

@@ -1,0 +1,227 @@
+"""The pieces the benchmark's v1 rows stand on, without Ray: the rollout engine's timing model, and
+the TransferQueue tag store served to verl's own, unchanged v1 replay buffers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from async_reward.benchmark.generation import GenerationState, rollout_durations
+from async_reward.benchmark.scenarios import REGIMES, regime_stages
+from async_reward.benchmark.tag_store import TagStore, serving_replay_buffer
+
+# -- generation -------------------------------------------------------------------------------------
+
+
+def test_durations_put_the_longest_response_at_the_makespan():
+    rng = np.random.default_rng(0)
+    durations = rollout_durations(640, 39.8, 0.45, rng)
+    assert durations.max() == pytest.approx(39.8) and durations.min() > 0
+    assert 0.15 < np.median(durations) / 39.8 < 0.4  # "median about a quarter of the longest"
+    long_tail = rollout_durations(640, 159.2, REGIMES["long_tail"].gen_sigma, np.random.default_rng(0))
+    assert np.median(long_tail) / 159.2 < 0.12
+    assert np.all(rollout_durations(5, 2.0, 0.0, rng) == 2.0)
+    with pytest.raises(ValueError):
+        rollout_durations(0, 1.0, 0.5, rng)
+
+
+def test_a_lone_batch_decodes_at_full_speed_and_finishes_in_length_order():
+    engine = GenerationState(full_speed_slots=4)
+    for key, work in (("a", 3.0), ("b", 1.0), ("c", 2.0)):
+        engine.add(key, work)
+    assert engine.rate() == 1.0 and engine.time_to_next() == pytest.approx(1.0)
+    assert engine.advance(0.5) == []
+    assert engine.advance(2.0) == ["b", "c"]
+    assert engine.advance(10.0) == ["a"] and len(engine) == 0 and engine.time_to_next() is None
+
+
+def test_more_sequences_than_slots_share_the_engine_and_speed_up_as_they_finish():
+    engine = GenerationState(full_speed_slots=2)
+    for key, work in (("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 4.0)):
+        engine.add(key, work)
+    assert engine.rate() == pytest.approx(0.5)
+    # 2 s at half speed finish a, b, c; d then runs alone at full speed: 4 - 1 = 3 s more.
+    assert sorted(engine.advance(2.0)) == ["a", "b", "c"]
+    assert engine.rate() == 1.0 and engine.time_to_next() == pytest.approx(3.0)
+    # The same work in one long step as in many short ones.
+    other = GenerationState(full_speed_slots=2)
+    for key, work in (("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 4.0)):
+        other.add(key, work)
+    assert other.advance(5.0) == ["a", "b", "c", "d"]
+
+
+def test_clear_drops_what_is_decoding_and_work_is_validated():
+    engine = GenerationState(full_speed_slots=1)
+    engine.add("x", 1.0)
+    with pytest.raises(KeyError):
+        engine.add("x", 1.0)
+    with pytest.raises(ValueError):
+        engine.add("y", float("nan"))
+    assert engine.clear() == ["x"] and len(engine) == 0
+
+
+def test_long_tail_regime_stretches_only_the_rollout():
+    from async_reward.benchmark.calibration import load_medians
+
+    stages = load_medians()["gsm8k_qwen2_7b_base"]
+    long_tail = regime_stages(REGIMES["long_tail"], stages)
+    assert long_tail.gen_s == pytest.approx(4 * 39.8) and long_tail.update_actor_s == stages.update_actor_s
+    assert regime_stages(REGIMES["recipe"], stages) == stages
+
+
+# -- TransferQueue's tags, read by verl's replay buffers -----------------------------------------------
+
+
+def _put_group(store: TagStore, uid: str, step: int, status: str, sessions: int = 2) -> None:
+    store.kv_put(uid, "train", tag={"is_prompt": True, "status": "pending", "global_steps": step})
+    store.kv_put(uid, "train", tag={"status": status})  # merges, as TransferQueue does
+    if status in ("finished", "failure"):
+        for s in range(sessions if status == "finished" else 1):
+            store.kv_put(f"{uid}_{s}_0", "train", fields={"score": 1.0}, tag={"status": "success"})
+
+
+def _buffer(mode: str):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+    kwargs = dict(
+        trainer_mode=mode,
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=8,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=OmegaConf.create({}),
+        poll_interval=0.01,
+        refill_fn=lambda n: n,
+    )
+    if mode == "sync":
+        return ReplayBuffer(**kwargs, train_batch_size=2, gen_batch_size=2)
+    return ReplayBufferAsync(**kwargs)
+
+
+def test_tags_merge_list_and_clear():
+    store = TagStore()
+    _put_group(store, "u1", 3, "finished")
+    listed = store.kv_list()
+    assert listed["train"]["u1"] == {"is_prompt": True, "status": "finished", "global_steps": 3}
+    assert set(listed["train"]) == {"u1", "u1_0_0", "u1_1_0"}
+    listed["train"]["u1"]["status"] = "changed"  # a snapshot, not the store
+    assert store.kv_list("train")["train"]["u1"]["status"] == "finished"
+    assert store.values(["u1_0_0"], "train") == [{"score": 1.0}]
+    store.kv_clear(["u1", "u1_0_0"], "train")
+    assert set(store.kv_list()["train"]) == {"u1_1_0"}
+    with pytest.raises(NotImplementedError):
+        store.kv_batch_get(keys=["u1_1_0"], partition_id="train")
+
+
+def test_verl_sync_replay_buffer_samples_finished_groups_oldest_first():
+    store = TagStore()
+    _put_group(store, "new", 2, "finished")
+    _put_group(store, "old", 1, "finished")
+    _put_group(store, "busy", 1, "running")
+    with serving_replay_buffer(store):
+        batch, _ = _buffer("sync").sample(global_steps=2, partition_id="train", batch_size=1)
+    assert sorted(batch.keys) == ["old_0_0", "old_1_0"]
+    assert "old" not in store.kv_list()["train"]  # the sampled prompt key is consumed
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    assert replay_buffer.tq is not store  # put back after the block
+
+
+def test_verl_sync_replay_buffer_waits_until_enough_groups_finish():
+    store = TagStore()
+    _put_group(store, "a", 1, "finished")
+    _put_group(store, "b", 1, "running")
+
+    def finish_b_later() -> None:
+        time.sleep(0.1)
+        store.kv_put("b", "train", tag={"status": "finished"})
+        store.kv_put("b_0_0", "train", fields={"score": 0.0}, tag={"status": "success"})
+
+    threading.Thread(target=finish_b_later).start()
+    started = time.monotonic()
+    with serving_replay_buffer(store):
+        batch, _ = _buffer("sync").sample(global_steps=1, partition_id="train", batch_size=2)
+    assert time.monotonic() - started >= 0.1
+    assert sorted(batch.keys) == ["a_0_0", "a_1_0", "b_0_0"]
+
+
+def test_verl_async_replay_buffer_evicts_and_refills_a_failed_group():
+    store = TagStore()
+    _put_group(store, "good", 1, "finished")
+    _put_group(store, "bad", 1, "failure")
+    refills: list[int] = []
+    buffer = _buffer("colocate_async")
+    buffer.refill_fn = refills.append
+    with serving_replay_buffer(store):
+        batch, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=1)
+    assert sorted(batch.keys) == ["good_0_0", "good_1_0"]
+    assert refills == [1] and metrics["training/rollout_failure/evicted_samples"] == 1
+    assert not any(key.startswith("bad") for key in store.kv_list()["train"])
+
+
+# -- the agent loop on verl's real RewardLoopWorker ---------------------------------------------------
+
+
+def test_agent_loop_scores_each_sample_when_its_generation_ends(
+    ray_cluster, server, verl_config_factory, batch_factory
+):
+    """verl's ``RewardLoopWorker`` (a Ray actor running ``llm_judge`` over HTTP) scores each sample
+    as soon as its generation ends, before slower samples of its group finish; a paused engine
+    finishes nothing, and resumes where it stopped; the group turns ``finished`` once every sample is
+    scored, as ``AgentLoopWorkerTQ`` tags it, and ``failure`` when a session raised (here
+    ``on_failure: raise`` and a judge answering 400)."""
+    import ray
+
+    from async_reward.benchmark.v1_agent_loop import V1AgentLoop
+    from async_reward.benchmark.v1_reward_worker import start_reward_workers
+
+    config = verl_config_factory(
+        "llm_judge", {"judge": {"base_url": server.url + "/v1"}, "on_failure": "raise"}
+    )
+    rows = [
+        {"prompt": "2+2?", "response": "The answer is \\boxed{4}.", "ground_truth": "4", "uid": "g"},
+        {"prompt": "2+2?", "response": "The answer is \\boxed{5}.", "ground_truth": "4", "uid": "g"},
+        {"prompt": "3+3?", "response": "@@fault:400@@ \\boxed{6}", "ground_truth": "6", "uid": "h"},
+    ]
+    rewards = start_reward_workers(config, 1, batch_factory(rows[:1]))
+    store = TagStore()
+    for uid in ("g", "h"):
+        store.kv_put(uid, "train", tag={"is_prompt": True, "status": "pending", "global_steps": 1})
+    loop = V1AgentLoop(rewards.reward_loop_worker_handles, store, full_speed_slots=2).start()
+    deadline = time.monotonic() + 120
+
+    def wait_for(condition) -> None:  # type: ignore[no-untyped-def]
+        while not condition():
+            assert time.monotonic() < deadline, "the agent loop stalled"
+            time.sleep(0.005)
+
+    try:
+        loop.resume()
+        loop.submit(batch_factory(rows), np.array([0.05, 3.0, 0.05]), global_steps=1)
+        wait_for(lambda: len(loop.engine) == 1)  # the short samples are generated...
+        loop.pause()  # ...and the long one stops mid-way: it cannot finish while paused
+        wait_for(lambda: "g_0_0" in store.kv_list("train")["train"])
+        wait_for(lambda: store.kv_list("train")["train"]["h"]["status"] != "running")
+        tags = store.kv_list("train")["train"]
+        assert tags["g_0_0"] == {"status": "success", "global_steps": 1}  # scored without its group
+        assert tags["g"]["status"] == "running" and "g_1_0" not in tags and len(loop.engine) == 1
+        assert tags["h"]["status"] == "failure" and "h_0_0" not in tags  # the raising session
+        loop.resume()
+        wait_for(lambda: store.kv_list("train")["train"]["g"]["status"] != "running")
+        tags = store.kv_list("train")["train"]
+        assert tags["g"]["status"] == "finished" and tags["g_1_0"]["status"] == "success"
+        scores = [v["score"] for v in store.values(["g_0_0", "g_1_0"], "train")]
+        extras = store.values(["g_0_0"], "train")[0]["extras"]
+        assert scores == [1.0, 0.0] and extras["status"] == "ok"  # the judge's verdicts, right and wrong
+        kinds = [kind for _, kind, _ in loop.events]
+        assert kinds.count("generated") == 3 and kinds.count("scored") == 2 and kinds[-1] == "scored"
+        busy = sum(b - a for a, b in loop.busy)
+        assert 2.9 < busy < 30  # decoding time only: the pause and the scoring are not in it
+        assert not loop._left  # the worker released the batch once every sample was scored
+    finally:
+        loop.close()
+        for worker in rewards.reward_loop_worker_handles:
+            ray.kill(worker)
