@@ -69,6 +69,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("retry.max_total_s", 0, "> 0", {}),
     ("judge.base_url", "judge:8000/v1", "http(s) URL", {}),
     ("judge.api_key_env", "sk-live abc", "environment variable name", {}),
+    ("judge.api_key_env", 12345, "not a string", {}),
     ("judge.model", " ", "empty", {}),
     ("judge.template", "Rate {prompt}", "template", {}),
     ("judge.template", "{response} {reference}", "template", {}),
@@ -98,6 +99,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.cache", "yes", "boolean", {}),
     ("remote.url", "ftp://host/score", "http(s) URL", {}),
     ("remote.api_key_env", "Bearer x", "environment variable name", {}),
+    ("remote.api_key_env", ["Bearer x"], "not a string", {}),
     ("remote.headers", {"X-Token": 5}, "not a string", {}),
     ("remote.headers", "token", "mapping", {}),
     ("stateful.init_kwargs", [1, 2], "mapping", {}),
@@ -268,7 +270,7 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
     config = verl_config_factory(
         "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "JUDGE_KEY_FOR_TEST"}}
     )
-    with pytest.raises(ConfigError, match="JUDGE_KEY_FOR_TEST") as info:
+    with pytest.raises(ConfigError, match=r"the variable named in judge\.api_key_env is not set") as info:
         check_reward_config(config)
     assert info.value.key == "reward.async_reward.judge.api_key_env"
     assert secret not in str(info.value)
@@ -406,7 +408,9 @@ def test_worker_side_refusal_survives_rays_wrapping(
         manager.compute_rm_score(batch_factory([{"response": "5", "ground_truth": "5"}] * 2))
     message = str(info.value)
     assert "ConfigError" in message
-    assert "reward.async_reward.judge.api_key_env='ONLY_ON_THE_DRIVER'" in message
+    assert (
+        "reward.async_reward.judge.api_key_env=<hidden>: the variable named in judge.api_key_env" in message
+    )
     assert "runtime_env.env_vars" in message  # the fix travels too
 
 

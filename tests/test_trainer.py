@@ -232,6 +232,37 @@ def test_mini_batch_updates_each_sample_once_in_complete_groups(
     assert all(m["off_policy/staleness"] == 0 for m in steps)
 
 
+def test_the_tracker_never_gets_a_key_or_a_header_value(
+    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, monkeypatch
+):
+    """``fit`` hands the resolved config to wandb / mlflow (verl's ``Tracking``); it used to hand over
+    ``runtime_env.env_vars`` and ``remote.headers`` as they were."""
+    from verl.utils.tracking import Tracking
+
+    tracked: list[Any] = []
+    original = Tracking.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        tracked.append(kwargs.get("config"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tracking, "__init__", recording_init)
+    config = make_config(
+        char_tokenizer_dir,
+        server.url,
+        tmp_path,
+        "trainer.total_training_steps=1",
+        "+reward.async_reward.remote.headers.X-Api-Key=hdr-secret-in-config",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=hf-secret-in-runtime-env",
+    )
+    run_ours(config, char_tokenizer, rewards)
+    [logged_config] = tracked
+    assert "hdr-secret-in-config" not in repr(logged_config)
+    assert "hf-secret-in-runtime-env" not in repr(logged_config)
+    assert logged_config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["HF_TOKEN"] == "<hidden>"
+    assert logged_config["data"]["train_batch_size"] == PROMPTS  # the rest is logged as it was
+
+
 def test_one_step_off_policy_overlaps_and_resumes_without_skipping(
     rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged
 ):

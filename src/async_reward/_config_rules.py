@@ -67,7 +67,15 @@ def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    from async_reward.redaction import holds_secret_value
+
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<unprintable {type(value).__name__}>"
+    if holds_secret_value(text):
+        # e.g. timeout_s: ${oc.env:JUDGE_API_KEY}: the value is a secret of this environment.
+        return HIDDEN
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -157,8 +165,11 @@ def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "rewa
         )
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
-        # A field kept out of reprs (headers) is kept out of errors too.
-        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=not fields[name].repr)
+        # A field kept out of reprs (headers), or whose rule hides its value (API key variable names,
+        # where the key itself gets pasted), is kept out of errors too, type errors included.
+        field_rule = fields[name].metadata.get("rule")
+        hide = not fields[name].repr or (field_rule is not None and field_rule.hide)
+        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=hide)
     config = cls(**kwargs)
     check_values(config, path, recurse=False)  # nested sections were checked by their own parse
     return config
@@ -175,7 +186,9 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         if value is None:
             if type(None) in args:
                 return None
-            raise bad_value(path, value, "must not be null", "write a value (this key has no 'not set')")
+            raise bad_value(
+                path, value, "must not be null", "write a value (this key has no 'not set')", hide=hide
+            )
         non_null = [a for a in args if a is not type(None)]
         errors: list[ConfigError] = []
         for arg in non_null:
@@ -186,12 +199,16 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         raise errors[0]
     if origin is Literal:
         if value not in args:
-            raise bad_value(path, value, "is not allowed", f"use one of {list(args)}")
+            raise bad_value(path, value, "is not allowed", f"use one of {list(args)}", hide=hide)
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise bad_value(
-                path, value, f"is not a list of {len(args)} values", f"write [{', '.join('x' * len(args))}]"
+                path,
+                value,
+                f"is not a list of {len(args)} values",
+                f"write [{', '.join('x' * len(args))}]",
+                hide=hide,
             )
         try:
             return tuple(_coerce(a, v, path) for a, v in zip(args, value, strict=True))
@@ -213,15 +230,15 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad_value(path, value, "is not an integer", "write a whole number")
+            raise bad_value(path, value, "is not an integer", "write a whole number", hide=hide)
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise bad_value(path, value, "is not a boolean", "write true or false")
+            raise bad_value(path, value, "is not a boolean", "write true or false", hide=hide)
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise bad_value(path, value, "is not a string", "write text (quote it)")
+            raise bad_value(path, value, "is not a string", "write text (quote it)", hide=hide)
         return value
     return value
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from async_reward._config_rules import (
+    HIDDEN,
     ConfigError,
     at_least,
     bad_value,
@@ -72,15 +73,26 @@ def _env_name(fix: str) -> dict[str, Any]:
 
 def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) -> None:
     environment = os.environ if env is None else env
-    if var_name is not None and not environment.get(var_name):
-        # The variable's name is safe to print; its value (the secret) never is.
-        raise bad_value(
-            key,
-            var_name,
-            "names an environment variable that is not set (or empty) where the reward workers run",
-            f"export {var_name}=<key> before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
-            "or set the key to null for an endpoint without authentication",
+    if var_name is None or environment.get(var_name):
+        return
+    # Never printed: what sits where the variable's name belongs is too often the key itself.
+    holder = next((name for name, value in environment.items() if value and value == var_name), None)
+    if holder is not None:
+        problem = (
+            f"holds a key, not a variable name (it equals the value of the environment variable {holder})"
         )
+        raise bad_value(key, var_name, problem, f"write {key}={holder}, the variable's NAME", hide=True)
+    fix = (
+        "export that variable before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
+        "or set the key to null for an endpoint without authentication"
+    )
+    short_key = key.removeprefix(CONFIG_PATH + ".")
+    raise ConfigError(
+        f"{key}={HIDDEN}: the variable named in {short_key} is not set (or empty) where the reward "
+        f"workers run; {fix}",
+        key=key,
+        fix=fix,
+    )
 
 
 @dataclass
