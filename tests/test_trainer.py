@@ -431,8 +431,9 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
 
 
 @pytest.mark.parametrize("script", ["run_gsm8k_grpo_fsdp2.sh", "run_gsm8k_grpo_megatron.sh"])
-def test_example_scripts_compose_and_pass_start_up_checks(script):
-    """The GPU example scripts' overrides exist in verl 0.9.1's configs and pass our checks."""
+def test_example_scripts_compose_and_pass_start_up_checks(script, tmp_path):
+    """The GPU example scripts' overrides exist in verl 0.9.1's configs and pass our checks (which load
+    the reward file the script names, as the driver does before any worker starts)."""
     import os
     import subprocess
 
@@ -443,7 +444,12 @@ def test_example_scripts_compose_and_pass_start_up_checks(script):
     from tests.conftest import VERL_CONFIG_DIR
 
     path = Path(__file__).parents[1] / "examples" / script
-    env = {**os.environ, "PYTHON": "printf %s\\n"}  # print the command line instead of training
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    # Print the command line instead of training.
+    env = {**os.environ, "PYTHON": "printf %s\\n", "REWARD_FILE": str(reward_file)}
     args = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=True).stdout
     module, *overrides = args.splitlines()[1:]
     assert module == "async_reward.pipeline.main_ppo"

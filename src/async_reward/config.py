@@ -20,8 +20,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from async_reward._config_rules import (
     HIDDEN,
@@ -34,6 +35,7 @@ from async_reward._config_rules import (
     in_range,
     missing_value,
     parse_config,
+    plain_container,
     rule,
 )
 
@@ -59,11 +61,19 @@ RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "exc
 #: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
 _JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_URL_FIX = "write an http:// or https:// URL"
+_URL_FIX = "write an http:// or https:// URL with a host"
 
 
 def _is_url(value: str) -> bool:
-    return value.startswith(("http://", "https://"))
+    """An http(s) URL with a host and no whitespace (``http://`` alone would fail every call)."""
+    if any(ch.isspace() for ch in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _env_name(fix: str) -> dict[str, Any]:
@@ -378,7 +388,7 @@ class AsyncRewardConfig:
         default=None, metadata=at_least(1, "write a pool size >= 1, or null for the library default")
     )
     """Size of that pool. None: the library default (min(32, cpus + 4) threads, cpus processes)."""
-    extra_defaults: dict[str, Any] = field(default_factory=dict)
+    extra_defaults: dict[str, Any] = field(default_factory=dict, metadata={"nan_allowed": True})
     """Extras keys your reward function returns, each with the value a failed sample gets (a number,
     a bool, a short string or null). verl stacks extras per key across a batch and fails when one
     sample lacks a key another has; keys are also learned as results arrive, but a sample that fails
@@ -458,8 +468,7 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     if verl_config is not None:
         reward_node = verl_config.get("reward") or {}
     raw = reward_node.get("async_reward") if hasattr(reward_node, "get") else None
-    if isinstance(raw, DictConfig):
-        raw = OmegaConf.to_container(raw, resolve=True)
+    raw = plain_container(raw, CONFIG_PATH)
     if isinstance(raw, Mapping) and "pipeline" in raw:
         key = f"{CONFIG_PATH}.pipeline"
         fix = "put the trainer's pipeline settings under async_reward.pipeline"

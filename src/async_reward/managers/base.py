@@ -90,8 +90,10 @@ class AsyncRewardManager(RewardManagerBase):
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
         # The same checks the driver ran (integration.check_reward_config); repeated here because a
-        # worker may be started by code that never ran them (verl's own trainer, a user's loop).
-        self.settings: AsyncRewardConfig = type(self).check_config(config)
+        # worker may be started by code that never ran them (verl's own trainer, a user's loop). The
+        # user's code is not loaded a second time here: verl loaded the function already, and a
+        # subclass that loads more (async_stateful) checks what it loads.
+        self.settings: AsyncRewardConfig = type(self).check_config(config, load_user_code=False)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
             limits = type(limits)(max_concurrency=limits.max_concurrency)
@@ -109,10 +111,13 @@ class AsyncRewardManager(RewardManagerBase):
         self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
 
     @classmethod
-    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+    def check_config(
+        cls, config: Any, env: Mapping[str, str] | None = None, *, load_user_code: bool = True
+    ) -> AsyncRewardConfig:
         """Every start-up check of this manager's settings, without building it: the values of
         ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
-        environment, default this process's), and the failure policy against the trainer.
+        environment, default this process's), the failure policy against the trainer, and, with
+        ``load_user_code``, the user's code this manager runs (:meth:`check_user_code`).
 
         Raises:
             ConfigError: naming the key, the bad value and the fix.
@@ -121,7 +126,14 @@ class AsyncRewardManager(RewardManagerBase):
         for section in cls.required_sections:
             getattr(settings, section).require(env)
         check_failure_policy(config)
+        if load_user_code:
+            cls.check_user_code(config, settings)
         return settings
+
+    @classmethod
+    def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """Load the user's code this manager runs (``custom_reward_function``) and check it fits, so a
+        wrong path or name stops the job on the driver, before any worker starts. None by default."""
 
     # ----------------------------------------------------------------- subclass API
     async def score(self, sample: RewardSample) -> RewardResult:
