@@ -335,7 +335,7 @@ async def test_process_pool_runs_extern_function(tmp_path, verl_config_factory, 
             manager, batch_factory, [{"response": "is 9", "ground_truth": "9"}, {"response": "boom"}]
         )
     finally:
-        manager._executor.shutdown(wait=True)
+        manager.function_pool.shutdown(wait=True)
     assert [o["reward_extra_info"]["status"] for o in outputs] == ["ok", "error"]
     assert float(outputs[0]["reward_score"]) == 1.0
 
@@ -545,7 +545,7 @@ async def test_a_crashed_process_pool_is_rebuilt(tmp_path, verl_config_factory, 
     manager = load_reward_manager(config, tokenizer)
     [crashed] = await score_rows(manager, batch_factory, [{"response": "crash"}])
     [healthy] = await score_rows(manager, batch_factory, [{"response": "fine"}])
-    manager._executor.shutdown(wait=True)
+    manager.function_pool.shutdown(wait=True)
     assert crashed["reward_extra_info"]["status"] == "error"
     assert healthy["reward_extra_info"]["status"] == "ok"
 
