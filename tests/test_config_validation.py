@@ -47,6 +47,8 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("extra_defaults", {"status": "x"}, "library sets", {}),
     ("extra_defaults", {"acc": [1, 2]}, "not a scalar", {}),
     ("extra_defaults", {"acc": INF}, "finite", {}),
+    ("extra_defaults", {"uid": ""}, "field of verl's batch", {}),
+    ("extra_defaults", {"data_source": ""}, "field of verl's batch", {}),
     ("num_workers", -2, ">= 1", {}),
     ("limits.max_concurrency", 0, ">= 1", {}),
     ("limits.requests_per_minute", 0, "> 0", {}),

@@ -14,8 +14,12 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
+from async_reward.pipeline.chunks import RewardChunk, stack_extras
+from async_reward.pipeline.schedule import _with_rewards
 from tests.test_managers import write_module
 
 HAZARDS = """
@@ -236,6 +240,51 @@ async def test_only_real_numbers_are_scores_and_nothing_escapes_as_an_exception(
         assert float(output["reward_score"]) == (-1.0 if value is None else value), case
     assert outputs[-1]["reward_extra_info"]["shown"] == "<unprintable BadRepr>"
     assert "unusable score '0.7' of type str" in outputs[0]["reward_extra_info"]["failure_reason"]
+
+
+async def test_extras_never_replace_batch_fields_or_library_keys(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+):
+    """A scorer reporting the problem id it graded as ``uid`` used to rewrite the batch's GRPO groups."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score")
+    batch = batch_factory(
+        [{"response": "x", "ground_truth": "named_like_the_batch", "uid": u} for u in ("A", "A", "B", "B")]
+    )
+    with caplog.at_level(logging.WARNING, logger="async_reward.managers.base"):
+        outputs = [await manager.run_single(batch[i : i + 1]) for i in range(len(batch))]
+    info = outputs[0]["reward_extra_info"]
+    assert info["status"] == "ok" and info["user_status"] == "mine"
+    assert (info["user_uid"], info["user_data_source"], info["acc"]) == ("problem-7", "mine", 1)
+    assert "uid" not in info and "data_source" not in info
+    renamed = [r.getMessage() for r in caplog.records if "kept as" in r.getMessage()]
+    assert len(renamed) == 3  # once per key, not once per sample
+
+    extras = stack_extras([o["reward_extra_info"] for o in outputs])
+    chunk = RewardChunk(
+        indices=np.arange(4),
+        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
+        reward_extra_info=extras,
+        statuses=extras["status"],
+    )
+    joined = _with_rewards(batch, chunk)
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
+
+
+def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_factory):
+    """``_with_rewards`` guards the schedule against reward sources other than our managers too."""
+    batch = batch_factory([{"response": "x", "uid": u} for u in ("A", "A", "B", "B")])
+    extras = {"uid": np.array(["p"] * 4, dtype=object), "status": np.array(["ok"] * 4, dtype=object)}
+    chunk = RewardChunk(
+        indices=np.arange(4),
+        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
+        reward_extra_info=extras,
+        statuses=extras["status"],
+    )
+    joined = _with_rewards(batch, chunk)
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["p"] * 4
+    assert joined.meta_info["reward_extra_keys"] == ["user_uid", "status"]
 
 
 # ------------------------------------------------------------------ through the pipeline's Ray workers

@@ -38,6 +38,7 @@ from async_reward._config_rules import (
     plain_container,
     rule,
 )
+from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
 
 __all__ = [
     "CONFIG_PATH",
@@ -56,8 +57,6 @@ __all__ = [
 
 #: Where the settings live in the verl config.
 CONFIG_PATH = "reward.async_reward"
-#: Extras keys every sample carries, set by the library (``extra_defaults`` may not declare them).
-RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
 #: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
 _JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -440,6 +439,14 @@ class AsyncRewardConfig:
                     value,
                     "is a key the library sets on every sample",
                     "declare only your own keys",
+                )
+            if key in BATCH_KEYS:
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    "names a field of verl's batch: extras are written into the batch by name, so it "
+                    "would replace that field (an extras uid merges GRPO groups)",
+                    "rename the key (a scorer that returns it anyway has it kept as user_<key>)",
                 )
             if value is not None and not isinstance(value, (bool, int, float, str)):
                 raise bad_value(

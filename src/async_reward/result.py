@@ -18,13 +18,17 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BATCH_KEYS",
     "EXTRA_STRING_MAX_CHARS",
+    "RESERVED_EXTRA_KEYS",
+    "USER_KEY_PREFIX",
     "ExtraInfo",
     "RewardResult",
     "RewardSample",
     "ScoredFloat",
     "Status",
     "extras_fill_values",
+    "extras_key_for",
     "fill_missing_extras",
     "neutral_value",
     "normalize_user_result",
@@ -32,6 +36,67 @@ __all__ = [
 
 #: Long strings in extras bloat every batch (verl stacks them into numpy arrays); they are cut here.
 EXTRA_STRING_MAX_CHARS = 256
+#: Extras keys every sample carries, set by the library (a scorer's own value under one of these names
+#: is kept as ``user_<key>``; ``extra_defaults`` may not declare them).
+RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
+#: Fields of verl's batches (non-tensor and tensor) that extras must never replace: verl's trainers and
+#: ours write each extras key into the batch under its own name, so an extras ``uid`` would merge GRPO
+#: groups and a ``data_source`` would relabel metrics, silently. A sample's other fields are protected
+#: at run time too (``run_single`` sees them).
+BATCH_KEYS = frozenset(
+    {
+        "uid",
+        "data_source",
+        "reward_model",
+        "extra_info",
+        "raw_prompt",
+        "raw_prompt_ids",
+        "index",
+        "tools_kwargs",
+        "interaction_kwargs",
+        "multi_modal_data",
+        "multi_modal_inputs",
+        "agent_name",
+        "request_id",
+        "reward_scores",
+        "__num_turns__",
+        "score",
+        "rm_scores",
+        "token_level_scores",
+        "token_level_rewards",
+        "advantages",
+        "returns",
+        "values",
+        "response_mask",
+        "old_log_probs",
+        "ref_log_prob",
+        "rollout_log_probs",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "prompts",
+        "responses",
+    }
+)
+#: Prefix of a scorer's extras key renamed because it names one of the keys above.
+USER_KEY_PREFIX = "user_"
+
+
+def extras_key_for(
+    key: str, batch_keys: frozenset[str] | set[str] = frozenset(), taken: Mapping[str, Any] | None = None
+) -> str:
+    """The name a scorer's extras ``key`` is kept under: itself, or ``user_<key>`` (repeated until free)
+    when it names a library key (:data:`RESERVED_EXTRA_KEYS`), a batch field (:data:`BATCH_KEYS`,
+    ``batch_keys``), or, once renamed, another key in ``taken``."""
+    name = key
+    while (
+        name in RESERVED_EXTRA_KEYS
+        or name in BATCH_KEYS
+        or name in batch_keys
+        or (name != key and taken is not None and name in taken)
+    ):
+        name = USER_KEY_PREFIX + name
+    return name
 
 
 class Status(StrEnum):

@@ -45,6 +45,7 @@ from async_reward.result import (
     RewardSample,
     ScoredFloat,
     Status,
+    extras_key_for,
     fill_missing_extras,
     neutral_value,
     normalize_user_result,
@@ -107,6 +108,7 @@ class AsyncRewardManager(RewardManagerBase):
         self._extra_defaults: dict[str, Any] = {**self.extra_defaults, **self.settings.extra_defaults}
         self._results_returned = 0
         self._pool: FunctionPool | None = None
+        self._renamed_keys: set[str] = set()  # user extras keys already reported as renamed
         # The pipelined trainer's settings in a job whose samples reach this manager through verl's
         # own reward loop: verl's trainer is training and ignoring them (issue 8). Refuse to score.
         trainer_node: Any = (config.get("async_reward") if hasattr(config, "get") else None) or {}
@@ -155,11 +157,14 @@ class AsyncRewardManager(RewardManagerBase):
                 "with python -m async_reward.pipeline.main_ppo (or async_reward.pipeline.main_ppo.run), "
                 "or remove async_reward.pipeline"
             )
+        batch_keys = _batch_keys(data)
         try:
             sample = self.decode(data)
         except Exception as exc:  # a malformed item must not take the batch down
-            return self._finish(RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}"))
-        return self._finish(await self._score_safely(sample))
+            return self._finish(
+                RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}"), batch_keys
+            )
+        return self._finish(await self._score_safely(sample), batch_keys)
 
     async def score_decoded(self, sample: RewardSample) -> dict[str, Any]:
         """``run_single`` for a sample that is already text (offline scoring, other front-ends).
@@ -169,19 +174,19 @@ class AsyncRewardManager(RewardManagerBase):
         """
         return self._finish(await self._score_safely(sample))
 
-    def _finish(self, result: RewardResult) -> dict[str, Any]:
+    def _finish(self, result: RewardResult, batch_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
         if not result.ok and self.settings.on_failure == "raise":
             raise RewardScoringError(
                 f"sample scoring failed with status {result.status.value}: {result.failure_reason}"
             )
         try:
-            return self._to_verl(result)
+            return self._to_verl(result, batch_keys)
         except Exception as exc:  # extras that cannot be converted: the sample still gets its status
             failed = RewardResult.failure(
                 Status.INVALID, f"result cannot be converted: {_describe(exc)}", attempts=result.attempts
             )
             failed.latency_s = result.latency_s
-            return self._finish(failed)
+            return self._finish(failed, batch_keys)
 
     @classmethod
     def assemble_rm_scores(cls, data: DataProto, scores: list[float]) -> torch.Tensor:
@@ -363,7 +368,8 @@ class AsyncRewardManager(RewardManagerBase):
                 raise
             return _failure_from_exception(replacement)
 
-    def _to_verl(self, result: RewardResult) -> dict[str, Any]:
+    def _to_verl(self, result: RewardResult, batch_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+        result.extras = self._own_keys(result.extras, batch_keys)
         for key, value in result.extras.items():
             if key not in self._extra_defaults:
                 self._extra_defaults[key] = neutral_value(value)
@@ -386,6 +392,27 @@ class AsyncRewardManager(RewardManagerBase):
             self.postprocess_spec(),
             exclude_failures=self.settings.on_failure == "exclude",
         )
+
+    def _own_keys(self, extras: Mapping[str, Any], batch_keys: frozenset[str]) -> dict[str, Any]:
+        """``extras`` with every key that would replace one of ours (``status``, ``excluded``, ...) or a
+        batch field (``uid``, ``data_source``, ``extra_info``, this sample's own fields, ...) renamed
+        ``user_<key>``, reported once per key. verl's trainers write extras into the batch by name:
+        an extras ``uid`` would merge GRPO groups without a word."""
+        if not isinstance(extras, Mapping):
+            raise TypeError(f"extras must be a mapping, not {type(extras).__name__}")
+        owned: dict[str, Any] = {}
+        for key, value in extras.items():
+            name = extras_key_for(str(key), batch_keys, taken=extras)
+            if name != key and key not in self._renamed_keys:
+                self._renamed_keys.add(key)
+                logger.warning(
+                    "extras key %r returned by the scorer names a batch field or a key the library sets; "
+                    "kept as %r so it cannot replace it",
+                    key,
+                    name,
+                )
+            owned[name] = value
+        return owned
 
 
 def _as_index(value: Any) -> int:
@@ -414,6 +441,15 @@ def _checked(result: Any) -> RewardResult:
             return RewardResult.failure(Status.INVALID, reason, attempts=result.attempts)
         result.score = checked.score
     return result
+
+
+def _batch_keys(data: DataProto) -> frozenset[str]:
+    """The fields of ``data`` (tensor and non-tensor) an extras key must not replace."""
+    try:
+        tensors = set(data.batch.keys()) if data.batch is not None else set()
+        return frozenset(tensors | set(data.non_tensor_batch or {}))
+    except Exception:  # a malformed item: the static list still applies
+        return frozenset()
 
 
 def _describe(exc: BaseException) -> str:
