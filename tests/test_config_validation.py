@@ -368,6 +368,21 @@ def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, 
     assert info.value.fix and info.value.fix in str(info.value)
 
 
+def test_reward_budgets_cannot_be_split_over_fewer_workers_than_verl_starts(verl_config_factory):
+    """``async_reward.num_workers: 1`` with 8 reward workers gave each of them the whole budget."""
+    config = verl_config_factory(
+        "async_rate_limited", {"num_workers": 2, "limits": {"requests_per_minute": 60}}
+    )
+    with open_dict(config):
+        config.reward.num_workers = 8
+    with pytest.raises(ConfigError, match=r"num_workers=2 is below reward\.num_workers \(8\)") as info:
+        prepare_verl_config(config)
+    assert info.value.key == "reward.async_reward.num_workers"
+    with open_dict(config):
+        config.reward.async_reward.num_workers = 16  # more is conservative (a budget shared with others)
+    assert load_config(config).worker_count == 16
+
+
 USER_CODE = """
 def score_fn(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0

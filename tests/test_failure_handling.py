@@ -290,9 +290,14 @@ def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_fa
 # ------------------------------------------------------------------ through the pipeline's Ray workers
 
 
-def test_the_pipeline_accounts_for_every_sample(ray_cluster, hazards, verl_config_factory, batch_factory):
-    """A user function raising control flow used to leave its sample without a result: ``get_chunk``
-    waited forever."""
+def test_the_pipeline_accounts_for_every_sample_and_splits_the_budget_by_its_workers(
+    ray_cluster, hazards, verl_config_factory, batch_factory
+):
+    """Two workers started with ``num_workers=2`` while ``reward.num_workers`` is 1: each used to take
+    the whole job-wide budget (120 RPM for 60). And a user function raising control flow used to leave
+    its sample without a result: ``get_chunk`` waited forever."""
+    import ray
+
     from async_reward.pipeline import PipelinedRewardLoopManager
 
     config = verl_config_factory(
@@ -302,6 +307,13 @@ def test_the_pipeline_accounts_for_every_sample(ray_cluster, hazards, verl_confi
         custom_reward_function={"path": hazards, "name": "async_score"},
     )
     with PipelinedRewardLoopManager(config, num_workers=2) as rewards:
+        shares = ray.get(
+            [
+                handle.__ray_call__.remote(lambda worker: worker.manager.admission.request_budget)
+                for handle in rewards.worker_handles
+            ]
+        )
+        assert shares == [300.0, 300.0]
         truths = [*CONTROL_FLOW, "ok", "ok"]
         rows = [{"response": "x", "ground_truth": t, "uid": f"g{i // 2}"} for i, t in enumerate(truths)]
         chunk = rewards.get_chunk(rewards.submit(batch_factory(rows)), len(rows), timeout=60)

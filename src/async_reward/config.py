@@ -481,17 +481,26 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
         fix = "put the trainer's pipeline settings under async_reward.pipeline"
         problem = f"is not read there (reward workers parse {CONFIG_PATH})"
         raise ConfigError(f"{key} {problem}; {fix}", key=key, fix=fix)
-    config = parse_config(AsyncRewardConfig, raw)  # type: ignore[arg-type]
-    if config.num_workers is None and hasattr(reward_node, "get"):
-        verl_workers = reward_node.get("num_workers")
-        if verl_workers is not None:
-            if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
-                raise bad_value(
-                    "reward.num_workers",
-                    verl_workers,
-                    "must be an integer >= 1 (verl starts that many reward worker processes)",
-                    "write reward.num_workers=1 or more",
-                )
+    config = parse_config(AsyncRewardConfig, raw)
+    verl_workers = reward_node.get("num_workers") if hasattr(reward_node, "get") else None
+    if verl_workers is not None:
+        if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
+            raise bad_value(
+                "reward.num_workers",
+                verl_workers,
+                "must be an integer >= 1 (verl starts that many reward worker processes)",
+                "write reward.num_workers=1 or more",
+            )
+        if config.num_workers is None:
             config.num_workers = verl_workers
+        elif config.num_workers < verl_workers:
+            raise bad_value(
+                f"{CONFIG_PATH}.num_workers",
+                config.num_workers,
+                f"is below reward.num_workers ({verl_workers}): each of the {verl_workers} reward worker "
+                f"processes would take 1/{config.num_workers} of the job-wide RPM/TPM budgets, "
+                f"{verl_workers / config.num_workers:g} times the total",
+                f"remove it (it defaults to reward.num_workers) or set it to at least {verl_workers}",
+            )
     config.validate()
     return config
