@@ -6,6 +6,7 @@ A thin script over ``async_reward.benchmark.speedup`` (also ``async-reward bench
     python benchmarks/pipeline_speedup.py --quick     # ours, recipe regime: ~70 s on a quiet machine
     python benchmarks/pipeline_speedup.py             # 4 regimes x 7 strategies, ~20 min (2 cores)
     python benchmarks/pipeline_speedup.py --regimes long_tail --strategies both v1_colocate_async
+    python benchmarks/pipeline_speedup.py --quick --disable-pipeline   # must FAIL: nothing overlaps
 
 Writes ``bench_out/pipeline_speedup.json`` and ``bench_out/timeline_<regime>_<strategy>.png``.
 """

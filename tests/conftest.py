@@ -192,10 +192,13 @@ def server(judge_server: Any) -> Any:
         fault_rates={},
         verdict_format="brackets",
         think=False,
+        think_style="inline",
         echo_response=False,
         judge_style="verdict-last",
         fixed_verdict=None,
         structured_output="honour",
+        unescaped_json=False,
+        honour_max_tokens=True,
     )
     judge_server.reset()
     return judge_server

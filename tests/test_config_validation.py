@@ -91,6 +91,10 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.normalize_to", [0.5, 0.5], "strictly increasing", {}),
     ("judge.normalize_to", [0, NAN], "finite", {}),
     ("judge.normalize_to", [1], "list of 2", {}),
+    # Finite numbers whose spans overflow: every verdict normalised to 0.0, marked ok.
+    ("judge.max_score", 1e308, "overflows floating point", {"judge.min_score": -1e308}),
+    ("judge.normalize_to", [-1e308, 1e308], "overflows floating point", {}),
+    ("judge.normalize_to", [0, 1e308], "overflows floating point", {}),
     ("judge.temperature", -0.1, "[0, 2]", {}),
     ("judge.temperature", NAN, "finite", {}),
     ("judge.max_tokens", -5, ">= 1", {}),
@@ -310,6 +314,14 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
             "remote.api_key_env",
         ),
         ("no_such_manager", {}, "reward.reward_manager.name"),
+        # llm_judge: a fallback above the lowest verdict's reward pays a response for breaking the reply.
+        ("llm_judge", {"judge": {"base_url": "http://x/v1", "normalize_to": [-1, 1]}}, "fallback_score"),
+        ("llm_judge", {"judge": {"base_url": "http://x/v1"}, "fallback_score": 0.5}, "fallback_score"),
+        (
+            "llm_judge",
+            {"judge": {"base_url": "http://x/v1", "normalize_to": None, "min_score": 1}, "fallback_score": 2},
+            "fallback_score",
+        ),
     ],
 )
 def test_prepare_verl_config_refuses_before_anything_starts(
@@ -323,6 +335,59 @@ def test_prepare_verl_config_refuses_before_anything_starts(
         prepare_verl_config(verl_config_factory(manager, settings))
     assert info.value.key is not None and info.value.key.endswith(key)
     assert ray.is_initialized() == started  # nothing was started to find out
+
+
+#: (settings, the reward floor the message names, where it comes from): llm_judge + on_failure fallback.
+JUDGE_FALLBACK_BAD = [
+    ({"judge": {"normalize_to": [-1, 1]}}, "-1", "judge.normalize_to[0]"),  # the default fallback, 0.0
+    ({"fallback_score": 0.1}, "0", "judge.normalize_to[0]"),
+    ({"judge": {"normalize_to": None, "min_score": -5, "max_score": 5}}, "-5", "judge.min_score"),
+]
+#: Settings a judge job may use: the fallback at or below the floor, or no fallback at all.
+JUDGE_FALLBACK_GOOD = [
+    {},  # the defaults: fallback 0.0 on [0, 1]
+    {"judge": {"normalize_to": [-1, 1]}, "fallback_score": -1},
+    {"judge": {"normalize_to": [-1, 1]}, "fallback_score": -3},
+    {"judge": {"normalize_to": None, "min_score": 1}, "fallback_score": 1},
+    {"fallback_score": 0.5, "on_failure": "raise"},
+]
+
+
+@pytest.mark.parametrize(("settings", "floor", "source"), JUDGE_FALLBACK_BAD)
+def test_llm_judge_refuses_a_fallback_above_the_lowest_verdict(
+    verl_config_factory, tokenizer, settings, floor, source
+):
+    from async_reward.managers import LLMJudgeRewardManager
+
+    settings = {**settings, "judge": {"base_url": "http://x/v1", **settings.get("judge", {})}}
+    config = verl_config_factory("llm_judge", settings)
+    for refuse in (check_reward_config, lambda c: LLMJudgeRewardManager(c, tokenizer)):  # driver, worker
+        with pytest.raises(ConfigError) as info:
+            refuse(config)
+        message = str(info.value)
+        assert info.value.key == "reward.async_reward.fallback_score", message
+        assert f"is above the lowest reward a judge verdict gives ({floor}, {source})" in message
+        assert (
+            info.value.fix == f"set fallback_score to {floor} or lower, or use on_failure: exclude or raise"
+        )
+        assert info.value.fix in message
+
+
+@pytest.mark.parametrize("settings", JUDGE_FALLBACK_GOOD)
+def test_llm_judge_accepts_a_fallback_at_or_below_the_lowest_verdict(
+    verl_config_factory, tokenizer, settings
+):
+    from async_reward.managers import LLMJudgeRewardManager
+
+    settings = {**settings, "judge": {"base_url": "http://x/v1", **settings.get("judge", {})}}
+    config = verl_config_factory("llm_judge", settings)
+    check_reward_config(config)
+    assert LLMJudgeRewardManager(config, tokenizer).settings.judge.base_url == "http://x/v1"
+
+
+def test_the_judge_fallback_rule_is_the_judges_only(verl_config_factory):
+    """A reward function cannot be made to fail by what the response says: any fallback goes."""
+    check_reward_config(verl_config_factory("async_naive", {"fallback_score": 0.5}))
 
 
 def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypatch):

@@ -19,7 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from async_reward.devserver.config import FAULT_KINDS, JUDGE_STYLES, STRUCTURED_OUTPUT_MODES, DevServerConfig
+from async_reward.devserver.config import (
+    FAULT_KINDS,
+    JUDGE_STYLES,
+    STRUCTURED_OUTPUT_MODES,
+    THINK_STYLES,
+    DevServerConfig,
+)
 from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
 from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
 from async_reward_cli import COMMANDS, DESCRIPTION, PROG, add_front_arguments
@@ -150,7 +156,16 @@ def _add_serve_parser(subparsers: Any) -> None:
         "(default: %(default)s)",
     )
     serve.add_argument(
-        "--think", action="store_true", help="prefix replies with a <think> block holding a decoy verdict"
+        "--think",
+        action="store_true",
+        help="replies carry thinking holding a decoy verdict (see --think-style)",
+    )
+    serve.add_argument(
+        "--think-style",
+        choices=THINK_STYLES,
+        default=defaults.think_style,
+        help="that thinking as a <think> block opening the reply (inline), without <think> (prefilled), "
+        "or in the message's reasoning_content (separate) (default: %(default)s)",
     )
     serve.add_argument(
         "--echo-response",
@@ -177,6 +192,17 @@ def _add_serve_parser(subparsers: Any) -> None:
         help="a response_format json_schema request: honour it, reject it with 400, or ignore it "
         "(default: %(default)s)",
     )
+    serve.add_argument(
+        "--unescaped-json",
+        action="store_true",
+        help="with --verdict-format json, paste the response unescaped into the JSON verdict's reasoning",
+    )
+    serve.add_argument(
+        "--no-max-tokens",
+        dest="honour_max_tokens",
+        action="store_false",
+        help="never cut a reply at the request's max_tokens (default: cut, finish_reason length)",
+    )
     serve.set_defaults(handler=_run_serve, subparser=serve)
 
 
@@ -196,10 +222,13 @@ def _serve_config(args: argparse.Namespace) -> DevServerConfig:
         api_key=api_key,
         verdict_format=args.verdict_format,
         think=args.think,
+        think_style=args.think_style,
         echo_response=args.echo_response,
         judge_style=args.judge_style,
         fixed_verdict=args.fixed_verdict,
         structured_output=args.structured_output,
+        unescaped_json=args.unescaped_json,
+        honour_max_tokens=args.honour_max_tokens,
     )
     try:
         config.validate()

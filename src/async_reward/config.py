@@ -220,8 +220,9 @@ class JudgeConfig:
     think: Literal["leading", "prefilled", "none"] = "leading"
     """The judge's thinking, skipped before reading: ``leading``, a ``<think>...</think>`` block that
     opens the reply; ``prefilled``, everything up to the first ``</think>`` (the chat template opened
-    ``<think>`` itself); ``none``, nothing (servers that return reasoning apart from the content). A
-    ``<think>`` anywhere else is plain text."""
+    ``<think>`` itself; the first ``</think>`` is trusted to be the judge's); ``none``, nothing. A
+    ``<think>`` anywhere else is plain text. Whatever the mode, a reply whose message carries the
+    thinking apart (``reasoning_content`` or ``reasoning``) is read as ``none``."""
     min_score: float = 0.0
     """Lowest verdict the judge may give; a verdict outside [min_score, max_score] is ``invalid``."""
     max_score: float = 10.0
@@ -290,14 +291,17 @@ class JudgeConfig:
                 f"must exceed min_score ({self.min_score:g})",
                 "give the judge's scale as min_score < max_score",
             )
-        if self.normalize_to is not None and not self.normalize_to[0] < self.normalize_to[1]:
+        scale = self.max_score - self.min_score
+        if not math.isfinite(scale):
             raise bad_value(
-                f"{path}.normalize_to",
-                list(self.normalize_to),
-                "is not strictly increasing: the reward would be inverted or constant",
-                "write [low, high] with low < high; to reward the opposite of what the judge rates, "
-                "ask for the opposite in judge.template (e.g. 10 = worst)",
+                f"{path}.max_score",
+                self.max_score,
+                f"is so far from min_score ({self.min_score:g}) that the scale's width overflows "
+                "floating point (every verdict would normalise to 0.0)",
+                "give the judge's real scale, e.g. min_score: 0 and max_score: 10",
             )
+        if self.normalize_to is not None:
+            self._check_normalize_to(self.normalize_to, scale, f"{path}.normalize_to")
         overridden = sorted(set(self.extra_body) & set(_JUDGE_OWN_FIELDS))
         if overridden:
             raise bad_value(
@@ -307,6 +311,31 @@ class JudgeConfig:
                 "set judge.model / temperature / max_tokens / template instead (stream and n are not "
                 "supported: one complete reply is read per call)",
             )
+
+    @staticmethod
+    def _check_normalize_to(normalize_to: tuple[float, float], scale: float, key: str) -> None:
+        low, high = normalize_to
+        if not low < high:
+            raise bad_value(
+                key,
+                list(normalize_to),
+                "is not strictly increasing: the reward would be inverted or constant",
+                "write [low, high] with low < high; to reward the opposite of what the judge rates, "
+                "ask for the opposite in judge.template (e.g. 10 = worst)",
+            )
+        # normalize_score computes low * (max - v) + high * (v - min): its terms must stay finite.
+        if not math.isfinite(high - low) or not math.isfinite(max(abs(low), abs(high)) * scale):
+            raise bad_value(
+                key,
+                list(normalize_to),
+                "is so wide that normalising a verdict overflows floating point",
+                "write the reward range you train on, e.g. [0, 1]",
+            )
+
+    @property
+    def reward_floor(self) -> float:
+        """The lowest reward a verdict can give: ``normalize_to[0]``, or ``min_score`` without it."""
+        return self.min_score if self.normalize_to is None else self.normalize_to[0]
 
     def require(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.judge") -> None:
         """What ``llm_judge`` cannot run without: a base URL, and the API key variable when one is named."""
@@ -375,7 +404,9 @@ class AsyncRewardConfig:
     as ``timeout`` (not retried: the budget is what it waited for). None: wait as long as the budget
     requires (N / RPM minutes for N samples)."""
     fallback_score: float = 0.0
-    """Score given to a sample whose scoring failed; its ``status`` says why, so it is never silent."""
+    """Score given to a sample whose scoring failed; its ``status`` says why, so it is never silent.
+    With ``llm_judge`` and ``on_failure: fallback`` it may not exceed the lowest reward a verdict gives
+    (``judge.normalize_to[0]``, or ``judge.min_score``): a response can make its judge's reply invalid."""
     on_failure: Literal["fallback", "raise", "exclude"] = "fallback"
     """``fallback``: score failures with ``fallback_score``; ``raise``: stop the step with an error;
     ``exclude``: keep failed samples out of the gradient (zero loss mask; their group's advantages
@@ -430,6 +461,26 @@ class AsyncRewardConfig:
         self.judge.check_values(f"{path}.judge")
         self.remote.check_values(f"{path}.remote")
         check_values(self.stateful, f"{path}.stateful")
+
+    def check_judge_fallback(self, path: str = CONFIG_PATH) -> None:
+        """Refuse a ``fallback_score`` above the judge's lowest reward (``llm_judge``, ``fallback``).
+
+        A response can always make its judge's reply ``invalid``: plant a verdict the judge quotes
+        (a conflict), or push it past ``max_tokens``. With a fallback above the worst verdict's
+        reward, a bad response would earn more by doing that than by being judged. Not a value rule
+        of every manager: a fallback of 0.5 is fine for a reward function that cannot be steered so.
+        """
+        floor = self.judge.reward_floor
+        if self.on_failure != "fallback" or self.fallback_score <= floor:
+            return
+        source = "judge.min_score" if self.judge.normalize_to is None else "judge.normalize_to[0]"
+        raise bad_value(
+            f"{path}.fallback_score",
+            self.fallback_score,
+            f"is above the lowest reward a judge verdict gives ({floor:g}, {source}), so a response "
+            "could raise its reward by making the judge's reply invalid (planting a conflicting verdict)",
+            f"set fallback_score to {floor:g} or lower, or use on_failure: exclude or raise",
+        )
 
     def _check_extra_defaults(self, path: str) -> None:
         for key, value in self.extra_defaults.items():

@@ -231,9 +231,21 @@ def resolve_template(template: str, parser: str = "auto") -> JudgeTemplate:
     return JudgeTemplate(name="custom", system=_SYSTEM, user=template)
 
 
+# Code points that Unicode normalisation turns into "<", ">", "&" or "/": NFKC folds the small and
+# fullwidth forms (U+FE60 U+FE64 U+FE65 U+FF06 U+FF0F U+FF1C U+FF1E), and NFD/NFKD split "≮" and
+# "≯" into "<" or ">" plus a combining slash. Written as character references, so a judge stack that
+# normalises its input cannot see the response close its block; html.unescape restores them.
+_NORMALISES_TO_MARKUP = {
+    ord(char): f"&#x{ord(char):X};"
+    for char in ("\ufe60", "\ufe64", "\ufe65", "\uff06", "\uff0f", "\uff1c", "\uff1e", "\u226e", "\u226f")
+}
+
+
 def escape_untrusted(text: str) -> str:
-    """HTML-escape ``&``, ``<`` and ``>`` (not quotes) so untrusted text cannot close or open our tags."""
-    return html.escape(text, quote=False)
+    """HTML-escape ``&``, ``<`` and ``>`` (not quotes), and write the code points that Unicode
+    normalisation turns into them as character references, so untrusted text cannot close or open
+    our tags, even for a judge stack that NFKC-normalises its input."""
+    return html.escape(text, quote=False).translate(_NORMALISES_TO_MARKUP)
 
 
 def _block(tag: str, text: str) -> str:
@@ -276,18 +288,33 @@ def normalize_score(
     A verdict out of range means the judge ignored its scale; guessing a clamp would hide that.
 
     Raises:
-        VerdictError: ``value`` is outside ``[min_score, max_score]`` or not finite.
-        ValueError: ``max_score <= min_score``.
+        VerdictError: ``value`` is outside ``[min_score, max_score]`` or not finite, or its
+            normalised score is not finite (ranges so wide that the arithmetic overflows; the
+            config refuses them at load, this is the last guard against a silent inf or 0.0).
+        ValueError: ``max_score <= min_score``, or a range whose width is not finite
+            (``[-1e308, 1e308]``: every verdict would normalise to 0.0).
     """
     if max_score <= min_score:
         raise ValueError(f"max_score ({max_score:g}) must exceed min_score ({min_score:g})")
+    ranges = [("[min_score, max_score]", min_score, max_score)]
+    if normalize_to is not None:
+        ranges.append(("normalize_to", *normalize_to))
+    for name, low_end, high_end in ranges:
+        if not math.isfinite(high_end - low_end):
+            raise ValueError(f"{name} [{low_end:g}, {high_end:g}] is wider than floating point can hold")
     if not math.isfinite(value) or not min_score <= value <= max_score:
         raise VerdictError(f"verdict {value:g} outside [{min_score:g}, {max_score:g}]")
     if normalize_to is None:
         return value
     low, high = normalize_to
     # Weighted form: the endpoints map exactly and 7 on 0-10 gives 0.4 on (-1, 1), not 0.39999...
-    return (low * (max_score - value) + high * (value - min_score)) / (max_score - min_score)
+    score = (low * (max_score - value) + high * (value - min_score)) / (max_score - min_score)
+    if not math.isfinite(score):
+        raise VerdictError(
+            f"verdict {value:g} on [{min_score:g}, {max_score:g}] normalised to [{low:g}, {high:g}] "
+            f"is not finite ({score}): the ranges are too wide for floating point"
+        )
+    return score
 
 
 def request_key(model: str, messages: list[dict[str, str]], params: Mapping[str, Any]) -> str:

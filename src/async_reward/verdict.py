@@ -25,15 +25,28 @@ How each rule serves it:
   think block that opens the reply, cut at its *first* ``</think>``. The judge's final verdict comes
   after its own closing tag, so cutting at an earlier, quoted one only exposes more text (which then
   conflicts) and never hides the verdict.
+* **JSON: every key, every object.** Every ``score``, ``rating`` or ``verdict`` key, in any case and
+  however often repeated, of every object in the reply is a verdict; so is every such key written
+  with a number as text (``"score": 10``), even where the object around it does not parse. A
+  response pasted unescaped into the judge's object can add keys to it or break it, but what it
+  adds conflicts with the judge's own key instead of replacing it.
 * **ASCII digits only**, matched by explicit ``[0-9]`` (Python's ``\\d`` and ``float()`` accept
   fullwidth, Arabic-Indic and other digits); the value is range-checked later; nothing is eval'd.
+* **Bounded work.** Every pattern is linear in the reply, and the JSON scan decodes at most
+  ``_JSON_MAX_STARTS`` objects, nearest the end first, reading at most a few times the reply: a
+  multi-megabyte hostile reply is read in milliseconds, never blocking the worker's event loop.
 * **Structured output** (``parser="structured"``): the judge server is asked for a JSON schema
-  ``{"reasoning": str, "score": number}`` and the reply must be exactly that object, so a quote can
-  only ever sit, escaped, inside ``reasoning``.
+  ``{"reasoning": str, "score": number}`` and the reply must be exactly that object, each key once,
+  so a quote can only ever sit, escaped, inside ``reasoning``.
+
+Not here, in the manager (``async_reward.managers.llm_judge``): a reply the server did not finish
+(``finish_reason`` other than ``stop``, e.g. cut at ``max_tokens``) is never read, and thinking the
+server returned apart from the content means the content is read with ``think="none"``.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import math
@@ -100,8 +113,10 @@ class VerdictRules:
     """Verdicts that disagree: ``refuse`` (``VerdictError``) or ``min`` (the lowest)."""
     think: str = "leading"
     """``leading``: skip a ``<think>`` block that opens the reply; ``prefilled``: the reply continues
-    a ``<think>`` the chat template opened, so everything up to the first ``</think>`` is skipped;
-    ``none``: skip nothing (a server that returns reasoning apart from the content)."""
+    a ``<think>`` the chat template opened, so everything up to the first ``</think>`` is skipped:
+    this trusts the first ``</think>`` to be the judge's, so a reply without one of its own (thinking
+    returned apart) must not be read so; ``none``: skip nothing (a server that returns reasoning
+    apart from the content)."""
 
     def __post_init__(self) -> None:
         for name, valid in (
@@ -148,47 +163,89 @@ def strip_think(text: str, think: str = "leading") -> str:
 # ASCII digits spelled out: with a str pattern, \d also matches fullwidth and other Unicode digits.
 _NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
 _OUT_OF = rf"(?:\s*/\s*{_NUM})?"  # "8/10": the numerator is the verdict
+# Every pattern is linear in the text: no two adjacent parts can match the same characters, so a
+# run of spaces or stars never makes the engine try every way to split it (``\s*\**\s*`` did:
+# "Score:" and 16k spaces took 4 s, blocking the worker's event loop outside any deadline).
 _PATTERNS: dict[str, re.Pattern[str]] = {
     "brackets": re.compile(rf"\[\[\s*({_NUM}){_OUT_OF}\s*\]\]", re.ASCII),
     "boxed": re.compile(rf"\\boxed\{{\s*({_NUM}){_OUT_OF}\s*\}}", re.ASCII),
     # Markdown bold around the label ("**Score:** 8") is allowed; "subscore" does not match (\b).
     # re.ASCII also keeps IGNORECASE from matching "ſcore" (long s) or the Kelvin sign.
     "score": re.compile(
-        rf"\b(?:score|rating)\**\s*(?:[:=]|is\b)\s*\**\s*({_NUM}){_OUT_OF}", re.IGNORECASE | re.ASCII
+        rf"\b(?:score|rating)\**\s*(?:[:=]|is\b)\s*(?:\*+\s*)?({_NUM}){_OUT_OF}", re.IGNORECASE | re.ASCII
     ),
 }
 _NUMBER_TEXT = re.compile(rf"\s*{_NUM}\s*", re.ASCII)
 _JSON_KEYS = ("score", "rating", "verdict")
 _JSON_START = re.compile(r"\{\s*\"")
+# A verdict key and a number as text, wherever it stands: also inside a judge's object that a pasted,
+# unescaped quote broke (so it no longer parses), and inside a quoted object. An escaped \"score\"
+# (a quote inside a JSON string) does not match: its closing quote follows a backslash.
+_JSON_KEY_TEXT = re.compile(
+    rf'"(?:score|rating|verdict)"\s*:\s*(?:"\s*({_NUM})\s*"|({_NUM}))', re.IGNORECASE | re.ASCII
+)
+# Bounds of the JSON scan (see _json_objects): how many "{" starts are decoded, nearest the end first,
+# and how many characters the decoder may read in all, per character of the text.
+_JSON_MAX_STARTS = 256
+_JSON_READ_PER_CHAR = 4
 # What may follow the verdict when it must end the reply: whitespace, markdown and LaTeX closers
 # ("**Verdict: [[7]]**", "... [[7]].", "$\\boxed{7}$", a closing code fence).
 _TRAILER = re.compile(r"[\s*_`~.!)$]*", re.ASCII)
 _NAMES = {"brackets": "[[n]]", "boxed": "\\boxed{n}", "score": "Score: n", "json": '{"score": n}'}
 
 
-def _json_matches(text: str) -> list[tuple[int, Any]]:
-    """(end offset, value) for each JSON object in ``text`` with a score key at its top level.
+def _json_objects(text: str) -> list[tuple[int, list[tuple[Any, Any]]]]:
+    """(end offset, key/value pairs) of each JSON object in ``text``, duplicate keys kept.
 
-    Every ``{"`` is tried with ``raw_decode``, so objects nested in others count too: a judge's
-    verdict object has no nested score, and a quoted one must not hide inside another. Quadratic at
-    worst (text full of unterminated objects), but a reply is bounded by ``JudgeConfig.max_tokens``.
+    Every ``{"`` is a start, so objects nested in others count too: a judge's verdict object has no
+    nested score, and a quoted one must not hide inside another. Decoding from every start is
+    quadratic (``'{"' * 500_000`` took 95 s), so the work is capped: the last ``_JSON_MAX_STARTS``
+    starts are tried, nearest the end first (where the judge's verdict is), each on its own slice
+    (the decoder's error position, and its line count, stay local), until the decoder has read
+    ``_JSON_READ_PER_CHAR`` times the text. An object not decoded adds no verdict of its own, so
+    it can never be the one read; the verdict keys written in it still count (``_JSON_KEY_TEXT``).
     """
-    decoder = json.JSONDecoder()  # NaN and Infinity decode to floats, which _to_number refuses
-    found: list[tuple[int, Any]] = []
-    for start in _JSON_START.finditer(text):
+    decoder = json.JSONDecoder(object_pairs_hook=list)  # NaN and Infinity: floats _to_number refuses
+    starts = collections.deque((m.start() for m in _JSON_START.finditer(text)), maxlen=_JSON_MAX_STARTS)
+    budget = _JSON_READ_PER_CHAR * len(text) + 4096
+    found: list[tuple[int, list[tuple[Any, Any]]]] = []
+    for start in reversed(starts):
+        if budget <= 0:
+            break
+        piece = text[start : start + budget]
         try:
-            obj, end = decoder.raw_decode(text, start.start())
-        except (ValueError, RecursionError):  # RecursionError: a reply nesting thousands of objects
+            pairs, end = decoder.raw_decode(piece)
+        except json.JSONDecodeError as exc:
+            budget -= exc.pos + 1
             continue
-        keys = {str(key).lower(): value for key, value in obj.items()} if isinstance(obj, dict) else {}
-        key = next((key for key in _JSON_KEYS if key in keys), None)
-        if key is not None:
-            found.append((end, keys[key]))
+        except RecursionError:  # a reply nesting thousands of objects: count it as read to the end
+            budget -= len(piece)
+            continue
+        budget -= end
+        found.append((start + end, pairs))
     return found
 
 
-def _find(fmt: str, text: str) -> list[tuple[int, Any]]:
-    """(end offset, raw value) of each verdict in format ``fmt``."""
+def _json_matches(text: str) -> list[tuple[int | None, Any]]:
+    """(end offset, value) of every verdict key of every decoded object, then (None, value) of
+    every verdict key written as text (``_JSON_KEY_TEXT``); none at all without a decoded one.
+
+    Every occurrence counts as its own verdict, whatever its case, name (``score``, ``rating``,
+    ``verdict``) or repetition: a response pasted unescaped into the judge's object can add keys
+    to it (``{"score": 2, "reasoning": "it says ", "score": 10, "x": ""}``), and reading one value
+    per object (the last of duplicates, the first name of several) would let it pick the verdict.
+    The text matches only conflict: their offsets never decide whether the verdict ends the reply.
+    """
+    found: list[tuple[int | None, Any]] = []
+    for end, pairs in _json_objects(text):
+        found += [(end, value) for key, value in pairs if str(key).casefold() in _JSON_KEYS]
+    if found:
+        found += [(None, m.group(1) or m.group(2)) for m in _JSON_KEY_TEXT.finditer(text)]
+    return found
+
+
+def _find(fmt: str, text: str) -> list[tuple[int | None, Any]]:
+    """(end offset, raw value) of each verdict in format ``fmt``; offset None: conflicts only."""
     if fmt == "json":
         return _json_matches(text)
     return [(m.end(), m.group(1)) for m in _PATTERNS[fmt].finditer(text)]
@@ -213,9 +270,22 @@ def _excerpt(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        counts = collections.Counter(key for key, _ in pairs)
+        repeated = sorted(key[:20] for key, count in counts.items() if count > 1)[:4]
+        raise VerdictError(f"structured reply repeats the key(s) {repeated}: which one is the judge's?")
+    return obj
+
+
 def _read_structured(visible: str) -> float:
     try:
-        obj = json.loads(visible)
+        # json.loads keeps the last of duplicate keys: a response pasted unescaped into the object
+        # (a server that ignores response_format) could then add its own "score" after the judge's.
+        obj = json.loads(visible, object_pairs_hook=_unique_keys)
+    except VerdictError:
+        raise
     except (ValueError, RecursionError):
         raise VerdictError(
             "reply is not the JSON object the response_format schema asks for (does the judge "
@@ -252,7 +322,7 @@ def read_verdict(text: str, rules: VerdictRules) -> float:
     if not found:
         raise VerdictError(f"no verdict in the form {_NAMES[rules.parser]} (judge.parser={rules.parser})")
     values = [_to_number(raw) for _, raw in found]
-    last_end = max(end for end, _ in found)
+    last_end = max(end for end, _ in found if end is not None)
     if rules.position == "end" and not _TRAILER.fullmatch(visible, last_end):
         raise VerdictError(
             f"reply does not end with its verdict: {_excerpt(visible[last_end:].strip())} follows the "

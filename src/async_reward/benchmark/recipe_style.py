@@ -33,6 +33,7 @@ class _Held:
     group_key: str
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    """When the relay began submitting it to the inner source (``timing_s/reward_held`` ends here)."""
     inner: Any = None
     groups: deque[RewardChunk] = field(default_factory=deque)
     ready: int = 0
@@ -99,8 +100,11 @@ class SequentialRewards:
                     return
                 held = self._pending.popleft()
             try:
+                # Read before the inner submit, so held + the inner submit-to-done time never
+                # overstates when the batch's last reward was scored (structure.schedule_facts).
+                started = time.monotonic()
                 held.inner = self.inner.submit(held.batch, held.group_key)
-                held.started_at = time.monotonic()
+                held.started_at = started
                 remaining = len(held.batch)
                 while remaining:
                     # n=1: the next complete group as soon as it is scored, like the recipe's queue.

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from async_reward.benchmark.structure import schedule_facts
 from async_reward.pipeline.schedule import StepRecord
 
 __all__ = [
@@ -87,7 +88,8 @@ def summarize(
     """Raw and steady-state numbers of one run, in recipe seconds (measured seconds / ``time_scale``).
 
     ``samples`` are the service's in-flight counters (see ``timeline.InFlightSampler``), taken every
-    ``sample_interval_s`` real seconds (which gives ``probe_lag_ms``)."""
+    ``sample_interval_s`` real seconds (which gives ``probe_lag_ms``). Per-step lists include the
+    schedule's structure (``structure.schedule_facts``)."""
     measured = measured_steps(records)
     span = sum(r.duration for r in measured)
     gpu = sum(e.duration for r in measured for e in r.events if e.name in _GPU_STAGES)
@@ -117,6 +119,7 @@ def summarize(
         ],
         "reward_latency_p50_s": [r.metrics.get("reward/latency_p50", math.nan) / time_scale for r in records],
         "reward_status_ok": [r.metrics.get("reward/status_ok", math.nan) for r in records],
+        **schedule_facts(records, time_scale),
     }
 
 

@@ -50,6 +50,11 @@ class BenchConfig:
     judge_faults: tuple[str, ...] = ()
     """Faults the judge injects, ``KIND=RATE`` as ``async-reward serve --fault`` takes them (e.g.
     ``400=1`` answers every request with an error, which the verdict must then fail)."""
+    pipeline: bool = True
+    """False (``--disable-pipeline``) runs every one of our strategies with the baseline schedule
+    (verl's order) under its own name, through the same reward path: a pipeline that does nothing,
+    which the verdict must FAIL at any machine load. For seeing the checks work; v1 strategies are
+    unaffected."""
     checks: str = "full"
     """Tolerances of the verdict: ``full`` or ``quick`` (``verdict.FULL_TOLERANCES`` /
     ``QUICK_TOLERANCES``)."""

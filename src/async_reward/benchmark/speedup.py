@@ -20,7 +20,9 @@ the same ``llm_judge`` against the same server. A fourth regime has a long-taile
 
 The run ends with a verdict on our strategies in the recipe regime (``benchmark.verdict``): one line
 first (PASS, FAIL or INCONCLUSIVE), then the tables and the checks. ``--quick`` and ``--check`` exit 1
-on FAIL.
+on FAIL. ``--disable-pipeline`` runs each of our strategies with the baseline schedule under its own
+name, to show the verdict failing a pipeline that overlaps nothing (``benchmark.structure``), at any
+machine load.
 
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.
@@ -81,9 +83,8 @@ def _run_one(
     server.reset()
     source = SequentialRewards(manager) if strategy == "recipe_style" else manager
     timeout = max(60.0, 20 * backend.stages.step_s)
-    schedule = StepSchedule(
-        backend, source, OUR_STRATEGIES[strategy], cfg.mini_batches, timeout, keep_batches=False
-    )
+    mode = OUR_STRATEGIES[strategy] if cfg.pipeline else "baseline"  # --disable-pipeline
+    schedule = StepSchedule(backend, source, mode, cfg.mini_batches, timeout, keep_batches=False)
     sampler = InFlightSampler(server.stats, cfg.sample_interval_real).start()
     origin = time.perf_counter()
     records = []
@@ -189,7 +190,13 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             if regime_name == "recipe" and ours:  # the verdict is on our strategies, against the recipe
                 tolerances = QUICK_TOLERANCES if cfg.checks == "quick" else FULL_TOLERANCES
                 summary["verdict"] = judge(
-                    ours, targets, cfg.prompts * cfg.group_size, tolerances, results["cpus"]
+                    ours,
+                    targets,
+                    cfg.prompts * cfg.group_size,
+                    tolerances,
+                    results["cpus"],
+                    modes=OUR_STRATEGIES,  # what each should run, also under --disable-pipeline
+                    mini_batches=cfg.mini_batches,
                 )
             results["regimes"][regime_name] = summary
     results["wall_time_s"] = time.perf_counter() - started
@@ -265,6 +272,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         help="make the judge inject a fault (as 'async-reward serve --fault'), e.g. 400=1 fails every call",
     )
     parser.add_argument(
+        "--disable-pipeline",
+        dest="pipeline",
+        action="store_false",
+        default=None,
+        help="run every one of our strategies with the baseline schedule (verl's order) under its own "
+        "name: shows what the verdict does with a pipeline that overlaps nothing (it must FAIL)",
+    )
+    parser.add_argument(
         "--checks", choices=("full", "quick"), help="tolerances of the verdict (default: quick with --quick)"
     )
     parser.add_argument(
@@ -303,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n{cfg.prompts}x{cfg.group_size} samples/step, capacity {cfg.capacity}, {cfg.mini_batches} "
         f"mini-batches, time scale {cfg.time_scale:.4g}, {cfg.steps} steps per strategy"
+        + ("" if cfg.pipeline else "; PIPELINE DISABLED: every strategy ran the baseline schedule")
     )
     print(f"steady state: {results['steady_state']}\n")
     for name, regime in results["regimes"].items():

@@ -13,17 +13,24 @@ What a run (``--quick`` included) must prove, in the recipe regime, and how each
    the baseline by at least the recipe's reduction minus ``reduction_margin_points``. Being faster than
    the recipe is not a failure (one-sided). A run with pipelining disabled cuts nothing and fails.
 4. **"both" reaches the bound** (``both_at_bound``): its step is at most ``bound_ceiling`` x the bound.
+5. **The schedules are pipelined** (``staleness_by_schedule``, ``rollout_overlaps_scoring``,
+   ``updates_overlap_scoring``, ``reward_wait_share``; :mod:`async_reward.benchmark.structure`): the
+   order of each strategy's events against the moment its batch's last reward was scored shows the
+   overlap its schedule promises (batch k+1 generated while batch k is scored, updates on the first
+   chunks while the last are scored, one version stale), and the off-policy strategies spend a
+   clearly smaller share of each batch's scoring blocked on it than the baseline.
 
-Checks 1 and 2 hold on any machine: a busy CPU makes steps slower, never faster, and does not change
-a reward's status. Checks 3 and 4 are about speed, and a time-scaled run on a CPU that other work
-starves cannot show it: the reward path's real CPU time (HTTP, Ray, our managers) is not scaled down
-with the calibrated waits, so at 1/300 a millisecond of CPU the run waits for costs 0.3 s of recipe
-time. Each strategy's run records how starved it may have been: the lag of the in-flight sampler's
-rounds through the judge's event loop (``probe_lag_ms``, see ``report.probe_lag_ms``) and the
-machine's load average. A speed check that misses on a run over ``max_probe_lag_ms`` or
-``max_load_per_cpu`` is *inconclusive*, not failed. Neither signal is sharp (our Ray workers can be
-starved while the probe is not), so on a busy machine a broken pipeline is reported inconclusive
-too; checks 1 and 2 still fail it if its rewards or timings are impossible.
+Checks 1, 2 and 5 hold on any machine: a busy CPU makes steps slower, never faster, does not change a
+reward's status, and lengthens the real reward path against the calibrated GPU waits, which only
+widens the overlaps a pipeline shows; a disabled pipeline shows none at any load. Checks 3 and 4 are
+about speed, and a time-scaled run on a CPU that other work starves cannot show it: the reward path's
+real CPU time (HTTP, Ray, our managers) is not scaled down with the calibrated waits, so at 1/300 a
+millisecond of CPU the run waits for costs 0.3 s of recipe time. Each strategy's run records how
+starved it may have been: the lag of the in-flight sampler's rounds through the judge's event loop
+(``probe_lag_ms``, see ``report.probe_lag_ms``) and the machine's load average. A speed check that
+misses on a run over ``max_probe_lag_ms`` or ``max_load_per_cpu`` is *inconclusive*, not failed.
+Neither signal is sharp (our Ray workers can be starved while the probe is not), which is why a
+disabled or broken pipeline must fail checks 1, 2 or 5, which never turn inconclusive.
 
 Outcomes: ``FAIL`` (a check failed on a run that could show it), ``INCONCLUSIVE`` (only starved runs
 missed: rerun on a quieter machine), ``PASS``. The tolerances come from the spread of repeated runs
@@ -36,6 +43,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from async_reward.benchmark.scenarios import OUR_STRATEGIES
+from async_reward.benchmark.structure import STRUCTURAL_CHECKS, structural_checks
 
 __all__ = ["FULL_TOLERANCES", "PIPELINED", "QUICK_TOLERANCES", "Tolerances", "judge", "summary_line"]
 
@@ -78,9 +88,13 @@ def judge(
     samples_per_step: int,
     tolerances: Tolerances,
     cpus: int = 1,
+    modes: dict[str, str] | None = None,
+    mini_batches: int | None = None,
 ) -> dict[str, Any]:
     """Check one regime's summaries (``report.summarize`` + ``add_relative``) against the recipe.
 
+    ``modes`` maps each strategy to the schedule it is meant to run (default: ``OUR_STRATEGIES``),
+    ``mini_batches`` is the updates per step the mini-batch strategies must make (None: not checked).
     Returns ``{"outcome": "PASS" | "FAIL" | "INCONCLUSIVE", "passed": bool, "failed": [...],
     "inconclusive": [...], "starved": {strategy: why}, "checks": {name: {..., "ok": bool}},
     "tolerances": {...}}``. Checks that need a strategy the run left out are not made.
@@ -131,6 +145,7 @@ def judge(
             "timed": ["both"],
             "ok": bool(ratio <= tolerances.bound_ceiling),
         }
+    checks.update(structural_checks(strategies, OUR_STRATEGIES if modes is None else modes, mini_batches))
     starved: dict[str, str] = {}
     for name, s in strategies.items():
         lag, load = float(s.get("probe_lag_ms", math.nan)), float(s.get("load_average_1min", math.nan))
@@ -197,4 +212,25 @@ def summary_line(verdict: dict[str, Any]) -> str:
     lowest = checks.get("no_strategy_below_bound")
     if lowest is not None and not lowest["ok"]:
         parts.append(f"{lowest['lowest']} at {lowest['ratio']:.3f}x the bound: faster than possible")
-    return f"{head}: " + "; ".join(parts)
+    parts.append(_structure_phrase(checks))
+    return f"{head}: " + "; ".join(part for part in parts if part)
+
+
+def _structure_phrase(checks: dict[str, dict[str, Any]]) -> str:
+    """What the structural checks saw, in a few words (empty when none was made)."""
+    made = [name for name in STRUCTURAL_CHECKS if name in checks]
+    if not made:
+        return ""
+    if all(checks[name]["ok"] for name in made):
+        return "schedules overlap scoring as designed"
+    said = []
+    if not (check := checks.get("staleness_by_schedule", {"ok": True}))["ok"]:
+        said.append(f"wrong staleness in {', '.join(check['wrong'])}")
+    if not (check := checks.get("rollout_overlaps_scoring", {"ok": True}))["ok"]:
+        said.append(f"next batch not rolled out during scoring in {', '.join(check['failing'])}")
+    if not (check := checks.get("updates_overlap_scoring", {"ok": True}))["ok"]:
+        said.append(f"no updates during scoring in {', '.join(check['failing'])}")
+    if not (check := checks.get("reward_wait_share", {"ok": True}))["ok"]:
+        ratios = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in check["ratio_to_baseline"].items())
+        said.append(f"share of scoring spent blocked vs baseline's: {ratios} (max {check['ceiling']:g}x)")
+    return "pipeline not working: " + "; ".join(said)

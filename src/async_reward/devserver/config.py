@@ -10,13 +10,14 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from async_reward.devserver.judge import JudgeStyle, VerdictFormat
+from async_reward.devserver.judge import JudgeStyle, ThinkStyle, VerdictFormat
 
 __all__ = [
     "FAULT_KINDS",
     "JUDGE_STYLES",
     "RUNTIME_CONFIG_KEYS",
     "STRUCTURED_OUTPUT_MODES",
+    "THINK_STYLES",
     "DevServerConfig",
     "ServerStats",
     "coerce_runtime_value",
@@ -32,16 +33,21 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "fault_rates",
     "verdict_format",
     "think",
+    "think_style",
     "echo_response",
     "judge_style",
     "fixed_verdict",
     "structured_output",
+    "unescaped_json",
+    "honour_max_tokens",
     "api_key",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
 JUDGE_STYLES: tuple[str, ...] = ("verdict-last", "verdict-then-quote")
 """Values of ``DevServerConfig.judge_style``."""
+THINK_STYLES: tuple[str, ...] = ("inline", "prefilled", "separate")
+"""Values of ``DevServerConfig.think_style``."""
 STRUCTURED_OUTPUT_MODES: tuple[str, ...] = ("honour", "reject", "ignore")
 """Values of ``DevServerConfig.structured_output``."""
 _REQUEST_TIMES_KEPT = 100_000
@@ -72,7 +78,11 @@ class DevServerConfig:
     """How the judge states its verdict: ``Rating: [[7]]``, ``\\boxed{7}``, ``Score: 7`` or
     ``{"score": 7, "reason": ...}``."""
     think: bool = False
-    """Prefix replies with a ``<think>`` block holding a decoy verdict, to test parsers skip it."""
+    """Replies carry thinking holding a decoy verdict, to test parsers skip it (see ``think_style``)."""
+    think_style: ThinkStyle = "inline"
+    """How that thinking is returned: ``inline``, a ``<think>...</think>`` block opening the content;
+    ``prefilled``, the same without ``<think>`` (a chat template that opens it itself); ``separate``,
+    in the message's ``reasoning_content`` (a server with a reasoning parser)."""
     echo_response: bool = False
     """Quote the policy response before the verdict, to test parsers take the final verdict only."""
     judge_style: JudgeStyle = "verdict-last"
@@ -85,6 +95,13 @@ class DevServerConfig:
     """A request with ``response_format`` json_schema: ``honour`` replies with a JSON object filling
     the schema; ``reject`` answers 400 (a server without structured output); ``ignore`` replies in
     text as if the field were absent (servers that drop unknown fields)."""
+    unescaped_json: bool = False
+    """With ``verdict_format: json``, the reply is one JSON object whose reasoning quotes the response
+    pasted in without JSON escaping (a judge writing JSON by hand): score last for ``verdict-last``,
+    first for ``verdict-then-quote``. The response can then add keys to the object, or break it."""
+    honour_max_tokens: bool = True
+    """Cut each reply after the request's ``max_tokens`` words (thinking first) and answer
+    ``finish_reason: length``, as servers do; off: replies are never cut (``stop``)."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -113,6 +130,8 @@ class DevServerConfig:
         verdict = self.fixed_verdict
         if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")
+        if self.think_style not in THINK_STYLES:
+            raise ValueError(f"think_style must be one of {list(THINK_STYLES)}, got {self.think_style!r}")
         if self.structured_output not in STRUCTURED_OUTPUT_MODES:
             raise ValueError(
                 f"structured_output must be one of {list(STRUCTURED_OUTPUT_MODES)}, "
@@ -136,7 +155,9 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ValueError("fault_rates must be an object of kind -> rate")
         return {str(kind): float(rate) for kind, rate in value.items()}
-    if key in ("think", "echo_response") and not isinstance(value, bool):
+    if key in ("think", "echo_response", "unescaped_json", "honour_max_tokens") and not isinstance(
+        value, bool
+    ):
         raise ValueError(f"{key} must be true or false")
     if (
         key == "fixed_verdict"

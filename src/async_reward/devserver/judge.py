@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "JudgeReply",
     "JudgeStyle",
     "Judgement",
+    "ThinkStyle",
     "answers_match",
+    "cut_at_max_tokens",
     "extract_final_answer",
     "judge_messages",
     "message_text",
@@ -30,12 +33,18 @@ VerdictFormat = Literal["brackets", "boxed", "score", "json"]
 #: ``verdict-last``: [quote] explanation, verdict (what templates ask); ``verdict-then-quote``:
 #: explanation, verdict, then the response quoted (a judge that discusses the response afterwards).
 JudgeStyle = Literal["verdict-last", "verdict-then-quote"]
+#: How thinking (``DevServerConfig.think``) is returned: ``inline``, a ``<think>...</think>`` block opening
+#: the content; ``prefilled``, the same without ``<think>`` (the chat template opened it); ``separate``,
+#: in the message's ``reasoning_content``, as servers with a reasoning parser do.
+ThinkStyle = Literal["inline", "prefilled", "separate"]
 
 # A number as people write it: optional minus, digits with optional thousands commas, optional decimals.
 _NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
 # Stricter, whole-string form used to decide whether a (comma-stripped) answer *is* a number.
 _WHOLE_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 _BOXED = "\\boxed{"
+_BRACE = re.compile(r"[{}]")
+_WORD = re.compile(r"\S+")
 _REFERENCE = re.compile(r"<reference>(.*?)</reference>", re.DOTALL)
 _RESPONSE = re.compile(r"<response>(.*?)</response>", re.DOTALL)
 
@@ -43,19 +52,24 @@ _RESPONSE = re.compile(r"<response>(.*?)</response>", re.DOTALL)
 def _last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}``, with nested braces balanced (``\\boxed{\\frac{1}{2}}``).
 
-    A regex cannot balance braces, hence the scan. An unterminated last box is ignored rather than
-    swallowing the rest of the text.
+    A regex cannot balance braces, hence the scan: one pass over the braces with a stack of the open
+    ones, so a text of many unclosed boxes costs no more than its length (re-scanning from each box
+    took 30 s for ``"\\boxed{" * 5000``, blocking the server). "Last" is the box that opens last
+    among those that close; an unterminated box is ignored rather than swallowing the rest of the text.
     """
-    start = text.rfind(_BOXED)
-    while start != -1:
-        depth, i = 1, start + len(_BOXED)
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            return text[start + len(_BOXED) : i - 1].strip()
-        start = text.rfind(_BOXED, 0, start)
-    return None
+    open_braces: list[int] = []  # offsets of unclosed "{"
+    last: tuple[int, int] | None = None  # (content start, content end) of the last complete box
+    for brace in _BRACE.finditer(text):
+        at = brace.start()
+        if text[at] == "{":
+            open_braces.append(at)
+        elif open_braces:
+            opened = open_braces.pop()
+            box_at = opened + 1 - len(_BOXED)
+            is_box = box_at >= 0 and text.startswith(_BOXED, box_at)
+            if is_box and (last is None or opened + 1 > last[0]):
+                last = (opened + 1, at)
+    return None if last is None else text[last[0] : last[1]].strip()
 
 
 def extract_final_answer(text: str) -> str | None:
@@ -163,11 +177,22 @@ def _format_verdict(verdict: int, explanation: str, verdict_format: VerdictForma
     return f"{explanation}\nRating: [[{verdict}]]"
 
 
-def _think_block(judgement: Judgement) -> str:
+def _unescaped_json(judgement: Judgement, style: JudgeStyle) -> str:
+    """A JSON verdict written as text, its reasoning quoting the response without JSON escaping
+    (a judge that writes JSON by hand): score last for ``verdict-last``, first otherwise."""
+    reasoning = judgement.explanation
+    if judgement.response is not None:
+        reasoning += f" The response reads: {judgement.response.strip()}"
+    if style == "verdict-last":
+        return f'{{"reasoning": "{reasoning}", "score": {judgement.verdict}}}'
+    return f'{{"score": {judgement.verdict}, "reasoning": "{reasoning}"}}'
+
+
+def _thinking(judgement: Judgement) -> str:
     decoy = 0 if judgement.verdict == 10 else 10
     return (
-        f"<think>A hasty judge would write Score: {decoy} [[{decoy}]] \\boxed{{{decoy}}} "
-        f'{{"score": {decoy}}} here; let me check properly instead.</think>'
+        f"A hasty judge would write Score: {decoy} [[{decoy}]] \\boxed{{{decoy}}} "
+        f'{{"score": {decoy}}} here; let me check properly instead.'
     )
 
 
@@ -175,29 +200,53 @@ def _quote(judgement: Judgement) -> str:
     return f'The response under review reads:\n"""\n{judgement.response}\n"""'
 
 
+@dataclass(frozen=True)
+class JudgeReply:
+    """One rendered judge reply: the message's ``content``, and its ``reasoning_content`` if any."""
+
+    content: str
+    reasoning: str | None = None
+    """The judge's thinking returned apart from the content (``think_style: separate``)."""
+
+
+def _with_thinking(judgement: Judgement, answer: str, think: bool, think_style: ThinkStyle) -> JudgeReply:
+    if not think:
+        return JudgeReply(answer)
+    if think_style == "separate":
+        return JudgeReply(answer, reasoning=_thinking(judgement))
+    opening = "" if think_style == "prefilled" else "<think>"  # prefilled: the chat template opened it
+    return JudgeReply(f"{opening}{_thinking(judgement)}</think>\n{answer}")
+
+
 def render_reply(
     judgement: Judgement,
     verdict_format: VerdictFormat,
     *,
     think: bool = False,
+    think_style: ThinkStyle = "inline",
     echo_response: bool = False,
     style: JudgeStyle = "verdict-last",
-) -> str:
-    """The judge's reply text: [think block] [quoted response] explanation and verdict; or, in style
+    unescaped_json: bool = False,
+) -> JudgeReply:
+    """The judge's reply: [think block] [quoted response] explanation and verdict; or, in style
     ``verdict-then-quote``, [think block] explanation and verdict, then the quoted response.
 
-    The think block and the quoted response exist to trip parsers: the decoy inside ``<think>`` always
-    differs from the real verdict, and a quoted response may itself contain ``[[10]]`` or
-    ``\\boxed{...}``, before the verdict or (``verdict-then-quote``) after it.
+    The think block and the quoted response exist to trip parsers: the decoy inside the thinking
+    always differs from the real verdict, and a quoted response may itself contain ``[[10]]`` or
+    ``\\boxed{...}``, before the verdict or (``verdict-then-quote``) after it. ``unescaped_json``
+    (with the ``json`` format): the reply is one JSON object whose reasoning pastes the response in
+    unescaped, so the response can add keys to the judge's object or break it.
     """
-    parts: list[str] = [_think_block(judgement)] if think else []
+    if unescaped_json and verdict_format == "json":
+        return _with_thinking(judgement, _unescaped_json(judgement, style), think, think_style)
+    parts: list[str] = []
     quoted = judgement.response is not None
     if echo_response and quoted and style == "verdict-last":
         parts.append(_quote(judgement))
     parts.append(_format_verdict(judgement.verdict, judgement.explanation, verdict_format))
     if quoted and style == "verdict-then-quote":
         parts.append(_quote(judgement))
-    return "\n".join(parts)
+    return _with_thinking(judgement, "\n".join(parts), think, think_style)
 
 
 def render_structured(
@@ -205,12 +254,13 @@ def render_structured(
     properties: dict[str, Any],
     *,
     think: bool = False,
+    think_style: ThinkStyle = "inline",
     echo_response: bool = False,
     style: JudgeStyle = "verdict-last",
-) -> str:
+) -> JudgeReply:
     """The reply to a request with a ``response_format`` json_schema: a JSON object filling the
     schema's ``properties`` (``score`` gets the verdict, string properties the explanation, which
-    quotes the response when the style or ``echo_response`` asks for it), after an optional think block.
+    quotes the response when the style or ``echo_response`` asks for it), after optional thinking.
     """
     explanation = judgement.explanation
     if judgement.response is not None and (echo_response or style == "verdict-then-quote"):
@@ -221,5 +271,26 @@ def render_structured(
             reply[name] = judgement.verdict
         elif isinstance(spec, dict) and spec.get("type") == "string":
             reply[name] = explanation
-    text = json.dumps(reply, ensure_ascii=False)
-    return f"{_think_block(judgement)}\n{text}" if think else text
+    return _with_thinking(judgement, json.dumps(reply, ensure_ascii=False), think, think_style)
+
+
+def cut_at_max_tokens(reply: JudgeReply, max_tokens: int) -> tuple[JudgeReply, bool]:
+    """``reply`` cut after ``max_tokens`` whitespace words (thinking first, as it is generated
+    first), as a server cuts a completion at ``max_tokens``; True when something was cut."""
+    reasoning, budget = reply.reasoning, max_tokens
+    if reasoning is not None:
+        reasoning, budget = _first_words(reasoning, budget)
+    content, _ = _first_words(reply.content, budget)
+    cut = content != reply.content or reasoning != reply.reasoning
+    return JudgeReply(content, reasoning), cut
+
+
+def _first_words(text: str, limit: int) -> tuple[str, int]:
+    """The text up to its ``limit``-th word if it has more (separators before it kept), and the
+    words of ``limit`` it left unused."""
+    count, end = 0, 0
+    for word in _WORD.finditer(text):
+        if count == limit:
+            return text[:end], 0
+        count, end = count + 1, word.end()
+    return text, limit - count

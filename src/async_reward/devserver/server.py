@@ -8,6 +8,9 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 * ``fault_rates`` inject seeded random faults (reproducible runs);
 * ``judge_style``, ``fixed_verdict`` and ``structured_output`` make it an adversary's judge (one
   that quotes the response after its verdict) and a server with or without ``response_format``;
+  ``unescaped_json`` a judge that pastes the response unescaped into its JSON verdict;
+  ``think_style`` returns thinking inline, prefilled or apart (``reasoning_content``);
+* replies are cut at the request's ``max_tokens`` (in words) with ``finish_reason: length``;
 * a ``@@fault:KIND@@`` or ``@@fault:KIND:N@@`` marker in a request body injects a fault into that
   request only (``:N``: into the first N identical bodies), so a test can count retry attempts.
 
@@ -43,6 +46,7 @@ from async_reward.devserver.config import (
 )
 from async_reward.devserver.judge import (
     answers_match,
+    cut_at_max_tokens,
     extract_final_answer,
     judge_messages,
     message_text,
@@ -342,25 +346,38 @@ class DevServer:
         schema_properties = self._structured_schema(payload.get("response_format"))
         judgement = judge_messages(messages, cfg.fixed_verdict)
         if schema_properties is None:
-            text = render_reply(
+            reply = render_reply(
                 judgement,
                 cfg.verdict_format,
                 think=cfg.think,
+                think_style=cfg.think_style,
                 echo_response=cfg.echo_response,
                 style=cfg.judge_style,
+                unescaped_json=cfg.unescaped_json,
             )
         else:
-            text = render_structured(
+            reply = render_structured(
                 judgement,
                 schema_properties,
                 think=cfg.think,
+                think_style=cfg.think_style,
                 echo_response=cfg.echo_response,
                 style=cfg.judge_style,
             )
+        finish_reason = "stop"
+        max_tokens = payload.get("max_tokens")
+        if cfg.honour_max_tokens and max_tokens is not None:
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+                raise _BadRequest("'max_tokens' must be a positive integer")
+            reply, cut = cut_at_max_tokens(reply, max_tokens)
+            finish_reason = "length" if cut else "stop"
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
         prompt_tokens = sum(word_count(message_text(m)) for m in messages)
-        completion_tokens = word_count(text) * n
+        completion_tokens = (word_count(reply.content) + word_count(reply.reasoning or "")) * n
         self._stats.tokens_total += prompt_tokens + completion_tokens
-        choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        choice = {"message": message, "finish_reason": finish_reason}
         return web.json_response(
             {
                 "id": f"chatcmpl-{next(self._completion_ids)}",

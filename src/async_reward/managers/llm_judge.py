@@ -3,8 +3,11 @@
 The policy's response is delimited and escaped in the judge prompt (``judge.build_messages``), and
 the verdict is read by ``async_reward.verdict``'s rules: the one format the template asks for, at the
 end of the reply, conflicting verdicts refused, so text inside the response cannot pose as the
-verdict. ``judge.parser: structured`` asks the server for a JSON schema instead. Identical requests in
-flight share one call; with ``judge.cache`` their verdicts are kept.
+verdict. ``judge.parser: structured`` asks the server for a JSON schema instead. A reply the server
+did not finish (``finish_reason`` other than ``stop``, e.g. cut at ``max_tokens``) is never read, and
+when the server returns the judge's thinking apart from the content, no ``</think>`` in the content
+is taken for the judge's. Identical requests in flight share one call; with ``judge.cache`` their
+verdicts are kept.
 """
 
 from __future__ import annotations
@@ -13,20 +16,35 @@ import asyncio
 import logging
 import math
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from async_reward.config import AsyncRewardConfig
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.limits import TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
-from async_reward.verdict import VerdictRules, read_verdict, response_format
+from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format
 
-__all__ = ["LLMJudgeRewardManager", "StructuredOutputUnsupported"]
+__all__ = [
+    "JudgeReply",
+    "LLMJudgeRewardManager",
+    "StructuredOutputUnsupported",
+    "judge_reply",
+    "read_reply_verdict",
+]
 
 logger = logging.getLogger(__name__)
 
+# finish_reason of a reply that ended normally: "stop"; text-generation-inference before 2.2.1
+# (huggingface/text-generation-inference#2344) named the same end "eos_token" or "stop_sequence".
+_NORMAL_FINISH = frozenset({"stop", "eos_token", "stop_sequence"})
+# Where servers with a reasoning parser put the judge's thinking (vLLM, SGLang: reasoning_content;
+# newer vLLM and OpenRouter: reasoning).
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
 # Words a server's 400 uses when it refuses the response_format field itself (vLLM, SGLang, OpenAI,
 # llama.cpp and our dev server all name the field or the json_schema type).
 _REFUSES_RESPONSE_FORMAT = ("response_format", "json_schema", "structured output")
@@ -79,6 +97,14 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
         self._cache: dict[str, RewardResult] = {}
         self._waiters: dict[str, int] = {}
+
+    @classmethod
+    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """The shared start-up checks, plus ``fallback_score`` no higher than the lowest verdict's
+        reward (:meth:`AsyncRewardConfig.check_judge_fallback`), on the driver and in each worker."""
+        settings = super().check_config(config, env)
+        settings.check_judge_fallback()
+        return settings
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
@@ -137,8 +163,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             return reply
 
         reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None)
-        content = _reply_text(reply)
-        verdict = read_verdict(content, self.rules)
+        verdict = read_reply_verdict(reply, self.rules)
         score = normalize_score(
             verdict,
             min_score=self.judge.min_score,
@@ -175,14 +200,64 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         return error
 
 
-def _reply_text(reply: Any) -> str:
+@dataclass(frozen=True)
+class JudgeReply:
+    """The part of a chat completion the verdict is read from."""
+
+    content: str
+    """The message content: the judge's answer, with its thinking unless returned apart."""
+    reasoning_apart: bool
+    """The server returned the judge's thinking in its own field (``reasoning_content`` or
+    ``reasoning``), so no ``</think>`` in ``content`` is the judge's: it is read as ``think: none``."""
+
+
+def judge_reply(reply: Any) -> JudgeReply:
+    """The first choice of a chat completion, if it is a complete reply.
+
+    A reply the server cut short is never read: ``finish_reason: length`` is a reply cut at
+    ``max_tokens``, and what it ends with may be the response's own verdict, quoted (a response
+    padded so that the cut falls right after its ``[[10]]``); ``content_filter`` and any other
+    reason but a normal stop are refused too. A missing ``finish_reason`` is accepted: servers
+    differ, and some omit it.
+
+    Raises:
+        VerdictError: the reply did not finish normally (status ``invalid``, with the reason).
+        MalformedResponseError: not a chat completion, or content that is not text.
+    """
     try:
-        content = reply["choices"][0]["message"]["content"]
+        choice = reply["choices"][0]
+        message = choice["message"]
+        content = message["content"]
     except (KeyError, IndexError, TypeError) as exc:
         raise MalformedResponseError(f"judge reply is not a chat completion: missing {exc}") from None
+    finish_reason = choice.get("finish_reason")
+    if finish_reason is not None and not (isinstance(finish_reason, str) and finish_reason in _NORMAL_FINISH):
+        shown = repr(str(finish_reason)[:40])
+        if finish_reason == "length":
+            raise VerdictError(
+                f"judge reply cut off at max_tokens (finish_reason={shown}): not read; raise judge.max_tokens"
+            )
+        raise VerdictError(
+            f"judge reply did not finish normally (finish_reason={shown}, not 'stop'): not read"
+        )
     if not isinstance(content, str):
         raise MalformedResponseError("judge reply content is not text")
-    return content
+    apart = any(isinstance(message.get(key), str) for key in _REASONING_FIELDS)
+    return JudgeReply(content=content, reasoning_apart=apart)
+
+
+def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:
+    """The judge's verdict in a chat completion: :func:`judge_reply`, then ``read_verdict``.
+
+    When the server returned the judge's thinking apart, the content is all answer and is read with
+    ``think: none``: a ``</think>`` in it is quoted text, and cutting there (``prefilled`` would)
+    could hide the judge's verdict behind the quote.
+
+    Raises:
+        VerdictError, MalformedResponseError: see :func:`judge_reply` and ``read_verdict``.
+    """
+    answer = judge_reply(reply)
+    return read_verdict(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
 
 
 def _shared_copy(result: RewardResult) -> RewardResult:
