@@ -19,6 +19,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -58,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+#: True while a manager's constructor re-runs :meth:`AsyncRewardManager.check_config`.
+_IN_CONSTRUCTOR: ContextVar[bool] = ContextVar("async_reward_in_manager_constructor", default=False)
+
 
 class RewardScoringError(RuntimeError):
     """Raised by a manager with ``on_failure: raise`` when a sample cannot be scored."""
@@ -95,8 +99,13 @@ class AsyncRewardManager(RewardManagerBase):
         # The same checks the driver ran (integration.check_reward_config); repeated here because a
         # worker may be started by code that never ran them (verl's own trainer, a user's loop). The
         # user's code is not loaded a second time here: verl loaded the function already, and a
-        # subclass that loads more (async_stateful) checks what it loads.
-        self.settings: AsyncRewardConfig = type(self).check_config(config, load_user_code=False)
+        # subclass that loads more (async_stateful) checks what it loads. A context variable rather
+        # than an argument, so subclasses overriding check_config(config, env) keep working.
+        token = _IN_CONSTRUCTOR.set(True)
+        try:
+            self.settings: AsyncRewardConfig = type(self).check_config(config)
+        finally:
+            _IN_CONSTRUCTOR.reset(token)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
             limits = type(limits)(max_concurrency=limits.max_concurrency)
@@ -115,13 +124,12 @@ class AsyncRewardManager(RewardManagerBase):
         self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
 
     @classmethod
-    def check_config(
-        cls, config: Any, env: Mapping[str, str] | None = None, *, load_user_code: bool = True
-    ) -> AsyncRewardConfig:
+    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
         """Every start-up check of this manager's settings, without building it: the values of
         ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
-        environment, default this process's), the failure policy against the trainer, and, with
-        ``load_user_code``, the user's code this manager runs (:meth:`check_user_code`).
+        environment, default this process's), the failure policy against the trainer, and the user's
+        code this manager runs (:meth:`check_user_code`; skipped when a manager's constructor re-runs
+        these checks in a worker, which loads that code itself).
 
         Raises:
             ConfigError: naming the key, the bad value and the fix.
@@ -130,7 +138,7 @@ class AsyncRewardManager(RewardManagerBase):
         for section in cls.required_sections:
             getattr(settings, section).require(env)
         check_failure_policy(config)
-        if load_user_code:
+        if not _IN_CONSTRUCTOR.get():
             cls.check_user_code(config, settings)
         return settings
 
