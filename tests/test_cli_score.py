@@ -214,6 +214,10 @@ def test_config_file_and_overrides_reach_the_manager(server, tmp_path):
 
 REWARD_FUNCTIONS = textwrap.dedent(
     """
+    import asyncio
+    import os
+    import signal
+
     calls = 0
 
     async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -223,7 +227,10 @@ REWARD_FUNCTIONS = textwrap.dedent(
         global calls
         calls += 1
         if calls > 5:
-            raise KeyboardInterrupt  # as Ctrl-C lands in the middle of scoring
+            # Ctrl-C lands in the middle of scoring (a KeyboardInterrupt the function raises itself is
+            # the function's failure, status error, not an interrupt of the run).
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(30)
         return 1.0
     """
 )

@@ -26,6 +26,7 @@ from async_reward import ConfigError, prepare_verl_config
 from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.integration import check_reward_config
 from async_reward.pipeline.trainer_config import PipelineConfig, load_pipeline_config
+from tests.conftest import compose_verl_config
 
 NAN, INF = math.nan, math.inf
 
@@ -45,7 +46,9 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("executor_workers", 1.5, "not an integer", {}),
     ("extra_defaults", {"status": "x"}, "library sets", {}),
     ("extra_defaults", {"acc": [1, 2]}, "not a scalar", {}),
-    ("extra_defaults", {"acc": INF}, "infinite", {}),
+    ("extra_defaults", {"acc": INF}, "finite", {}),
+    ("extra_defaults", {"uid": ""}, "field of verl's batch", {}),
+    ("extra_defaults", {"data_source": ""}, "field of verl's batch", {}),
     ("num_workers", -2, ">= 1", {}),
     ("limits.max_concurrency", 0, ">= 1", {}),
     ("limits.requests_per_minute", 0, "> 0", {}),
@@ -68,7 +71,11 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("retry.max_retry_after_s", INF, "finite", {}),
     ("retry.max_total_s", 0, "> 0", {}),
     ("judge.base_url", "judge:8000/v1", "http(s) URL", {}),
+    ("judge.base_url", "http://", "http(s) URL", {}),
+    ("judge.base_url", "http://  bad url", "http(s) URL", {}),
+    ("judge.base_url", "http://judge:port/v1", "http(s) URL", {}),
     ("judge.api_key_env", "sk-live abc", "environment variable name", {}),
+    ("judge.api_key_env", 12345, "not a string", {}),
     ("judge.model", " ", "empty", {}),
     ("judge.template", "Rate {prompt}", "template", {}),
     ("judge.template", "{response} {reference}", "template", {}),
@@ -93,6 +100,8 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.max_tokens", -5, ">= 1", {}),
     ("judge.extra_body", {"temperature": 1.0}, "override", {}),
     ("judge.extra_body", {"messages": []}, "override", {}),
+    ("judge.extra_body", {"top_p": NAN}, "finite", {}),
+    ("judge.extra_body", {"logit_bias": {"42": INF}}, "finite", {}),
     (
         "judge.extra_body",
         {"response_format": {"type": "json_object"}},
@@ -101,10 +110,13 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ),
     ("judge.cache", "yes", "boolean", {}),
     ("remote.url", "ftp://host/score", "http(s) URL", {}),
+    ("remote.url", "https://", "http(s) URL", {}),
     ("remote.api_key_env", "Bearer x", "environment variable name", {}),
+    ("remote.api_key_env", ["Bearer x"], "not a string", {}),
     ("remote.headers", {"X-Token": 5}, "not a string", {}),
     ("remote.headers", "token", "mapping", {}),
     ("stateful.init_kwargs", [1, 2], "mapping", {}),
+    ("stateful.init_kwargs", {"threshold": -INF}, "finite", {}),
     ("pipeline.mini_batch", "yes", "boolean", {}),
     ("pipeline.one_step_off_policy", 1, "boolean", {}),
     ("pipeline.chunk_timeout_s", NAN, "finite", {}),
@@ -151,8 +163,10 @@ GOOD: list[tuple[str, Any]] = [
     ("judge.temperature", 2),
     ("judge.max_tokens", 1),
     ("judge.extra_body", {"top_p": 0.9}),
+    ("judge.extra_body", {"logit_bias": {"42": -100}}),
     ("judge.cache", True),
     ("remote.url", "http://127.0.0.1:9000/score"),
+    ("remote.url", "https://[::1]:8443/score"),
     ("remote.api_key_env", "RM_TOKEN"),
     ("remote.headers", {"X-Team": "rl"}),
     ("stateful.init_kwargs", {"k": 3}),
@@ -241,7 +255,10 @@ def test_bad_value_is_refused_naming_key_value_and_fix(verl_config_factory, key,
     if key in HIDDEN_KEYS:
         assert f"{error.key}=<hidden>" in message and all(t not in message for t in shown(value)), message
     elif isinstance(value, dict) and len(value) == 1:  # a mapping is reported by its bad entry
-        assert any(t in message for t in [*shown(next(iter(value.values()))), repr(sorted(value))]), message
+        leaf = next(iter(value.values()))
+        while isinstance(leaf, dict) and len(leaf) == 1:  # nested: the entry deep down
+            leaf = next(iter(leaf.values()))
+        assert any(t in message for t in [*shown(leaf), repr(sorted(value))]), message
     else:
         assert any(t in message for t in shown(value)), message
     assert error.fix and error.fix in message  # the fix is said, not only the problem
@@ -272,7 +289,7 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
     config = verl_config_factory(
         "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "JUDGE_KEY_FOR_TEST"}}
     )
-    with pytest.raises(ConfigError, match="JUDGE_KEY_FOR_TEST") as info:
+    with pytest.raises(ConfigError, match=r"the variable named in judge\.api_key_env is not set") as info:
         check_reward_config(config)
     assert info.value.key == "reward.async_reward.judge.api_key_env"
     assert secret not in str(info.value)
@@ -384,6 +401,129 @@ def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypat
     prepare_verl_config(config)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["+async_reward.pipeline=true"], "async_reward.pipeline"),
+        (["+async_reward.pipeline=both"], "async_reward.pipeline"),
+        (["+async_reward=x"], "async_reward"),
+        (["++reward.async_reward=oops"], "reward.async_reward"),
+        (["++reward.async_reward=[1,2]"], "reward.async_reward"),
+        (["++reward.async_reward=5"], "reward.async_reward"),
+        (["+reward.async_reward.timeout_s=" + "9" * 400], "reward.async_reward.timeout_s"),
+        (["+async_reward.pipeline.chunk_timeout_s=" + "9" * 400], "async_reward.pipeline.chunk_timeout_s"),
+        (
+            ["++reward.async_reward.judge.base_url=${oc.env:ASYNC_REWARD_UNSET_URL}"],
+            "reward.async_reward.judge.base_url",
+        ),
+    ],
+)
+def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, monkeypatch):
+    """The user's command line through our entry point's checks: each used to be a bare TypeError,
+    ValueError, AttributeError, OverflowError or OmegaConf InterpolationResolutionError."""
+    from async_reward.pipeline.main_ppo import prepare_config
+
+    monkeypatch.delenv("ASYNC_REWARD_UNSET_URL", raising=False)
+    base = ["reward.reward_manager.name=llm_judge", "+reward.async_reward.judge.base_url=http://x/v1"]
+    if any("reward.async_reward=" in o for o in overrides):
+        base = base[:1]  # the whole node is replaced
+    with pytest.raises(ConfigError) as info:
+        prepare_config(compose_verl_config([*base, *overrides]))
+    assert info.value.key == key, str(info.value)
+    assert info.value.fix and info.value.fix in str(info.value)
+
+
+def test_reward_budgets_cannot_be_split_over_fewer_workers_than_verl_starts(verl_config_factory):
+    """``async_reward.num_workers: 1`` with 8 reward workers gave each of them the whole budget."""
+    config = verl_config_factory(
+        "async_rate_limited", {"num_workers": 2, "limits": {"requests_per_minute": 60}}
+    )
+    with open_dict(config):
+        config.reward.num_workers = 8
+    with pytest.raises(ConfigError, match=r"num_workers=2 is below reward\.num_workers \(8\)") as info:
+        prepare_verl_config(config)
+    assert info.value.key == "reward.async_reward.num_workers"
+    with open_dict(config):
+        config.reward.async_reward.num_workers = 16  # more is conservative (a budget shared with others)
+    assert load_config(config).worker_count == 16
+
+
+USER_CODE = """
+def score_fn(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+
+NOT_CALLABLE = 3
+
+class Agent:
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+class NoScore:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("manager", "settings", "function", "key", "words"),
+    [
+        (
+            "async_stateful",
+            {"executor": "process"},
+            {"name": "Agent"},
+            "reward.async_reward.executor",
+            "thread",
+        ),
+        (
+            "async_stateful",
+            {},
+            {"path": None, "name": "Agent"},
+            "reward.custom_reward_function.path",
+            "required",
+        ),
+        ("async_stateful", {}, {"name": "NoScore"}, "reward.custom_reward_function.name", "no compute_score"),
+        ("async_stateful", {}, {"name": "score_fn"}, "reward.custom_reward_function.name", "not a class"),
+        (
+            "async_naive",
+            {},
+            {"path": "/nonexistent/reward.py", "name": "f"},
+            "reward.custom_reward_function.path",
+            "does not exist",
+        ),
+        ("async_naive", {}, {"name": "no_such_fn"}, "reward.custom_reward_function.name", "is not defined"),
+        (
+            "async_rate_limited",
+            {},
+            {"name": "NOT_CALLABLE"},
+            "reward.custom_reward_function.name",
+            "not a function",
+        ),
+    ],
+)
+def test_the_users_code_is_loaded_and_checked_on_the_driver(
+    tmp_path, verl_config_factory, manager, settings, function, key, words
+):
+    """These were refused only in a reward worker's constructor: a Ray ActorDiedError at the first step."""
+    import ray
+
+    path = tmp_path / "user_code.py"
+    path.write_text(USER_CODE)
+    config = verl_config_factory(manager, settings, custom_reward_function={"path": str(path), **function})
+    started = ray.is_initialized()
+    with pytest.raises(ConfigError) as info:
+        prepare_verl_config(config)
+    assert info.value.key == key and words in str(info.value), str(info.value)
+    assert ray.is_initialized() == started
+
+
+def test_good_user_code_passes_the_driver_checks(tmp_path, verl_config_factory):
+    path = tmp_path / "user_code.py"
+    path.write_text(USER_CODE)
+    for manager, name in (("async_stateful", "Agent"), ("async_naive", "score_fn")):
+        prepare_verl_config(
+            verl_config_factory(manager, {}, custom_reward_function={"path": str(path), "name": name})
+        )
+
+
 def test_verl_reward_num_workers_is_checked(verl_config_factory):
     config = verl_config_factory("async_naive", {})
     with open_dict(config):
@@ -440,7 +580,12 @@ def test_cli_score_refuses_an_unknown_parser_before_scoring(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("override", "key"), [("timeout_s=.nan", "timeout_s"), ("judge.normalize_to=[1,0]", "judge.normalize_to")]
+    ("override", "key"),
+    [
+        ("timeout_s=.nan", "timeout_s"),
+        ("judge.normalize_to=[1,0]", "judge.normalize_to"),
+        ("timeout_s=" + "9" * 400, "timeout_s"),  # OverflowError: exit 1 and a traceback, before
+    ],
 )
 def test_cli_score_refuses_bad_numbers(tmp_path, capsys, override, key):
     from async_reward.cli import main
@@ -471,7 +616,9 @@ def test_worker_side_refusal_survives_rays_wrapping(
         manager.compute_rm_score(batch_factory([{"response": "5", "ground_truth": "5"}] * 2))
     message = str(info.value)
     assert "ConfigError" in message
-    assert "reward.async_reward.judge.api_key_env='ONLY_ON_THE_DRIVER'" in message
+    assert (
+        "reward.async_reward.judge.api_key_env=<hidden>: the variable named in judge.api_key_env" in message
+    )
     assert "runtime_env.env_vars" in message  # the fix travels too
 
 

@@ -134,6 +134,10 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(asse
         "+async_reward.pipeline.one_step_off_policy=false,true",
         "+async_reward.pipeline.dry_run=true",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        # The task runner prints the resolved config: keys and header values must not be in it.
+        "+reward.async_reward.judge.api_key_env=JUDGE_TOKEN",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN=tok-secret-in-runtime-env",
+        "+reward.async_reward.remote.headers.X-Api-Key=hdr-secret-in-config",
     ]
     process = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -150,6 +154,10 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(asse
         assert report["cls"] == OURS  # verl's RayPPOTrainer before the fix
         assert int(report["pid"]) != process.pid  # built in the actor's process, not the driver's
     assert len({b["actor"] for b in built}) == 4  # one task-runner actor per run
+    # What the task-runner actors printed (hydra itself echoes the command line it was given).
+    printed = "\n".join(line for line in output.splitlines() if "(PipelinedTaskRunner pid=" in line)
+    assert "'JUDGE_TOKEN': '<hidden>'" in printed  # the config was printed, redacted
+    assert "tok-secret-in-runtime-env" not in printed and "hdr-secret-in-config" not in printed
 
 
 def test_run_in_process_builds_our_trainer_in_the_actor(assets):

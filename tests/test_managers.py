@@ -335,7 +335,7 @@ async def test_process_pool_runs_extern_function(tmp_path, verl_config_factory, 
             manager, batch_factory, [{"response": "is 9", "ground_truth": "9"}, {"response": "boom"}]
         )
     finally:
-        manager._executor.shutdown(wait=True)
+        manager.function_pool.shutdown(wait=True)
     assert [o["reward_extra_info"]["status"] for o in outputs] == ["ok", "error"]
     assert float(outputs[0]["reward_score"]) == 1.0
 
@@ -421,7 +421,7 @@ def test_missing_base_url_and_missing_key_variable(verl_config_factory, tokenize
     config = verl_config_factory(
         "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "ASYNC_REWARD_TEST_KEY"}}
     )
-    with pytest.raises(ConfigError, match="ASYNC_REWARD_TEST_KEY"):
+    with pytest.raises(ConfigError, match=r"the variable named in judge\.api_key_env is not set"):
         LLMJudgeRewardManager(config, tokenizer)
     with pytest.raises(ConfigError, match=r"remote\.url"):
         AsyncRemoteRewardManager(verl_config_factory("async_remote", {}), tokenizer)
@@ -545,7 +545,7 @@ async def test_a_crashed_process_pool_is_rebuilt(tmp_path, verl_config_factory, 
     manager = load_reward_manager(config, tokenizer)
     [crashed] = await score_rows(manager, batch_factory, [{"response": "crash"}])
     [healthy] = await score_rows(manager, batch_factory, [{"response": "fine"}])
-    manager._executor.shutdown(wait=True)
+    manager.function_pool.shutdown(wait=True)
     assert crashed["reward_extra_info"]["status"] == "error"
     assert healthy["reward_extra_info"]["status"] == "ok"
 

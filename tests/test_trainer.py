@@ -232,6 +232,37 @@ def test_mini_batch_updates_each_sample_once_in_complete_groups(
     assert all(m["off_policy/staleness"] == 0 for m in steps)
 
 
+def test_the_tracker_never_gets_a_key_or_a_header_value(
+    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, monkeypatch
+):
+    """``fit`` hands the resolved config to wandb / mlflow (verl's ``Tracking``); it used to hand over
+    ``runtime_env.env_vars`` and ``remote.headers`` as they were."""
+    from verl.utils.tracking import Tracking
+
+    tracked: list[Any] = []
+    original = Tracking.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        tracked.append(kwargs.get("config"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tracking, "__init__", recording_init)
+    config = make_config(
+        char_tokenizer_dir,
+        server.url,
+        tmp_path,
+        "trainer.total_training_steps=1",
+        "+reward.async_reward.remote.headers.X-Api-Key=hdr-secret-in-config",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=hf-secret-in-runtime-env",
+    )
+    run_ours(config, char_tokenizer, rewards)
+    [logged_config] = tracked
+    assert "hdr-secret-in-config" not in repr(logged_config)
+    assert "hf-secret-in-runtime-env" not in repr(logged_config)
+    assert logged_config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["HF_TOKEN"] == "<hidden>"
+    assert logged_config["data"]["train_batch_size"] == PROMPTS  # the rest is logged as it was
+
+
 def test_one_step_off_policy_overlaps_and_resumes_without_skipping(
     rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged
 ):
@@ -400,8 +431,9 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
 
 
 @pytest.mark.parametrize("script", ["run_gsm8k_grpo_fsdp2.sh", "run_gsm8k_grpo_megatron.sh"])
-def test_example_scripts_compose_and_pass_start_up_checks(script):
-    """The GPU example scripts' overrides exist in verl 0.9.1's configs and pass our checks."""
+def test_example_scripts_compose_and_pass_start_up_checks(script, tmp_path):
+    """The GPU example scripts' overrides exist in verl 0.9.1's configs and pass our checks (which load
+    the reward file the script names, as the driver does before any worker starts)."""
     import os
     import subprocess
 
@@ -412,7 +444,12 @@ def test_example_scripts_compose_and_pass_start_up_checks(script):
     from tests.conftest import VERL_CONFIG_DIR
 
     path = Path(__file__).parents[1] / "examples" / script
-    env = {**os.environ, "PYTHON": "printf %s\\n"}  # print the command line instead of training
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    # Print the command line instead of training.
+    env = {**os.environ, "PYTHON": "printf %s\\n", "REWARD_FILE": str(reward_file)}
     args = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=True).stdout
     module, *overrides = args.splitlines()[1:]
     assert module == "async_reward.pipeline.main_ppo"

@@ -30,6 +30,7 @@ __all__ = [
     "in_range",
     "missing_value",
     "parse_config",
+    "plain_container",
     "rule",
 ]
 
@@ -67,7 +68,15 @@ def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    from async_reward.redaction import holds_secret_value
+
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<unprintable {type(value).__name__}>"
+    if holds_secret_value(text):
+        # e.g. timeout_s: ${oc.env:JUDGE_API_KEY}: the value is a secret of this environment.
+        return HIDDEN
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -102,17 +111,34 @@ def in_range(low: float, high: float, fix: str) -> dict[str, Rule]:
     return rule(lambda v: low <= v <= high, f"must be in [{low:g}, {high:g}]", fix)
 
 
-def check_finite(key: str, value: Any) -> None:
-    """Refuse NaN and infinities in a number or a tuple of numbers (bools are not numbers here)."""
-    items = value if isinstance(value, tuple) else (value,)
-    for item in items:
-        if isinstance(item, float) and not math.isfinite(item):
-            raise bad_value(
-                key,
-                value,
-                "is not a finite number",
-                "write a finite number (null where 'no limit' is allowed)",
-            )
+def check_finite(key: str, value: Any, *, allow_nan: bool = False) -> None:
+    """Refuse NaN and infinities in a number, or anywhere inside a tuple, list or mapping of values
+    (``judge.extra_body: {top_p: .nan}`` would be sent as invalid JSON). The error names the nested
+    key, e.g. ``judge.extra_body.top_p``. ``allow_nan`` for values where NaN means "no value"."""
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            check_finite(f"{key}.{name}", item, allow_nan=allow_nan)
+        return
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            _check_finite_number(key, item, value, allow_nan)
+            if isinstance(item, (Mapping, tuple, list)):
+                check_finite(key, item, allow_nan=allow_nan)
+        return
+    _check_finite_number(key, value, value, allow_nan)
+
+
+def _check_finite_number(key: str, item: Any, shown: Any, allow_nan: bool) -> None:
+    if isinstance(item, bool) or not isinstance(item, float) or math.isfinite(item):
+        return
+    if allow_nan and math.isnan(item):
+        return
+    raise bad_value(
+        key,
+        shown,
+        "is not a finite number",
+        "write a finite number (null where 'no limit' is allowed)",
+    )
 
 
 def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
@@ -130,7 +156,7 @@ def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
             continue
         if value is None:
             continue
-        check_finite(key, value)
+        check_finite(key, value, allow_nan=bool(f.metadata.get("nan_allowed")))
         field_rule: Rule | None = f.metadata.get("rule")
         if field_rule is not None and not field_rule.holds(value):
             raise bad_value(key, value, field_rule.problem, field_rule.fix, hide=field_rule.hide)
@@ -143,8 +169,13 @@ def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "rewa
     """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses.
 
     Raises:
-        ConfigError: on an unknown key (naming the valid ones) or a value of the wrong type.
+        ConfigError: on an unknown key (naming the valid ones), a value of the wrong type, or ``raw``
+            not a mapping (``+async_reward.pipeline=true``).
     """
+    if raw is not None and not isinstance(raw, Mapping):
+        raise bad_value(
+            path, raw, "is not a mapping", f"write its settings as key: value pairs (+{path}.<key>=<value>)"
+        )
     raw = dict(raw or {})
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -157,8 +188,11 @@ def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "rewa
         )
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
-        # A field kept out of reprs (headers) is kept out of errors too.
-        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=not fields[name].repr)
+        # A field kept out of reprs (headers), or whose rule hides its value (API key variable names,
+        # where the key itself gets pasted), is kept out of errors too, type errors included.
+        field_rule = fields[name].metadata.get("rule")
+        hide = not fields[name].repr or (field_rule is not None and field_rule.hide)
+        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=hide)
     config = cls(**kwargs)
     check_values(config, path, recurse=False)  # nested sections were checked by their own parse
     return config
@@ -175,7 +209,9 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         if value is None:
             if type(None) in args:
                 return None
-            raise bad_value(path, value, "must not be null", "write a value (this key has no 'not set')")
+            raise bad_value(
+                path, value, "must not be null", "write a value (this key has no 'not set')", hide=hide
+            )
         non_null = [a for a in args if a is not type(None)]
         errors: list[ConfigError] = []
         for arg in non_null:
@@ -186,12 +222,16 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         raise errors[0]
     if origin is Literal:
         if value not in args:
-            raise bad_value(path, value, "is not allowed", f"use one of {list(args)}")
+            raise bad_value(path, value, "is not allowed", f"use one of {list(args)}", hide=hide)
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise bad_value(
-                path, value, f"is not a list of {len(args)} values", f"write [{', '.join('x' * len(args))}]"
+                path,
+                value,
+                f"is not a list of {len(args)} values",
+                f"write [{', '.join('x' * len(args))}]",
+                hide=hide,
             )
         try:
             return tuple(_coerce(a, v, path) for a, v in zip(args, value, strict=True))
@@ -206,24 +246,60 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         return dict(value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad_value(path, value, "is not a number", "write a number")
+            raise bad_value(path, value, "is not a number", "write a number", hide=hide)
+        try:
+            number = float(value)
+        except OverflowError:  # a 400-digit integer
+            digits, fix = len(str(abs(value))), "write a finite number"
+            shown = HIDDEN if hide else f"<{digits}-digit number>"
+            raise ConfigError(f"{path}={shown} is too large for a number; {fix}", key=path, fix=fix) from None
         # Every float field, present or future: NaN compares false with every bound, so a range
         # check alone would let it through (timeout_s: .nan times out every sample).
-        check_finite(path, float(value))
-        return float(value)
+        check_finite(path, number)
+        return number
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad_value(path, value, "is not an integer", "write a whole number")
+            raise bad_value(path, value, "is not an integer", "write a whole number", hide=hide)
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise bad_value(path, value, "is not a boolean", "write true or false")
+            raise bad_value(path, value, "is not a boolean", "write true or false", hide=hide)
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise bad_value(path, value, "is not a string", "write text (quote it)")
+            raise bad_value(path, value, "is not a string", "write text (quote it)", hide=hide)
         return value
     return value
+
+
+def plain_container(node: Any, path: str) -> Any:
+    """``node`` as plain Python (an OmegaConf node resolved; anything else as it is).
+
+    Raises:
+        ConfigError: an interpolation that cannot be resolved (``${oc.env:NOPE}``: a variable that is
+            not set, a missing node), naming the key that holds it.
+    """
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return node
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise unresolvable(exc, path) from None
+
+
+def unresolvable(exc: Exception, path: str) -> ConfigError:
+    """The ``ConfigError`` for an OmegaConf interpolation or access error under ``path``."""
+    full_key = getattr(exc, "full_key", None) or ""
+    key = full_key if full_key.startswith(path.split(".")[0]) else f"{path}.{full_key}".rstrip(".")
+    from async_reward.redaction import holds_secret_value
+
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = HIDDEN if holds_secret_value(reason) else reason
+    fix = "set the environment variable it reads, or fix the interpolation (${...}) in that key"
+    return ConfigError(f"{key} cannot be resolved ({reason}); {fix}", key=key, fix=fix)
 
 
 def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | None = None) -> _T:

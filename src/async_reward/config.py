@@ -20,10 +20,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from async_reward._config_rules import (
+    HIDDEN,
     ConfigError,
     at_least,
     bad_value,
@@ -33,8 +35,10 @@ from async_reward._config_rules import (
     in_range,
     missing_value,
     parse_config,
+    plain_container,
     rule,
 )
+from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
 
 __all__ = [
     "CONFIG_PATH",
@@ -53,16 +57,22 @@ __all__ = [
 
 #: Where the settings live in the verl config.
 CONFIG_PATH = "reward.async_reward"
-#: Extras keys every sample carries, set by the library (``extra_defaults`` may not declare them).
-RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
 #: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
 _JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_URL_FIX = "write an http:// or https:// URL"
+_URL_FIX = "write an http:// or https:// URL with a host"
 
 
 def _is_url(value: str) -> bool:
-    return value.startswith(("http://", "https://"))
+    """An http(s) URL with a host and no whitespace (``http://`` alone would fail every call)."""
+    if any(ch.isspace() for ch in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _env_name(fix: str) -> dict[str, Any]:
@@ -72,15 +82,26 @@ def _env_name(fix: str) -> dict[str, Any]:
 
 def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) -> None:
     environment = os.environ if env is None else env
-    if var_name is not None and not environment.get(var_name):
-        # The variable's name is safe to print; its value (the secret) never is.
-        raise bad_value(
-            key,
-            var_name,
-            "names an environment variable that is not set (or empty) where the reward workers run",
-            f"export {var_name}=<key> before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
-            "or set the key to null for an endpoint without authentication",
+    if var_name is None or environment.get(var_name):
+        return
+    # Never printed: what sits where the variable's name belongs is too often the key itself.
+    holder = next((name for name, value in environment.items() if value and value == var_name), None)
+    if holder is not None:
+        problem = (
+            f"holds a key, not a variable name (it equals the value of the environment variable {holder})"
         )
+        raise bad_value(key, var_name, problem, f"write {key}={holder}, the variable's NAME", hide=True)
+    fix = (
+        "export that variable before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
+        "or set the key to null for an endpoint without authentication"
+    )
+    short_key = key.removeprefix(CONFIG_PATH + ".")
+    raise ConfigError(
+        f"{key}={HIDDEN}: the variable named in {short_key} is not set (or empty) where the reward "
+        f"workers run; {fix}",
+        key=key,
+        fix=fix,
+    )
 
 
 @dataclass
@@ -397,7 +418,7 @@ class AsyncRewardConfig:
         default=None, metadata=at_least(1, "write a pool size >= 1, or null for the library default")
     )
     """Size of that pool. None: the library default (min(32, cpus + 4) threads, cpus processes)."""
-    extra_defaults: dict[str, Any] = field(default_factory=dict)
+    extra_defaults: dict[str, Any] = field(default_factory=dict, metadata={"nan_allowed": True})
     """Extras keys your reward function returns, each with the value a failed sample gets (a number,
     a bool, a short string or null). verl stacks extras per key across a batch and fails when one
     sample lacks a key another has; keys are also learned as results arrive, but a sample that fails
@@ -470,6 +491,14 @@ class AsyncRewardConfig:
                     "is a key the library sets on every sample",
                     "declare only your own keys",
                 )
+            if key in BATCH_KEYS:
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    "names a field of verl's batch: extras are written into the batch by name, so it "
+                    "would replace that field (an extras uid merges GRPO groups)",
+                    "rename the key (a scorer that returns it anyway has it kept as user_<key>)",
+                )
             if value is not None and not isinstance(value, (bool, int, float, str)):
                 raise bad_value(
                     f"{path}.{key}",
@@ -497,24 +526,32 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     if verl_config is not None:
         reward_node = verl_config.get("reward") or {}
     raw = reward_node.get("async_reward") if hasattr(reward_node, "get") else None
-    if isinstance(raw, DictConfig):
-        raw = OmegaConf.to_container(raw, resolve=True)
+    raw = plain_container(raw, CONFIG_PATH)
     if isinstance(raw, Mapping) and "pipeline" in raw:
         key = f"{CONFIG_PATH}.pipeline"
         fix = "put the trainer's pipeline settings under async_reward.pipeline"
         problem = f"is not read there (reward workers parse {CONFIG_PATH})"
         raise ConfigError(f"{key} {problem}; {fix}", key=key, fix=fix)
-    config = parse_config(AsyncRewardConfig, raw)  # type: ignore[arg-type]
-    if config.num_workers is None and hasattr(reward_node, "get"):
-        verl_workers = reward_node.get("num_workers")
-        if verl_workers is not None:
-            if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
-                raise bad_value(
-                    "reward.num_workers",
-                    verl_workers,
-                    "must be an integer >= 1 (verl starts that many reward worker processes)",
-                    "write reward.num_workers=1 or more",
-                )
+    config = parse_config(AsyncRewardConfig, raw)
+    verl_workers = reward_node.get("num_workers") if hasattr(reward_node, "get") else None
+    if verl_workers is not None:
+        if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
+            raise bad_value(
+                "reward.num_workers",
+                verl_workers,
+                "must be an integer >= 1 (verl starts that many reward worker processes)",
+                "write reward.num_workers=1 or more",
+            )
+        if config.num_workers is None:
             config.num_workers = verl_workers
+        elif config.num_workers < verl_workers:
+            raise bad_value(
+                f"{CONFIG_PATH}.num_workers",
+                config.num_workers,
+                f"is below reward.num_workers ({verl_workers}): each of the {verl_workers} reward worker "
+                f"processes would take 1/{config.num_workers} of the job-wide RPM/TPM budgets, "
+                f"{verl_workers / config.num_workers:g} times the total",
+                f"remove it (it defaults to reward.num_workers) or set it to at least {verl_workers}",
+            )
     config.validate()
     return config

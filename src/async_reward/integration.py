@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from async_reward._config_rules import bad_value
+from async_reward._config_rules import bad_value, plain_container, unresolvable
 
 __all__ = [
     "EXCLUDE_LOSS_AGG_MODES",
@@ -170,10 +170,8 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
         if config.ray_kwargs.get("ray_init") is None:
             config.ray_kwargs.ray_init = {}
         current = config.ray_kwargs.ray_init.get("runtime_env")
-        current_dict = (
-            OmegaConf.to_container(current, resolve=True) if isinstance(current, DictConfig) else current
-        )
-        config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(current_dict)  # type: ignore[arg-type]
+        current_dict = plain_container(current, "ray_kwargs.ray_init.runtime_env")
+        config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(current_dict)
     check_reward_config(config)
     return config
 
@@ -182,6 +180,14 @@ def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
     """Mark ``config`` as trained by ``PipelinedRayPPOTrainer`` (adds an empty ``async_reward.pipeline``
     node when absent), so :func:`check_failure_policy` admits ``on_failure: exclude``. Our entry point
     and the trainer call it; returns the same config."""
+    top = config.get("async_reward")
+    if top is not None and not isinstance(top, (DictConfig, Mapping)):
+        raise bad_value(
+            "async_reward",
+            top,
+            "is not a mapping",
+            "write the pipelined trainer's settings under it, e.g. +async_reward.pipeline.mini_batch=true",
+        )
     if _select(config, PIPELINED_TRAINER_KEY) is None:
         with open_dict(config):
             if config.get("async_reward") is None:
@@ -342,8 +348,7 @@ def _trains_critic(verl_config: Any) -> bool:
 def _worker_environment(verl_config: Any) -> Mapping[str, str]:
     """The environment reward workers will see: this process's plus the job's runtime_env env_vars."""
     env_vars: Any = _select(verl_config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
-    if isinstance(env_vars, DictConfig):
-        env_vars = OmegaConf.to_container(env_vars, resolve=True)
+    env_vars = plain_container(env_vars, "ray_kwargs.ray_init.runtime_env.env_vars")
     extra = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, Mapping) else {}
     return {**os.environ, **extra}
 
@@ -351,7 +356,12 @@ def _worker_environment(verl_config: Any) -> Mapping[str, str]:
 def _select(config: Any, key: str) -> Any:
     """``OmegaConf.select`` that also walks plain mappings; None when a part is missing."""
     if isinstance(config, DictConfig):
-        return OmegaConf.select(config, key, default=None)
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            return OmegaConf.select(config, key, default=None)
+        except OmegaConfBaseException as exc:  # ${oc.env:NOPE} and the like: our error, naming the key
+            raise unresolvable(exc, key) from None
     node = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:

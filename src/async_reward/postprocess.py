@@ -31,10 +31,10 @@ def make_postprocess_spec(path: str, name: str, init_kwargs: dict[str, Any]) -> 
 @functools.lru_cache(maxsize=16)
 def load_user_instance(spec: tuple[str, str, str]) -> Any:
     """Load and instantiate the user class named by ``spec``, once per process."""
-    from verl.utils.import_utils import load_extern_object
+    from async_reward.managers.user_function import load_user_object
 
     path, name, kwargs_json = spec
-    cls = load_extern_object(module_path=path, object_name=name)
+    cls = load_user_object(path, name)
     if not isinstance(cls, type):
         raise TypeError(
             f"custom_reward_function.name={name!r} in {path} must name a class for async_stateful"

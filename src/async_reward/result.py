@@ -9,6 +9,7 @@ as a 0.0.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,13 +18,17 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BATCH_KEYS",
     "EXTRA_STRING_MAX_CHARS",
+    "RESERVED_EXTRA_KEYS",
+    "USER_KEY_PREFIX",
     "ExtraInfo",
     "RewardResult",
     "RewardSample",
     "ScoredFloat",
     "Status",
     "extras_fill_values",
+    "extras_key_for",
     "fill_missing_extras",
     "neutral_value",
     "normalize_user_result",
@@ -31,6 +36,67 @@ __all__ = [
 
 #: Long strings in extras bloat every batch (verl stacks them into numpy arrays); they are cut here.
 EXTRA_STRING_MAX_CHARS = 256
+#: Extras keys every sample carries, set by the library (a scorer's own value under one of these names
+#: is kept as ``user_<key>``; ``extra_defaults`` may not declare them).
+RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
+#: Fields of verl's batches (non-tensor and tensor) that extras must never replace: verl's trainers and
+#: ours write each extras key into the batch under its own name, so an extras ``uid`` would merge GRPO
+#: groups and a ``data_source`` would relabel metrics, silently. A sample's other fields are protected
+#: at run time too (``run_single`` sees them).
+BATCH_KEYS = frozenset(
+    {
+        "uid",
+        "data_source",
+        "reward_model",
+        "extra_info",
+        "raw_prompt",
+        "raw_prompt_ids",
+        "index",
+        "tools_kwargs",
+        "interaction_kwargs",
+        "multi_modal_data",
+        "multi_modal_inputs",
+        "agent_name",
+        "request_id",
+        "reward_scores",
+        "__num_turns__",
+        "score",
+        "rm_scores",
+        "token_level_scores",
+        "token_level_rewards",
+        "advantages",
+        "returns",
+        "values",
+        "response_mask",
+        "old_log_probs",
+        "ref_log_prob",
+        "rollout_log_probs",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "prompts",
+        "responses",
+    }
+)
+#: Prefix of a scorer's extras key renamed because it names one of the keys above.
+USER_KEY_PREFIX = "user_"
+
+
+def extras_key_for(
+    key: str, batch_keys: frozenset[str] | set[str] = frozenset(), taken: Mapping[str, Any] | None = None
+) -> str:
+    """The name a scorer's extras ``key`` is kept under: itself, or ``user_<key>`` (repeated until free)
+    when it names a library key (:data:`RESERVED_EXTRA_KEYS`), a batch field (:data:`BATCH_KEYS`,
+    ``batch_keys``), or, once renamed, another key in ``taken``."""
+    name = key
+    while (
+        name in RESERVED_EXTRA_KEYS
+        or name in BATCH_KEYS
+        or name in batch_keys
+        or (name != key and taken is not None and name in taken)
+    ):
+        name = USER_KEY_PREFIX + name
+    return name
 
 
 class Status(StrEnum):
@@ -220,21 +286,38 @@ def _short(text: str) -> str:
 
 
 def _scalar(value: Any) -> Any:
-    """Extras must be scalars or short strings: verl stacks them into numpy arrays per key."""
+    """Extras must be scalars or short strings: verl stacks them into numpy arrays per key. Anything
+    else is shown by its ``repr``; a value that cannot even be shown becomes a placeholder."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return value.item()
-    return _short(value if isinstance(value, str) else repr(value))
+    try:
+        if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+            return value.item()
+        return _short(value if isinstance(value, str) else repr(value))
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
 
 
 def _as_score(value: Any) -> float | None:
-    """A finite float, or None when ``value`` is not a usable score."""
-    if isinstance(value, bool):
+    """A finite float from a real number (``int``, ``float``, ``bool``, numpy numbers, or a 0-d numpy
+    array / torch tensor holding one); None for anything else, text included (``"0.7"`` is a string
+    the scorer returned, not a score), and for a number that is not finite as a float (NaN, inf,
+    ``10**400``)."""
+    if isinstance(value, (bool, np.bool_)):
         return float(value)
     try:
+        if (
+            not isinstance(value, numbers.Real)
+            and getattr(value, "ndim", None) == 0
+            and hasattr(value, "item")
+        ):
+            value = value.item()  # a 0-d array or tensor (torch.tensor(0.5))
+        if isinstance(value, (bool, np.bool_)):
+            return float(value)
+        if not isinstance(value, numbers.Real):
+            return None
         score = float(value)
-    except (TypeError, ValueError):
+    except Exception:  # OverflowError (10**400), a __float__ that raises, ...
         return None
     return score if math.isfinite(score) else None
 
@@ -242,32 +325,45 @@ def _as_score(value: Any) -> float | None:
 def normalize_user_result(value: Any) -> RewardResult:
     """Turn what a user function returned into a ``RewardResult``.
 
-    Accepted: a number; a dict with ``score`` (other keys become extras); a
-    ``(score, query, explanation)`` tuple (the recipe's contract); a ``RewardResult``. Anything else,
-    ``None``, or a non-finite score gives status ``invalid`` with the reason.
+    Accepted: a real number (see :func:`_as_score`); a dict with ``score`` (other keys become
+    extras); a ``(score, query, explanation)`` tuple (the recipe's contract); a ``RewardResult``.
+    Anything else, text and ``None`` included, or a score that is not a finite real number gives
+    status ``invalid`` with the reason.
     """
     if isinstance(value, RewardResult):
         return value
     if isinstance(value, dict):
         if "score" not in value:
-            return RewardResult.failure(
-                Status.INVALID, f"dict result has no 'score' key (keys: {sorted(value)})"
-            )
+            keys = sorted(map(str, value))
+            return RewardResult.failure(Status.INVALID, f"dict result has no 'score' key (keys: {keys})")
         score = _as_score(value["score"])
         extras = {k: v for k, v in value.items() if k not in ("score", "reward_score")}
         if score is None:
-            return RewardResult.failure(Status.INVALID, f"score is not a finite number: {value['score']!r}")
+            return RewardResult.failure(
+                Status.INVALID, f"score is not a finite real number: {_shown(value['score'])}"
+            )
         return RewardResult(score=score, extras=extras)
     if isinstance(value, tuple) and len(value) == 3:
         score = _as_score(value[0])
         if score is None:
-            return RewardResult.failure(Status.INVALID, f"score is not a finite number: {value[0]!r}")
+            return RewardResult.failure(
+                Status.INVALID, f"score is not a finite real number: {_shown(value[0])}"
+            )
         return RewardResult(score=score, extras={"judge_query": value[1], "judge_explanation": value[2]})
     if value is None:
         return RewardResult.failure(Status.INVALID, "reward function returned None")
     score = _as_score(value)
     if score is None:
-        return RewardResult.failure(
-            Status.INVALID, f"unusable score {value!r} of type {type(value).__name__}"
-        )
+        return RewardResult.failure(Status.INVALID, f"unusable score {_shown(value)}")
     return RewardResult(score=score)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` and its type, cut short; never raises (a user's ``__repr__`` may)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = "<unprintable>"
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} of type {type(value).__name__}"

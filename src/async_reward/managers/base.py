@@ -19,8 +19,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from contextvars import ContextVar
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -29,31 +28,39 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward.config import AsyncRewardConfig, load_config
+from async_reward.deadline import (
+    AdmissionTimeout,
+    DeadlineAbandoned,
+    UserCodeError,
+    as_user_code_error,
+    run_with_deadline,
+)
 from async_reward.http import HTTPStatusError, MalformedResponseError
 from async_reward.integration import check_failure_policy
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, TokenReservation
+from async_reward.managers.user_function import FunctionPool, default_pool_size
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.result import (
     RewardResult,
     RewardSample,
     ScoredFloat,
     Status,
+    extras_key_for,
     fill_missing_extras,
     neutral_value,
     normalize_user_result,
 )
 from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
 
-__all__ = ["AsyncRewardManager", "RewardScoringError"]
+__all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-
-class AdmissionTimeout(TimeoutError):
-    """A call waited longer than ``admission_timeout_s`` for a slot or rate budget (status timeout)."""
+#: True while a manager's constructor re-runs :meth:`AsyncRewardManager.check_config`.
+_IN_CONSTRUCTOR: ContextVar[bool] = ContextVar("async_reward_in_manager_constructor", default=False)
 
 
 class RewardScoringError(RuntimeError):
@@ -90,8 +97,15 @@ class AsyncRewardManager(RewardManagerBase):
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
         # The same checks the driver ran (integration.check_reward_config); repeated here because a
-        # worker may be started by code that never ran them (verl's own trainer, a user's loop).
-        self.settings: AsyncRewardConfig = type(self).check_config(config)
+        # worker may be started by code that never ran them (verl's own trainer, a user's loop). The
+        # user's code is not loaded a second time here: verl loaded the function already, and a
+        # subclass that loads more (async_stateful) checks what it loads. A context variable rather
+        # than an argument, so subclasses overriding check_config(config, env) keep working.
+        token = _IN_CONSTRUCTOR.set(True)
+        try:
+            self.settings: AsyncRewardConfig = type(self).check_config(config)
+        finally:
+            _IN_CONSTRUCTOR.reset(token)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
             limits = type(limits)(max_concurrency=limits.max_concurrency)
@@ -102,7 +116,8 @@ class AsyncRewardManager(RewardManagerBase):
         # keys as its batch mates (verl stacks extras per key and fails on a missing one).
         self._extra_defaults: dict[str, Any] = {**self.extra_defaults, **self.settings.extra_defaults}
         self._results_returned = 0
-        self._executor: Executor | None = None
+        self._pool: FunctionPool | None = None
+        self._renamed_keys: set[str] = set()  # user extras keys already reported as renamed
         # The pipelined trainer's settings in a job whose samples reach this manager through verl's
         # own reward loop: verl's trainer is training and ignoring them (issue 8). Refuse to score.
         trainer_node: Any = (config.get("async_reward") if hasattr(config, "get") else None) or {}
@@ -112,7 +127,9 @@ class AsyncRewardManager(RewardManagerBase):
     def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
         """Every start-up check of this manager's settings, without building it: the values of
         ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
-        environment, default this process's), and the failure policy against the trainer.
+        environment, default this process's), the failure policy against the trainer, and the user's
+        code this manager runs (:meth:`check_user_code`; skipped when a manager's constructor re-runs
+        these checks in a worker, which loads that code itself).
 
         Raises:
             ConfigError: naming the key, the bad value and the fix.
@@ -121,7 +138,14 @@ class AsyncRewardManager(RewardManagerBase):
         for section in cls.required_sections:
             getattr(settings, section).require(env)
         check_failure_policy(config)
+        if not _IN_CONSTRUCTOR.get():
+            cls.check_user_code(config, settings)
         return settings
+
+    @classmethod
+    def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """Load the user's code this manager runs (``custom_reward_function``) and check it fits, so a
+        wrong path or name stops the job on the driver, before any worker starts. None by default."""
 
     # ----------------------------------------------------------------- subclass API
     async def score(self, sample: RewardSample) -> RewardResult:
@@ -141,11 +165,14 @@ class AsyncRewardManager(RewardManagerBase):
                 "with python -m async_reward.pipeline.main_ppo (or async_reward.pipeline.main_ppo.run), "
                 "or remove async_reward.pipeline"
             )
+        batch_keys = _batch_keys(data)
         try:
             sample = self.decode(data)
         except Exception as exc:  # a malformed item must not take the batch down
-            return self._finish(RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}"))
-        return await self.score_decoded(sample)
+            return self._finish(
+                RewardResult.failure(Status.INVALID, f"cannot decode sample: {exc!r}"), batch_keys
+            )
+        return self._finish(await self._score_safely(sample), batch_keys)
 
     async def score_decoded(self, sample: RewardSample) -> dict[str, Any]:
         """``run_single`` for a sample that is already text (offline scoring, other front-ends).
@@ -155,12 +182,19 @@ class AsyncRewardManager(RewardManagerBase):
         """
         return self._finish(await self._score_safely(sample))
 
-    def _finish(self, result: RewardResult) -> dict[str, Any]:
+    def _finish(self, result: RewardResult, batch_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
         if not result.ok and self.settings.on_failure == "raise":
             raise RewardScoringError(
                 f"sample scoring failed with status {result.status.value}: {result.failure_reason}"
             )
-        return self._to_verl(result)
+        try:
+            return self._to_verl(result, batch_keys)
+        except Exception as exc:  # extras that cannot be converted: the sample still gets its status
+            failed = RewardResult.failure(
+                Status.INVALID, f"result cannot be converted: {_describe(exc)}", attempts=result.attempts
+            )
+            failed.latency_s = result.latency_s
+            return self._finish(failed, batch_keys)
 
     @classmethod
     def assemble_rm_scores(cls, data: DataProto, scores: list[float]) -> torch.Tensor:
@@ -185,22 +219,33 @@ class AsyncRewardManager(RewardManagerBase):
         *,
         estimated_tokens: int | None = None,
         retry_timeouts: bool = True,
+        own_deadline: bool = False,
     ) -> tuple[_T, int]:
         """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
 
-        Admission comes first so the deadline measures the service, not our own queue.
-        ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a thread keeps
-        running after its deadline; starting it again would pile up copies).
+        Admission comes first so the deadline measures the service, not our own queue. The deadline
+        (``timeout_s``) cannot be ignored: the attempt runs as its own task and is abandoned, not
+        awaited, if it does not stop when cancelled (``async_reward.deadline``). ``own_deadline=True``
+        for an attempt that applies ``timeout_s`` itself, after taking what it must wait for first
+        (a free thread). ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a
+        thread keeps running after its deadline; starting it again would pile up copies).
         Returns ``(value, attempts)``; raises the last error (with ``attempts`` attached).
         """
 
         async def admitted_attempt() -> _T:
             async with self._admitted(estimated_tokens) as reservation:
-                async with asyncio.timeout(self.settings.timeout_s):
+                if own_deadline:
                     return await attempt(reservation)
+                return await run_with_deadline(
+                    attempt(reservation),
+                    self.settings.timeout_s,
+                    what=f"the scoring call ({type(self).__name__})",
+                )
 
         def is_transient(exc: BaseException) -> bool:
-            if isinstance(exc, AdmissionTimeout) or (isinstance(exc, TimeoutError) and not retry_timeouts):
+            if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned)):
+                return False
+            if isinstance(exc, TimeoutError) and not retry_timeouts:
                 return False
             return default_is_transient(exc)
 
@@ -237,26 +282,41 @@ class AsyncRewardManager(RewardManagerBase):
                 extra_info=sample.extra_info,
             )
 
-        value, attempts = await self.call_with_policy(attempt, retry_timeouts=_is_async(fn))
+        is_async = _is_async(fn)
+        value, attempts = await self.call_with_policy(
+            attempt, retry_timeouts=is_async, own_deadline=not is_async
+        )
         result = normalize_user_result(value)
         result.attempts = attempts
         return result
 
     async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
-        """Call a user function, sync or async; sync ones run off the event loop."""
+        """Call a user function, sync or async; sync ones run off the event loop, in the manager's
+        :class:`~async_reward.managers.user_function.FunctionPool`, bounded by ``timeout_s`` from the
+        moment a thread (or process) takes the call."""
         if _is_async(fn):
             return await fn(**kwargs)
-        loop = asyncio.get_running_loop()
-        try:
-            result = await loop.run_in_executor(self._get_executor(), _call_kwargs, fn, kwargs)
-        except BrokenProcessPool:
-            # A scorer crashed its process; the pool refuses all later work. Build a new one for
-            # the next call (executor=process exists for exactly such unstable scorers).
-            self._executor = None
-            raise
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        settings = self.settings
+        return await self.function_pool.call(
+            fn,
+            kwargs,
+            timeout_s=settings.timeout_s,
+            # Waiting for a worker is queueing, like admission; bounded even without
+            # admission_timeout_s, since only calls stuck past their deadline can hold every worker.
+            wait_s=settings.admission_timeout_s or settings.timeout_s,
+        )
+
+    @property
+    def function_pool(self) -> FunctionPool:
+        """Where sync user functions run (built on first use): ``executor`` kind, ``executor_workers``
+        workers, by default one thread per concurrent call (``limits.max_concurrency``)."""
+        if self._pool is None:
+            settings = self.settings
+            size = default_pool_size(
+                settings.executor, settings.executor_workers, settings.limits.max_concurrency
+            )
+            self._pool = FunctionPool(settings.executor, size)
+        return self._pool
 
     # ----------------------------------------------------------------- internals
     def decode(self, data: DataProto) -> RewardSample:
@@ -293,21 +353,31 @@ class AsyncRewardManager(RewardManagerBase):
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
         started = time.monotonic()
-        result = _checked(await self.guard(self.score(sample)))
+        result = await self.guard(self._checked_score(sample))
         result.latency_s = time.monotonic() - started
         return result
 
+    async def _checked_score(self, sample: RewardSample) -> RewardResult:
+        return _checked(await self.score(sample))
+
     @staticmethod
     async def guard(scoring: Awaitable[RewardResult]) -> RewardResult:
-        """Await ``scoring`` and turn any error (but cancellation) into a failed ``RewardResult``."""
+        """Await ``scoring`` and turn anything it raises into a failed ``RewardResult``, except a real
+        cancellation of this task: a ``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit`` or
+        ``CancelledError`` raised by user code fails the sample (status ``error``), it does not stop
+        the event loop or pass for a cancellation of the batch."""
         try:
             return await scoring
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             return _failure_from_exception(exc)
+        except BaseException as exc:
+            replacement = as_user_code_error(exc)
+            if replacement is None:
+                raise
+            return _failure_from_exception(replacement)
 
-    def _to_verl(self, result: RewardResult) -> dict[str, Any]:
+    def _to_verl(self, result: RewardResult, batch_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+        result.extras = self._own_keys(result.extras, batch_keys)
         for key, value in result.extras.items():
             if key not in self._extra_defaults:
                 self._extra_defaults[key] = neutral_value(value)
@@ -331,16 +401,26 @@ class AsyncRewardManager(RewardManagerBase):
             exclude_failures=self.settings.on_failure == "exclude",
         )
 
-    def _get_executor(self) -> Executor | None:
-        if self.settings.executor == "thread" and self.settings.executor_workers is None:
-            return None  # the loop's default thread pool
-        if self._executor is None:
-            workers = self.settings.executor_workers
-            if self.settings.executor == "process":
-                self._executor = ProcessPoolExecutor(max_workers=workers)
-            else:
-                self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="async-reward")
-        return self._executor
+    def _own_keys(self, extras: Mapping[str, Any], batch_keys: frozenset[str]) -> dict[str, Any]:
+        """``extras`` with every key that would replace one of ours (``status``, ``excluded``, ...) or a
+        batch field (``uid``, ``data_source``, ``extra_info``, this sample's own fields, ...) renamed
+        ``user_<key>``, reported once per key. verl's trainers write extras into the batch by name:
+        an extras ``uid`` would merge GRPO groups without a word."""
+        if not isinstance(extras, Mapping):
+            raise TypeError(f"extras must be a mapping, not {type(extras).__name__}")
+        owned: dict[str, Any] = {}
+        for key, value in extras.items():
+            name = extras_key_for(str(key), batch_keys, taken=extras)
+            if name != key and key not in self._renamed_keys:
+                self._renamed_keys.add(key)
+                logger.warning(
+                    "extras key %r returned by the scorer names a batch field or a key the library sets; "
+                    "kept as %r so it cannot replace it",
+                    key,
+                    name,
+                )
+            owned[name] = value
+        return owned
 
 
 def _as_index(value: Any) -> int:
@@ -365,13 +445,26 @@ def _checked(result: Any) -> RewardResult:
     if result.ok:
         checked = normalize_user_result(result.score)
         if not checked.ok:
-            return RewardResult.failure(Status.INVALID, checked.failure_reason, attempts=result.attempts)
+            reason = "an ok result without a score" if result.score is None else checked.failure_reason
+            return RewardResult.failure(Status.INVALID, reason, attempts=result.attempts)
         result.score = checked.score
     return result
 
 
-def _call_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    return fn(**kwargs)
+def _batch_keys(data: DataProto) -> frozenset[str]:
+    """The fields of ``data`` (tensor and non-tensor) an extras key must not replace."""
+    try:
+        tensors = set(data.batch.keys()) if data.batch is not None else set()
+        return frozenset(tensors | set(data.non_tensor_batch or {}))
+    except Exception:  # a malformed item: the static list still applies
+        return frozenset()
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 def _failure_from_exception(exc: BaseException) -> RewardResult:
@@ -381,7 +474,7 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     if isinstance(exc, AttemptsExhausted):
         attempts = exc.attempts
         root = exc.last_error
-    if isinstance(root, AdmissionTimeout):
+    if isinstance(root, (AdmissionTimeout, DeadlineAbandoned)):
         return RewardResult.failure(Status.TIMEOUT, str(root), attempts=attempts)
     if isinstance(root, (TimeoutError, asyncio.TimeoutError)):
         return RewardResult.failure(Status.TIMEOUT, "deadline exceeded", attempts=attempts)
@@ -391,4 +484,6 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
         return RewardResult.failure(
             Status.ERROR, f"HTTP {root.status}: {root.body_excerpt}", attempts=attempts
         )
-    return RewardResult.failure(Status.ERROR, f"{type(root).__name__}: {root}", attempts=attempts)
+    if isinstance(root, UserCodeError):
+        return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
+    return RewardResult.failure(Status.ERROR, _describe(root), attempts=attempts)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from async_reward.config import AsyncRewardConfig
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.managers.user_function import resolve_user_function
+from async_reward.managers.user_function import check_reward_function, resolve_user_function
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
 
@@ -25,6 +26,11 @@ class AsyncNaiveRewardManager(AsyncRewardManager):
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.score_fn = resolve_user_function(config, compute_score, self.settings.executor)
+
+    @classmethod
+    def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """``custom_reward_function``, when set, names a function of a file that loads."""
+        check_reward_function(config)
 
     async def score(self, sample: RewardSample) -> RewardResult:
         return await self.score_with_function(self.score_fn, sample)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from async_reward.config import ConfigError
+from async_reward._config_rules import bad_value, missing_value
+from async_reward.config import CONFIG_PATH, AsyncRewardConfig
 from async_reward.managers.base import AsyncRewardManager
+from async_reward.managers.user_function import user_object
 from async_reward.postprocess import load_user_instance, make_postprocess_spec
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
@@ -33,19 +35,10 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
-        fn_config = config.reward.get("custom_reward_function") or {}
-        path, name = fn_config.get("path"), fn_config.get("name")
-        if not path or not name:
-            raise ConfigError(
-                "async_stateful needs reward.custom_reward_function.path and .name naming a class"
-            )
-        if self.settings.executor == "process":
-            raise ConfigError("async_stateful keeps one instance per worker process; use executor=thread")
-        self._spec = make_postprocess_spec(str(path), str(name), self.settings.stateful.init_kwargs)
+        path, name, _cls = self._user_class(config, self.settings)
+        self._spec = make_postprocess_spec(path, name, self.settings.stateful.init_kwargs)
         # One instance per process, shared by every manager built in it (load_user_instance caches).
         self.instance = load_user_instance(self._spec)
-        if not callable(getattr(self.instance, "compute_score", None)):
-            raise ConfigError(f"class {name!r} in {path} has no compute_score method")
         self._has_postprocess = callable(getattr(self.instance, "post_process_scores", None))
         in_v1_agent_loop = v1_integration_problem(config) is None
         if self._has_postprocess and not in_v1_agent_loop and not type(self)._warned_postprocess_path:
@@ -58,6 +51,47 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
                 name,
                 AGENT_LOOP_MANAGER,
             )
+
+    @classmethod
+    def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """The class loads and has ``compute_score``; ``executor`` is not ``process``."""
+        cls._user_class(config, settings)
+
+    @staticmethod
+    def _user_class(config: Any, settings: AsyncRewardConfig) -> tuple[str, str, type]:
+        """``(path, name, class)`` of the user's class, loaded once per process.
+
+        Raises:
+            ConfigError: naming the key: no path, no class, a class without ``compute_score``, or
+                ``executor: process`` (the instance lives in this process).
+        """
+        if settings.executor == "process":
+            raise bad_value(
+                f"{CONFIG_PATH}.executor",
+                "process",
+                "cannot run async_stateful, which keeps one instance of your class per worker process",
+                "use executor=thread (the default)",
+            )
+        key = "reward.custom_reward_function"
+        found = user_object(config, needed_by="async_stateful")
+        if found is None:
+            raise missing_value(f"{key}.path", "async_stateful", f"set {key}.path and .name to your class")
+        path, name, cls = found
+        if not isinstance(cls, type):
+            raise bad_value(
+                f"{key}.name",
+                name,
+                f"in {path} is a {type(cls).__name__}, not a class (async_stateful makes one instance of it)",
+                "name a class with a compute_score method, or use async_naive for a function",
+            )
+        if not callable(getattr(cls, "compute_score", None)):
+            raise bad_value(
+                f"{key}.name",
+                name,
+                f"in {path} has no compute_score method",
+                "define compute_score(data_source, solution_str, ground_truth, extra_info) on the class",
+            )
+        return path, name, cls
 
     def postprocess_spec(self) -> tuple[str, ...] | None:
         return self._spec if self._has_postprocess else None

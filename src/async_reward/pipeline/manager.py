@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from verl import DataProto
 
 from async_reward.config import load_config
@@ -89,6 +89,10 @@ class PipelinedRewardLoopManager:
             raise ValueError("reward.reward_model.enable is not supported by the pipelined manager")
         from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
+        count = int(num_workers or config.reward.get("num_workers") or 1)
+        # The workers split the job-wide RPM/TPM budgets by reward.num_workers: tell them how many
+        # there really are (num_workers= may differ), or each would take a larger share than its own.
+        config = _with_worker_count(config, count)
         # Every setting a worker would refuse, refused here before any worker starts.
         check_reward_config(config)
         self.config = config
@@ -103,7 +107,6 @@ class PipelinedRewardLoopManager:
         self._seq = itertools.count(1)
         self._tickets: dict[int, TicketState] = {}
         self._retired: OrderedDict[int, tuple[str, TicketState]] = OrderedDict()
-        count = int(num_workers or config.reward.get("num_workers") or 1)
         workers = start_workers(
             config,
             count,
@@ -332,3 +335,15 @@ class PipelinedRewardLoopManager:
     def _forget(self, ticket: Ticket) -> None:
         with contextlib.suppress(TicketError, RuntimeError):
             self.cancel(ticket)
+
+
+def _with_worker_count(config: DictConfig, count: int) -> DictConfig:
+    """``config`` with ``reward.num_workers`` = ``count``, the worker actors this manager starts (a
+    copy when it differs). ``reward.async_reward.num_workers``, when set, is checked against it."""
+    if config.reward.get("num_workers") == count:
+        return config
+    copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    assert isinstance(copy, DictConfig)
+    with open_dict(copy):
+        copy.reward.num_workers = count
+    return copy

@@ -40,6 +40,7 @@ reward source, counts the flagged ones).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,10 +49,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from async_reward.pipeline.exclusion import ExclusionOutcome, advantage_without_excluded
+from async_reward.result import extras_key_for
 
 if TYPE_CHECKING:
     import torch
     from verl import DataProto
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_COUPLED_ESTIMATORS",
@@ -509,12 +513,27 @@ class StepSchedule:
 
 
 def _with_rewards(batch: DataProto, chunk: RewardChunkLike) -> DataProto:
-    """``batch[chunk.indices]`` with the chunk's ``rm_scores`` and reward extras joined to it."""
+    """``batch[chunk.indices]`` with the chunk's ``rm_scores`` and reward extras joined to it.
+
+    An extras key never replaces a field the batch already has (an extras ``uid`` would merge GRPO
+    groups): it is joined as ``user_<key>`` instead, logged once per key. Our managers rename such keys
+    themselves; this catches any other reward source.
+    """
     indices = np.asarray(chunk.indices, dtype=np.int64)
     whole = len(indices) == len(batch) and bool(np.array_equal(indices, np.arange(len(batch))))
     part = batch if whole else batch[indices]
     part.batch["rm_scores"] = chunk.rm_scores
+    taken = frozenset(part.non_tensor_batch) | frozenset(part.batch.keys())
+    names = []
     for key, values in chunk.reward_extra_info.items():
-        part.non_tensor_batch[key] = np.asarray(values)
-    part.meta_info["reward_extra_keys"] = list(chunk.reward_extra_info)
+        name = extras_key_for(key, taken, taken=chunk.reward_extra_info) if key in taken else key
+        if name != key and key not in _RENAMED:
+            _RENAMED.add(key)
+            logger.warning("reward extras key %r names a field of the batch; joined as %r instead", key, name)
+        part.non_tensor_batch[name] = np.asarray(values)
+        names.append(name)
+    part.meta_info["reward_extra_keys"] = names
     return part
+
+
+_RENAMED: set[str] = set()

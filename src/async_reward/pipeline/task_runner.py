@@ -35,6 +35,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
 from async_reward.pipeline.trainer_config import load_pipeline_config
+from async_reward.redaction import redact_config
 
 __all__ = [
     "DryRunComplete",
@@ -122,7 +123,7 @@ class PipelinedTaskRunner(BaseTaskRunner):
             TypeError: when :attr:`trainer_class` built something else (:func:`check_trainer`).
         """
         print(f"TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
-        pprint(OmegaConf.to_container(config, resolve=True))
+        pprint(redact_config(config))  # verl's runner prints every value; ours hides keys and headers
         OmegaConf.resolve(config)
         trainer = self.build_trainer(config)
         check_trainer(trainer, config)

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import ray
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 from verl.trainer.ppo import ray_trainer as verl_trainer
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -39,6 +39,7 @@ from async_reward.pipeline.schedule import RewardSource, StepRecord, StepSchedul
 from async_reward.pipeline.trainer_config import load_pipeline_config
 from async_reward.pipeline.verl_backend import VerlScheduleBackend
 from async_reward.progress import progress_bar
+from async_reward.redaction import redact_config
 
 __all__ = ["PipelinedRayPPOTrainer", "ScoreLaterAgentLoopManager", "VerlScheduleBackend"]
 
@@ -129,7 +130,7 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
             project_name=config.trainer.project_name,
             experiment_name=config.trainer.experiment_name,
             default_backend=config.trainer.logger,
-            config=OmegaConf.to_container(config, resolve=True),
+            config=redact_config(config),  # what wandb / mlflow store: no keys, no header values
         )
         self.global_steps = 0
         self._load_checkpoint()

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from async_reward._config_rules import bad_value
+from async_reward._config_rules import bad_value, plain_container
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.schedule import check_estimator
 
@@ -75,8 +75,8 @@ class PipelineConfig:
             )
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+def _plain(node: Any, path: str) -> Any:
+    return plain_container(node, path)
 
 
 def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelineConfig:
@@ -86,19 +86,29 @@ def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> Pipelin
         ConfigError: an unknown key (naming the valid ones), a bad value, the node in the wrong place,
             or a combination the pipelined trainer cannot run as asked (see :func:`check_against_verl`).
     """
-    reward_node = _plain(verl_config.get("reward") or {})
+    reward_node = _plain(verl_config.get("reward") or {}, "reward")
     misplaced = (reward_node.get("async_reward") or {}) if isinstance(reward_node, Mapping) else {}
     if isinstance(misplaced, Mapping) and "pipeline" in misplaced:
         raise ConfigError(
             "reward.async_reward.pipeline is not read there (reward workers parse reward.async_reward); "
             f"put the trainer's pipeline settings under {PIPELINE_CONFIG_PATH} instead"
         )
-    top = _plain(verl_config.get("async_reward") or {})
+    top = _plain(verl_config.get("async_reward") or {}, "async_reward")
     if not isinstance(top, Mapping):
-        raise ConfigError(f"async_reward must be a mapping, got {type(top).__name__}")
+        raise bad_value(
+            "async_reward",
+            top,
+            "is not a mapping",
+            f"write the pipelined trainer's settings under {PIPELINE_CONFIG_PATH}, e.g. "
+            f"+{PIPELINE_CONFIG_PATH}.mini_batch=true",
+        )
     unknown = sorted(set(top) - {"pipeline"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in async_reward; valid keys: ['pipeline']")
+        raise ConfigError(
+            f"unknown key(s) {unknown} in async_reward; valid keys: ['pipeline']",
+            key=f"async_reward.{unknown[0]}",
+            fix="use async_reward.pipeline",
+        )
     config = parse_config(PipelineConfig, top.get("pipeline"), PIPELINE_CONFIG_PATH)
     config.validate()
     check_against_verl(config, verl_config)

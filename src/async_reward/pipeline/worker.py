@@ -163,23 +163,35 @@ class PipelineRewardWorker:
             )
 
     async def _score(self, seq: int, index: int, data: Any, row: int) -> None:
+        """Score one sample and post its result; every sample taken gets a result or an error payload
+        (posted in ``finally``), unless its ticket was cancelled, whatever the manager raised: a user
+        function's ``KeyboardInterrupt`` or stray ``CancelledError`` must not leave the driver waiting
+        for a sample nobody scores."""
+        from async_reward.deadline import as_user_code_error
+
         started = time.monotonic()
+        payload: dict[str, Any] | None = None
         try:
             output = await self.manager.run_single(data[row : row + 1])
-            payload: dict[str, Any] = {
+            payload = {
                 "reward_score": output["reward_score"],
                 # Not copied: the score (a ScoredFloat) holds this very dict, and pickle sends one.
                 "reward_extra_info": output.get("reward_extra_info") or {},
             }
-        except asyncio.CancelledError:
-            self._running.pop((seq, index), None)
-            self._pump()
-            raise
         except Exception as exc:  # surfaced by the driver as an error of the ticket, never swallowed
             payload = {"error": f"{type(exc).__name__}: {exc}"}
-        payload["run_s"] = time.monotonic() - started
-        self._running.pop((seq, index), None)
-        self._done_total += 1
-        self._ready.append((seq, index, payload))
-        self._event().set()
-        self._pump()
+        except BaseException as exc:
+            replacement = as_user_code_error(exc)
+            if replacement is None:
+                raise  # this task is really being cancelled (its ticket, or the actor)
+            payload = {"error": f"{type(replacement).__name__}: {replacement}"}
+        finally:
+            self._running.pop((seq, index), None)
+            if payload is None and seq not in self._cancelled:
+                payload = {"error": "scoring stopped before the sample had a result (cancelled)"}
+            if payload is not None:
+                payload["run_s"] = time.monotonic() - started
+                self._done_total += 1
+                self._ready.append((seq, index, payload))
+                self._event().set()
+            self._pump()

@@ -1,0 +1,132 @@
+"""Deadlines a callee cannot ignore, and user code that cannot stop the event loop.
+
+``asyncio.timeout`` cancels the code it bounds and then waits for that code to finish cancelling: a
+coroutine that catches ``CancelledError`` and carries on (a bare ``except BaseException``, a retry
+loop of its own) keeps its caller waiting forever, and with it the sample, the batch and the trainer.
+:func:`run_with_deadline` runs the call as its own task, cancels it at the deadline, gives it a short
+grace to stop, and otherwise leaves it running and logs that it did: the caller gets its
+``TimeoutError`` on time either way.
+
+User code may also raise what asyncio treats as control flow. ``KeyboardInterrupt`` and
+``SystemExit`` escape a task and stop the whole event loop (a Ray actor's loop included, which then
+never answers again); a ``CancelledError`` the code raises by itself looks like the cancellation of
+our task; ``GeneratorExit`` is no ``Exception``. :func:`contained` turns all of them into
+:class:`UserCodeError`, an ordinary exception that becomes the sample's status ``error``, and lets a
+``CancelledError`` through only when the task really is being cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+__all__ = [
+    "GRACE_S",
+    "AdmissionTimeout",
+    "DeadlineAbandoned",
+    "UserCodeError",
+    "being_cancelled",
+    "contained",
+    "run_with_deadline",
+]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: How long a call cancelled at its deadline may take to stop before it is abandoned.
+GRACE_S = 1.0
+
+
+class AdmissionTimeout(TimeoutError):
+    """A call waited longer than allowed for a slot, a worker or a rate budget (status ``timeout``,
+    not retried: the queue is what it waited for)."""
+
+
+class DeadlineAbandoned(TimeoutError):
+    """The call ignored its cancellation at the deadline and was left running (status ``timeout``,
+    not retried: another attempt would pile up another copy)."""
+
+
+class UserCodeError(RuntimeError):
+    """A ``BaseException`` that user code raised (``KeyboardInterrupt``, ``SystemExit``,
+    ``GeneratorExit``, a ``CancelledError`` nobody asked for), carried as an ordinary error so that it
+    fails one sample instead of the event loop, the batch or the pipeline."""
+
+
+def being_cancelled() -> bool:
+    """True when the running task has a cancellation request pending (``Task.cancelling()``), i.e. a
+    ``CancelledError`` seen now is ours to propagate, not something user code made up."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def as_user_code_error(exc: BaseException) -> UserCodeError | None:
+    """The :class:`UserCodeError` for a ``BaseException`` that must not act as control flow here;
+    None for an ordinary ``Exception`` or a real cancellation of the running task."""
+    if isinstance(exc, Exception):
+        return None
+    if isinstance(exc, asyncio.CancelledError):
+        if being_cancelled():
+            return None
+        return UserCodeError("CancelledError raised by the scoring code, not a cancellation of its task")
+    detail = f": {exc}" if str(exc) else ""
+    return UserCodeError(f"{type(exc).__name__} raised by the scoring code{detail}")
+
+
+async def contained(awaitable: Awaitable[_T]) -> _T:
+    """Await ``awaitable``; a ``BaseException`` it raises that is not a real cancellation of this task
+    comes out as :class:`UserCodeError`."""
+    try:
+        return await awaitable
+    except BaseException as exc:
+        replacement = as_user_code_error(exc)
+        if replacement is None:
+            raise
+        raise replacement from exc
+
+
+async def run_with_deadline(
+    awaitable: Awaitable[_T], timeout_s: float, *, grace_s: float = GRACE_S, what: str = "the call"
+) -> _T:
+    """Await ``awaitable`` (run as its own task, :func:`contained`) for at most ``timeout_s`` seconds.
+
+    At the deadline the task is cancelled and given ``grace_s`` to stop; one that does not stop is
+    abandoned (left running, logged). A caller cancelled while waiting cancels the task and returns
+    at once, without waiting for it either.
+
+    Raises:
+        TimeoutError: the deadline passed (the task stopped, or finished during the grace).
+        DeadlineAbandoned: the deadline passed and the task ignored its cancellation.
+    """
+    task = asyncio.ensure_future(contained(awaitable))
+    try:
+        await asyncio.wait((task,), timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_retrieve)
+    await asyncio.wait((task,), timeout=grace_s)
+    if not task.done():
+        logger.warning(
+            "%s ignored its cancellation at its %g s deadline and is left running (it cannot be stopped "
+            "from here); the sample is recorded as timeout",
+            what,
+            timeout_s,
+        )
+        raise DeadlineAbandoned(
+            f"deadline of {timeout_s:g} s exceeded; {what} ignored its cancellation and was abandoned"
+        )
+    raise TimeoutError(f"deadline of {timeout_s:g} s exceeded")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a task nobody awaits any more as seen (no "never retrieved" log)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,144 @@
+"""Keeping secrets out of what we print and log: configs, and values shown in errors.
+
+A verl config can hold secrets in three places we know of: header values of ``remote.headers``, the
+value of an environment variable named by an ``*api_key_env`` key when a user passes it through
+``ray_kwargs.ray_init.runtime_env.env_vars``, and any other variable put there whose name looks
+secret (``HF_TOKEN``, ``OPENAI_API_KEY``, ...). :func:`redact_config` is the one helper used wherever
+we print a config or hand it to a tracker (wandb, mlflow); it also hides every other string that
+contains one of those values, wherever a user copied it. :func:`holds_secret_value` lets error
+messages refuse to echo a value that is a secret of this environment (``timeout_s:
+${oc.env:JUDGE_API_KEY}``).
+
+verl's own task runners print the whole resolved config too (``pprint`` in its ``TaskRunner.run``),
+which this module cannot change: prefer the workers' real environment to ``runtime_env.env_vars`` for
+keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from async_reward._config_rules import HIDDEN
+
+__all__ = ["HIDDEN", "holds_secret_value", "is_secret_name", "redact_config", "secret_values"]
+
+#: Shorter values are not searched for inside other strings (``false`` is no secret).
+_MIN_SECRET_CHARS = 8
+_SECRET_WORDS = frozenset(
+    {
+        "KEY",
+        "KEYS",
+        "APIKEY",
+        "TOKEN",
+        "TOKENS",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWD",
+        "PASS",
+        "PAT",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "AUTH",
+        "AUTHORIZATION",
+        "COOKIE",
+        "SIGNATURE",
+    }
+)
+_SECRET_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_ENV_VARS_PATH = ("ray_kwargs", "ray_init", "runtime_env", "env_vars")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or header named ``name`` probably holds a secret: one of its words is KEY,
+    TOKEN, SECRET, PASSWORD, AUTH, ... (``HF_TOKEN``, ``X-Api-Key``), or it ends with one
+    (``MYKEY``). ``TOKENIZERS_PARALLELISM`` does not."""
+    upper = str(name).upper()
+    words = re.split(r"[^A-Z0-9]+", upper)
+    return any(word in _SECRET_WORDS for word in words) or upper.endswith(_SECRET_SUFFIXES)
+
+
+def secret_values(env: Mapping[str, str] | None = None) -> set[str]:
+    """Values of the environment variables (default: this process's) whose names look secret."""
+    environment = os.environ if env is None else env
+    return {
+        value
+        for name, value in environment.items()
+        if isinstance(value, str) and len(value) >= _MIN_SECRET_CHARS and is_secret_name(name)
+    }
+
+
+def holds_secret_value(text: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``text`` contains the value of a secret-looking environment variable."""
+    return any(value in text for value in secret_values(env))
+
+
+def redact_config(config: Any) -> Any:
+    """A plain copy of a verl config (an OmegaConf node, resolved, or a mapping), safe to print or log.
+
+    Hidden (replaced with ``<hidden>``): every value under a ``headers`` mapping; each
+    ``ray_kwargs.ray_init.runtime_env.env_vars`` value whose variable is named by an ``*api_key_env``
+    key or has a secret-looking name; and every string anywhere that contains one of those values or
+    the value of a secret-looking variable of this process's environment.
+    """
+    plain = _plain(config)
+    env_vars = _get(plain, _ENV_VARS_PATH)
+    env_vars = env_vars if isinstance(env_vars, Mapping) else {}
+    key_names = set(_api_key_env_names(plain))
+    environment = {**os.environ, **{str(k): str(v) for k, v in env_vars.items()}}
+    secrets = secret_values(environment) | {
+        environment[name] for name in key_names if len(environment.get(name) or "") >= _MIN_SECRET_CHARS
+    }
+    hidden_vars = {str(k) for k in env_vars if is_secret_name(str(k)) or str(k) in key_names}
+    return _redacted(plain, (), secrets, hidden_vars)
+
+
+def _plain(config: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if not isinstance(config, (DictConfig, ListConfig)):
+        return config
+    try:
+        return OmegaConf.to_container(config, resolve=True)
+    except Exception:  # an unresolvable interpolation: print it as written
+        return OmegaConf.to_container(config, resolve=False)
+
+
+def _get(node: Any, path: Iterable[str]) -> Any:
+    for part in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _api_key_env_names(node: Any) -> Iterable[str]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if str(key).endswith("api_key_env") and isinstance(value, str):
+                yield value
+            else:
+                yield from _api_key_env_names(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _api_key_env_names(item)
+
+
+def _redacted(node: Any, path: tuple[str, ...], secrets: set[str], hidden_vars: set[str]) -> Any:
+    if isinstance(node, Mapping):
+        copy: dict[Any, Any] = {}
+        for key, value in node.items():
+            header = bool(path) and path[-1] == "headers" and value is not None
+            if header or (path == _ENV_VARS_PATH and str(key) in hidden_vars):
+                copy[key] = HIDDEN
+            else:
+                copy[key] = _redacted(value, (*path, str(key)), secrets, hidden_vars)
+        return copy
+    if isinstance(node, list):
+        return [_redacted(item, path, secrets, hidden_vars) for item in node]
+    if isinstance(node, str) and any(secret in node for secret in secrets):
+        return HIDDEN
+    return node

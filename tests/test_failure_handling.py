@@ -1,0 +1,321 @@
+"""Whatever a scorer does, every sample comes back once, on time, with a status.
+
+A user's reward code may raise what asyncio treats as control flow (``KeyboardInterrupt``,
+``SystemExit``, ``GeneratorExit``, a ``CancelledError`` nobody asked for), swallow the cancellation
+that enforces its deadline, hang in a thread, return a score that is not a number, or return extras
+named like the batch's own fields. Driven as a user's job drives it: ``run_single`` on a manager built
+by verl's ``load_reward_manager`` from a real reward file, and the pipelined manager's Ray workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from async_reward.pipeline.chunks import RewardChunk, stack_extras
+from async_reward.pipeline.schedule import _with_rewards
+from tests.test_managers import write_module
+
+HAZARDS = """
+import asyncio
+import decimal
+import time
+
+import numpy as np
+import torch
+
+from async_reward import RewardResult
+
+
+class BadFloat:
+    def __float__(self):
+        raise RuntimeError("boom in __float__")
+
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("boom in __repr__")
+
+
+def raise_for(case):
+    if case == "kbint":
+        raise KeyboardInterrupt("user ctrl-c")
+    if case == "sysexit":
+        raise SystemExit(3)
+    if case == "genexit":
+        raise GeneratorExit()
+    if case == "cancelled":
+        raise asyncio.CancelledError()
+
+
+RETURNS = {
+    "text": lambda: "0.7",
+    "decimal": lambda: decimal.Decimal("0.3"),
+    "np_float32": lambda: np.float32(0.5),
+    "np_int": lambda: np.int64(1),
+    "bool": lambda: True,
+    "torch_scalar": lambda: torch.tensor(0.25),
+    "torch_vector": lambda: torch.tensor([0.5, 0.5]),
+    "huge": lambda: 10**400,
+    "bad_float": lambda: BadFloat(),
+    "result_huge": lambda: RewardResult(score=10**400),
+    "result_vector": lambda: RewardResult(score=torch.tensor([1.0, 2.0])),
+    "bad_repr_extra": lambda: {"score": 1.0, "shown": BadRepr()},
+    "named_like_the_batch": lambda: {
+        "score": 1.0, "uid": "problem-7", "data_source": "mine", "status": "mine", "acc": 1
+    },
+}
+
+
+def sync_score(data_source, solution_str, ground_truth, extra_info=None):
+    raise_for(ground_truth)
+    if ground_truth in RETURNS:
+        return RETURNS[ground_truth]()
+    if ground_truth.startswith("sleep:"):
+        time.sleep(float(ground_truth.split(":")[1]))
+    return 1.0
+
+
+async def async_score(data_source, solution_str, ground_truth, extra_info=None):
+    await asyncio.sleep(0)
+    raise_for(ground_truth)
+    if ground_truth.startswith("swallow:"):  # ignores every cancellation for a while, then returns
+        until = time.monotonic() + float(ground_truth.split(":")[1])
+        while time.monotonic() < until:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
+    if ground_truth == "forever":
+        await asyncio.sleep(3600)
+    return 1.0
+"""
+
+CONTROL_FLOW = ["kbint", "sysexit", "genexit", "cancelled"]
+
+
+@pytest.fixture(scope="module")
+def hazards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_module(tmp_path_factory.mktemp("hazards"), HAZARDS, "hazards.py")
+
+
+def build(verl_config_factory: Any, tokenizer: Any, path: str, name: str, **settings: Any) -> Any:
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    config = verl_config_factory("async_naive", settings, custom_reward_function={"path": path, "name": name})
+    return load_reward_manager(config, tokenizer)  # as verl's RewardLoopWorker builds it
+
+
+async def score(
+    manager: Any, batch_factory: Any, truths: list[str], bound_s: float = 30
+) -> list[dict[str, Any]]:
+    """Every row scored concurrently; a hang fails the test instead of the suite."""
+    batch = batch_factory([{"response": "x", "ground_truth": t} for t in truths])
+    calls = [manager.run_single(batch[i : i + 1]) for i in range(len(batch))]
+    return await asyncio.wait_for(asyncio.gather(*calls), bound_s)
+
+
+def statuses(outputs: list[dict[str, Any]]) -> list[str]:
+    return [o["reward_extra_info"]["status"] for o in outputs]
+
+
+# ------------------------------------------------------------------ control flow raised by user code
+
+
+@pytest.mark.parametrize("name", ["sync_score", "async_score"])
+async def test_control_flow_raised_by_user_code_fails_only_its_sample(
+    name, hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """Each used to escape ``run_single`` (KeyboardInterrupt and SystemExit stop the event loop;
+    CancelledError cancelled the batch; GeneratorExit passed every ``except Exception``)."""
+    manager = build(verl_config_factory, tokenizer, hazards, name, retry={"max_attempts": 1})
+    outputs = await score(manager, batch_factory, [*CONTROL_FLOW, "ok"])
+    assert statuses(outputs) == ["error"] * len(CONTROL_FLOW) + ["ok"]
+    reasons = [o["reward_extra_info"]["failure_reason"] for o in outputs[:-1]]
+    names = ["KeyboardInterrupt", "SystemExit", "GeneratorExit", "CancelledError"]
+    for case, reason in zip(names, reasons, strict=True):
+        assert reason.startswith(f"{case} raised by the scoring code"), reason
+    assert all(o["reward_score"].failed for o in outputs[:-1])
+
+
+async def test_a_real_cancellation_still_cancels(hazards, verl_config_factory, tokenizer, batch_factory):
+    manager = build(verl_config_factory, tokenizer, hazards, "async_score")
+    batch = batch_factory([{"response": "x", "ground_truth": "forever"}])
+    task = asyncio.ensure_future(manager.run_single(batch))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+):
+    """``asyncio.timeout`` waited for the coroutine to give up (here 4 s, possibly never) and then
+    reported it ``ok``; now the sample is ``timeout`` at its deadline plus a short grace, not retried."""
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "async_score", timeout_s=0.5, retry={"max_attempts": 3}
+    )
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="async_reward.deadline"):
+        [output] = await score(manager, batch_factory, ["swallow:4"])
+    elapsed = time.monotonic() - started
+    info = output["reward_extra_info"]
+    assert (info["status"], info["attempts"]) == ("timeout", 1), info
+    assert "ignored its cancellation and was abandoned" in info["failure_reason"]
+    assert elapsed < 3.5, elapsed  # 0.5 s deadline + 1 s grace, not the 4 s the coroutine took
+    assert any("left running" in r.getMessage() for r in caplog.records)
+    await asyncio.sleep(4)  # let the abandoned coroutine end before this test's loop closes
+
+
+# ------------------------------------------------------------------ sync functions and their threads
+
+
+async def test_the_deadline_of_a_sync_function_measures_the_call_not_the_queue(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """160 calls of 0.5 s with a 2 s deadline and 160 allowed in flight: the loop's default pool
+    (min(32, cpus + 4) threads) queued them, so most timed out without the function being slow."""
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=2.0, limits={"max_concurrency": 160}
+    )
+    outputs = await score(manager, batch_factory, ["sleep:0.5"] * 160)
+    assert statuses(outputs) == ["ok"] * 160
+    assert manager.function_pool.size == 160
+
+
+async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_later_samples(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+):
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.3, executor_workers=2)
+    with caplog.at_level(logging.WARNING, logger="async_reward.managers.user_function"):
+        stuck = await score(manager, batch_factory, ["sleep:2.0", "sleep:2.0"])
+        assert statuses(stuck) == ["timeout", "timeout"]
+        assert manager.function_pool.overdue == 2
+        started = time.monotonic()
+        [starved] = await score(manager, batch_factory, ["ok"])
+        waited = time.monotonic() - started
+    info = starved["reward_extra_info"]
+    assert info["status"] == "timeout"
+    assert "no free thread for the reward function" in info["failure_reason"]
+    assert "2 call(s) of the reward function still run past their deadline" in info["failure_reason"]
+    assert waited < 1.5, waited  # bounded by timeout_s (no admission_timeout_s set), not by the stuck calls
+    assert any("still run past their 0.3 s deadline" in r.getMessage() for r in caplog.records)
+    await asyncio.sleep(2.0)  # the stuck calls return and give their threads back
+    assert manager.function_pool.overdue == 0
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+# ------------------------------------------------------------------ what a scorer returns
+
+
+async def test_only_real_numbers_are_scores_and_nothing_escapes_as_an_exception(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    cases = {
+        "text": ("invalid", None),
+        "decimal": ("invalid", None),
+        "np_float32": ("ok", 0.5),
+        "np_int": ("ok", 1.0),
+        "bool": ("ok", 1.0),
+        "torch_scalar": ("ok", 0.25),
+        "torch_vector": ("invalid", None),
+        "huge": ("invalid", None),
+        "bad_float": ("invalid", None),
+        "result_huge": ("invalid", None),
+        "result_vector": ("invalid", None),
+        "bad_repr_extra": ("ok", 1.0),
+    }
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", fallback_score=-1.0)
+    outputs = await score(manager, batch_factory, list(cases))
+    for (case, (status, value)), output in zip(cases.items(), outputs, strict=True):
+        info = output["reward_extra_info"]
+        assert info["status"] == status, (case, info)
+        assert float(output["reward_score"]) == (-1.0 if value is None else value), case
+    assert outputs[-1]["reward_extra_info"]["shown"] == "<unprintable BadRepr>"
+    assert "unusable score '0.7' of type str" in outputs[0]["reward_extra_info"]["failure_reason"]
+
+
+async def test_extras_never_replace_batch_fields_or_library_keys(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+):
+    """A scorer reporting the problem id it graded as ``uid`` used to rewrite the batch's GRPO groups."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score")
+    batch = batch_factory(
+        [{"response": "x", "ground_truth": "named_like_the_batch", "uid": u} for u in ("A", "A", "B", "B")]
+    )
+    with caplog.at_level(logging.WARNING, logger="async_reward.managers.base"):
+        outputs = [await manager.run_single(batch[i : i + 1]) for i in range(len(batch))]
+    info = outputs[0]["reward_extra_info"]
+    assert info["status"] == "ok" and info["user_status"] == "mine"
+    assert (info["user_uid"], info["user_data_source"], info["acc"]) == ("problem-7", "mine", 1)
+    assert "uid" not in info and "data_source" not in info
+    renamed = [r.getMessage() for r in caplog.records if "kept as" in r.getMessage()]
+    assert len(renamed) == 3  # once per key, not once per sample
+
+    extras = stack_extras([o["reward_extra_info"] for o in outputs])
+    chunk = RewardChunk(
+        indices=np.arange(4),
+        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
+        reward_extra_info=extras,
+        statuses=extras["status"],
+    )
+    joined = _with_rewards(batch, chunk)
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
+
+
+def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_factory):
+    """``_with_rewards`` guards the schedule against reward sources other than our managers too."""
+    batch = batch_factory([{"response": "x", "uid": u} for u in ("A", "A", "B", "B")])
+    extras = {"uid": np.array(["p"] * 4, dtype=object), "status": np.array(["ok"] * 4, dtype=object)}
+    chunk = RewardChunk(
+        indices=np.arange(4),
+        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
+        reward_extra_info=extras,
+        statuses=extras["status"],
+    )
+    joined = _with_rewards(batch, chunk)
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["p"] * 4
+    assert joined.meta_info["reward_extra_keys"] == ["user_uid", "status"]
+
+
+# ------------------------------------------------------------------ through the pipeline's Ray workers
+
+
+def test_the_pipeline_accounts_for_every_sample_and_splits_the_budget_by_its_workers(
+    ray_cluster, hazards, verl_config_factory, batch_factory
+):
+    """Two workers started with ``num_workers=2`` while ``reward.num_workers`` is 1: each used to take
+    the whole job-wide budget (120 RPM for 60). And a user function raising control flow used to leave
+    its sample without a result: ``get_chunk`` waited forever."""
+    import ray
+
+    from async_reward.pipeline import PipelinedRewardLoopManager
+
+    config = verl_config_factory(
+        "async_rate_limited",
+        {"limits": {"requests_per_minute": 600}, "retry": {"max_attempts": 1}},
+        num_workers=1,
+        custom_reward_function={"path": hazards, "name": "async_score"},
+    )
+    with PipelinedRewardLoopManager(config, num_workers=2) as rewards:
+        shares = ray.get(
+            [
+                handle.__ray_call__.remote(lambda worker: worker.manager.admission.request_budget)
+                for handle in rewards.worker_handles
+            ]
+        )
+        assert shares == [300.0, 300.0]
+        truths = [*CONTROL_FLOW, "ok", "ok"]
+        rows = [{"response": "x", "ground_truth": t, "uid": f"g{i // 2}"} for i, t in enumerate(truths)]
+        chunk = rewards.get_chunk(rewards.submit(batch_factory(rows)), len(rows), timeout=60)
+    assert list(chunk.statuses) == ["error"] * len(CONTROL_FLOW) + ["ok", "ok"]
+    assert "KeyboardInterrupt raised by the scoring code" in chunk.reward_extra_info["failure_reason"][0]

@@ -1,0 +1,119 @@
+"""A key never reaches an error message, a printed config or the experiment tracker.
+
+Errors: what sits where an API key variable's NAME belongs is often the key itself (pasted, or
+resolved by ``${oc.env:...}``), so the value of an ``*api_key_env`` key is never printed, and no
+error prints a value that is a secret of this environment. Configs: the pipelined trainer's task
+runner prints the resolved config and hands it to wandb / mlflow; ``redact_config`` hides header
+values and the keys passed through ``ray_kwargs.ray_init.runtime_env.env_vars``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+from async_reward import ConfigError, prepare_verl_config
+from async_reward.redaction import is_secret_name, redact_config
+
+KEY = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+
+
+def refused(config: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        prepare_verl_config(config)
+    return str(info.value)
+
+
+def test_a_key_pasted_as_the_variable_name_is_never_printed(verl_config_factory, monkeypatch):
+    monkeypatch.delenv(KEY, raising=False)
+    message = refused(
+        verl_config_factory("llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": KEY}})
+    )
+    # It printed "api_key_env='hf_...' ...; export hf_...=<key>": the key, twice.
+    assert KEY not in message
+    assert "api_key_env=<hidden>: the variable named in judge.api_key_env is not set" in message
+
+
+def test_a_key_resolved_from_the_environment_is_recognised_as_a_key(verl_config_factory, monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_CREDENTIAL", KEY)
+    settings = {"judge": {"base_url": "http://x/v1", "api_key_env": "${oc.env:MY_JUDGE_CREDENTIAL}"}}
+    message = refused(verl_config_factory("llm_judge", settings))
+    assert KEY not in message
+    assert "holds a key, not a variable name" in message
+    assert "write reward.async_reward.judge.api_key_env=MY_JUDGE_CREDENTIAL" in message
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"remote": {"url": "http://x/s", "api_key_env": 1234567890123}},  # a numeric token: a type error
+        {"remote": {"url": "http://x/s"}, "timeout_s": "${oc.env:SOME_SERVICE_TOKEN}"},  # any key, any error
+    ],
+)
+def test_type_errors_never_print_a_secret(verl_config_factory, monkeypatch, settings):
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", KEY)
+    message = refused(verl_config_factory("async_remote", settings))
+    assert KEY not in message and "1234567890123" not in message and "=<hidden>" in message
+
+
+def test_redact_config_hides_keys_headers_and_their_copies(verl_config_factory, monkeypatch):
+    monkeypatch.setenv("LOCAL_SECRET_KEY", "local-secret-value-1")
+    config = verl_config_factory(
+        "async_remote",
+        {
+            "remote": {
+                "url": "http://x/score",
+                "api_key_env": "REMOTE_CRED",
+                "headers": {"X-Api-Key": "hdr-secret-456", "X-Team": "rl"},
+            },
+            "judge": {"extra_body": {"note": "Bearer tok-secret-in-env-123", "echo": "local-secret-value-1"}},
+        },
+    )
+    with open_dict(config):
+        config.ray_kwargs = {
+            "ray_init": {
+                "runtime_env": {
+                    "env_vars": {
+                        "REMOTE_CRED": "tok-secret-in-env-123",  # named by api_key_env, not secret-looking
+                        "HF_TOKEN": "hf-secret-789",
+                        "TOKENIZERS_PARALLELISM": "false",
+                        "OMP_NUM_THREADS": "4",
+                    }
+                }
+            }
+        }
+    shown = redact_config(config)
+    text = repr(shown)
+    for secret in ("hdr-secret-456", "tok-secret-in-env-123", "hf-secret-789", "local-secret-value-1"):
+        assert secret not in text
+    env_vars = shown["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars == {
+        "REMOTE_CRED": "<hidden>",
+        "HF_TOKEN": "<hidden>",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "4",
+    }
+    assert shown["reward"]["async_reward"]["remote"]["headers"] == {
+        "X-Api-Key": "<hidden>",
+        "X-Team": "<hidden>",
+    }
+    assert shown["reward"]["async_reward"]["remote"]["url"] == "http://x/score"  # the rest is as it was
+    assert shown["data"] == OmegaConf.to_container(config.data, resolve=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("OPENAI_API_KEY", True),
+        ("X-Api-Key", True),
+        ("MYKEY", True),
+        ("DB_PASSWORD", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("OMP_NUM_THREADS", False),
+    ],
+)
+def test_secret_looking_names(name, secret):
+    assert is_secret_name(name) is secret
