@@ -48,6 +48,8 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("extra_defaults", {"acc": [1, 2]}, "not a scalar", {}),
     ("extra_defaults", {"acc": INF}, "finite", {}),
     ("extra_defaults", {"uid": ""}, "field of verl's batch", {}),
+    ("extra_defaults", {"acc": 2**64}, "64-bit integer", {}),
+    ("extra_defaults", {"note": "x" * 5000}, "longer than", {}),
     ("extra_defaults", {"data_source": ""}, "field of verl's batch", {}),
     ("num_workers", -2, ">= 1", {}),
     ("limits.max_concurrency", 0, ">= 1", {}),
@@ -228,8 +230,9 @@ def load(verl_config_factory: Any, key: str, value: Any, others: dict[str, Any] 
 
 
 def shown(value: Any) -> list[str]:
-    """Ways the message may print ``value`` (after the parser turned ints into floats)."""
-    texts = [repr(value)]
+    """Ways the message may print ``value`` (after the parser turned ints into floats; a long
+    value cut to its first 77 characters)."""
+    texts = [repr(value) if len(repr(value)) <= 80 else repr(value)[:77]]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         texts.append(repr(float(value)))
     if isinstance(value, list):

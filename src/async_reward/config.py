@@ -61,6 +61,8 @@ CONFIG_PATH = "reward.async_reward"
 _JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL_FIX = "write an http:// or https:// URL with a host"
+#: Longest string ``extra_defaults`` takes: the default is copied into every sample's extras.
+MAX_EXTRA_DEFAULT_CHARS = 1024
 
 
 def _is_url(value: str) -> bool:
@@ -505,6 +507,20 @@ class AsyncRewardConfig:
                     value,
                     "is not a scalar (verl stacks extras into one numpy array per key)",
                     "write a number, a bool, a short string or null",
+                )
+            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    "does not fit in a 64-bit integer (verl stacks extras into numpy arrays)",
+                    "write a smaller number, or a float",
+                )
+            if isinstance(value, str) and len(value) > MAX_EXTRA_DEFAULT_CHARS:
+                raise bad_value(
+                    f"{path}.{key}",
+                    value,
+                    f"is longer than {MAX_EXTRA_DEFAULT_CHARS} characters (it is copied into every sample)",
+                    "write a short string",
                 )
             if isinstance(value, float) and math.isinf(value):
                 raise bad_value(
