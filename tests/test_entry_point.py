@@ -11,6 +11,7 @@ trainer is built, before it would need GPUs, and reports what was built and in w
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -257,3 +258,67 @@ async def test_the_pipelines_reward_worker_scores_with_the_pipeline_configured(
         await close_sessions()
     (_, _, payload), *_ = results
     assert payload["reward_extra_info"]["status"] == "ok" and payload["reward_score"] == 1.0
+
+
+V1_AGENT_LOOP = "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+
+
+@pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        ([f"{V1_AGENT_LOOP}async_reward.v1.RewardAgentLoopManager"], "verl v1's TransferQueue agent-loop"),
+        ([f"{V1_AGENT_LOOP}verl.trainer.ppo.v1.agent_loop_tq.AgentLoopManagerTQ"], "verl v1's TransferQueue"),
+        (
+            [
+                "trainer.v1.sampler.custom_sampler.path=pkg://async_reward.v1.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.name=RewardReplayBuffer",
+            ],
+            "never builds",
+        ),
+        ([f"{V1_AGENT_LOOP}verl.experimental.agent_loop.AgentLoopManager"], "scores inside the rollout"),
+    ],
+    ids=["our_v1_manager", "verls_v1_manager", "our_v1_sampler", "a_scoring_manager"],
+)
+def test_the_entry_point_refuses_verl_v1_lines_before_ray_even_in_a_dry_run(assets, lines, reason):
+    """The README's verl-v1 lines copied into a pipelined run: refused by ``run`` before Ray is asked
+    for anything (a real run would otherwise fail in ``init_workers``, after GPU workers started)."""
+    from async_reward.pipeline.main_ppo import run
+
+    config = compose_verl_config(
+        [*overrides(assets), *mode_flags("mini_batch"), *lines, "+async_reward.pipeline.dry_run=true"]
+    )
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        run(config)
+
+
+def test_our_trainer_refuses_a_v1_agent_loop_when_built_so_a_dry_run_says_it(assets):
+    """A launcher of one's own (verl's ``run_ppo``, no ``prepare_config`` check of the line): the trainer's
+    constructor, in the task-runner actor, refuses before ``dry_run`` could report success."""
+    from verl.trainer.main_ppo import run_ppo
+
+    from async_reward.pipeline.main_ppo import PipelinedTaskRunner, prepare_config
+
+    config = prepare_config(
+        compose_verl_config(
+            [*overrides(assets), *mode_flags("baseline"), "+async_reward.pipeline.dry_run=true"]
+        )
+    )
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = (
+            "async_reward.v1.RewardAgentLoopManager"
+        )
+    with pytest.raises(ConfigError, match="verl v1's TransferQueue agent-loop manager"):
+        run_ppo(config, task_runner_class=PipelinedTaskRunner)
+
+
+def test_the_entry_point_says_when_it_overrides_use_v1(assets, caplog):
+    from async_reward.pipeline.main_ppo import prepare_config
+
+    caplog.set_level(logging.WARNING, logger="async_reward.pipeline.main_ppo")
+    config = prepare_config(compose_verl_config([*overrides(assets), "trainer.use_v1=true"]))
+    assert config.trainer.use_v1 is False
+    (line,) = [r.getMessage() for r in caplog.records if "use_v1" in r.getMessage()]
+    assert "overridden to false" in line and "trainer.v1.* settings are ignored" in line
+    caplog.clear()
+    prepare_config(compose_verl_config([*overrides(assets), "trainer.use_v1=false"]))
+    assert not [r for r in caplog.records if "use_v1" in r.getMessage()]

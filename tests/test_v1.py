@@ -10,6 +10,7 @@ own). Stand-ins replace only the token-generating server, the actor's model and 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -17,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 import torch
 
-from async_reward.v1 import V1_OVERRIDES
+from async_reward import ConfigError
+from async_reward.integration import SETUP_HOOK
+from async_reward.v1 import AGENT_LOOP_MANAGER, V1_OVERRIDES
 from async_reward.v1.agent_loop import excluded_uid
+from async_reward.v1.replay_buffer import session_reward_extras, untrained_sessions
 from tests.test_managers import STATEFUL_CLASS, USER_FUNCTIONS, write_module
 from tests.v1_standins import (
     ScriptedRollout,
@@ -102,7 +107,7 @@ def assert_reward_metrics_every_step(run: TrainingRun, steps: int, samples_per_s
     for metrics in logs:
         counted = sum(metrics[f"reward/status_{s}"] for s in ("ok", "timeout", "error", "invalid"))
         assert counted == samples_per_step, metrics
-        for key in ("reward/excluded", "reward/retries", "reward/latency_p50", "reward/latency_p95"):
+        for key in ("reward/excluded", "reward/untrained", "reward/retries", "reward/latency_p50"):
             assert key in metrics, key
         latencies = [metrics[f"reward/latency_{q}"] for q in ("p50", "p95", "max")]
         assert 0 <= latencies[0] <= latencies[1] <= latencies[2]
@@ -215,15 +220,24 @@ def test_async_remote_reaches_the_v1_batch(tmp_path, model_dir, rollout, transfe
 # ----------------------------------------------------------------------------- group post-processing
 
 
+SHIFTING_SUBCLASS = """
+
+class ShiftingRewardAgent(RewardAgent):
+    def post_process_scores(self, rewards):
+        return [score + 10.0 for score in super().post_process_scores(rewards)]
+"""
+
+
 def test_stateful_group_postprocessing_runs_once_per_group_before_sampling(
     tmp_path, model_dir, rollout, transfer_queue
 ):
-    """The recipe's imputation: a failed member's score (NaN) becomes its group's mean of the rest."""
+    """The recipe's imputation: a failed member's score (NaN) becomes its group's mean of the rest;
+    then +10 per pass, so a group post-processed twice (or not at all) shows it."""
     script = {
         "What is 2+3?": ["The answer is 5", "fail", "The answer is 2", "The answer is 5"],
         "What is 4*4?": ["fail", "The answer is 16", "The answer is 16", "The answer is 16"],
     }
-    agent = write_module(tmp_path, STATEFUL_CLASS, "agent.py")
+    agent = write_module(tmp_path, STATEFUL_CLASS + SHIFTING_SUBCLASS, "agent.py")
     run = train(
         tmp_path,
         model_dir,
@@ -233,7 +247,7 @@ def test_stateful_group_postprocessing_runs_once_per_group_before_sampling(
         [
             "reward.reward_manager.name=async_stateful",
             f"reward.custom_reward_function.path={agent}",
-            "reward.custom_reward_function.name=RewardAgent",
+            "reward.custom_reward_function.name=ShiftingRewardAgent",
             "+reward.async_reward.extra_defaults={judge_query:'',judge_explanation:''}",
         ],
         n=4,
@@ -244,9 +258,10 @@ def test_stateful_group_postprocessing_runs_once_per_group_before_sampling(
         i: [row for row in group if row.reward_extra_info["status"] != "ok"] for i, group in groups.items()
     }
     assert [row.reward_extra_info["status"] for row in failed[0] + failed[1]] == ["error", "error"]
-    # group 0: [1, nan, 0, 1] -> nan := 2/3; group 1: [nan, 1, 1, 1] -> nan := 1
-    assert failed[0][0].score == pytest.approx(2 / 3) and failed[1][0].score == pytest.approx(1.0)
-    assert sorted(row.score for row in groups[0]) == pytest.approx([0.0, 2 / 3, 1.0, 1.0])
+    # group 0: [1, nan, 0, 1] -> nan := 2/3; group 1: [nan, 1, 1, 1] -> nan := 1; then +10, once
+    assert failed[0][0].score == pytest.approx(10 + 2 / 3) and failed[1][0].score == pytest.approx(11.0)
+    assert sorted(row.score for row in groups[0]) == pytest.approx([10.0, 10 + 2 / 3, 11.0, 11.0])
+    assert sorted(row.score for row in groups[1]) == pytest.approx([11.0] * 4)
     assert_same_extras_keys(run)
     assert step_logs(run)[0]["reward/status_error"] == 2.0
     (validation,) = [entry["data"] for entry in run.logged if entry["step"] == 0]
@@ -354,6 +369,119 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
     starved = group_by_index(run.updates[0])[1]
     assert sorted(row.reward_extra_info["excluded"] for row in starved) == [False, True, True, True]
     assert all(row.mask_tokens == 0 for row in starved)  # the lone scored member trains on nothing too
-    metrics = step_logs(run)[0]
+    (metrics,) = step_logs(run)
     assert metrics["reward/excluded"] == 4.0 and metrics["reward/status_error"] == 4.0
+    assert metrics["reward/untrained"] == 5.0  # the excluded four and the starved group's scored one
     assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 4
+
+
+def test_a_mini_batch_with_nothing_to_train_is_warned_and_verl_v1_cannot_skip_it(
+    tmp_path, model_dir, rollout, transfer_queue, caplog
+):
+    """Every session of the mini-batch excluded: our replay buffer warns, then verl v1's rollout
+    correction (on by default with rollout log-probs) stops the run; it has no way to skip an update.
+    If verl ever skips or trains such a batch, this test says so and the README must change."""
+    caplog.set_level(logging.WARNING, logger="async_reward.v1.replay_buffer")
+    script = {"What is 2+3?": ["fail", "fail"]}
+    with pytest.raises(ValueError, match="response_mask must contain at least one valid token"):
+        train(
+            tmp_path,
+            model_dir,
+            rollout,
+            ROWS[:1],
+            script,
+            [
+                "reward.reward_manager.name=async_naive",
+                f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'x.py')}",
+                "reward.custom_reward_function.name=score_or_fail",
+                "+reward.async_reward.on_failure=exclude",
+                "+reward.async_reward.retry.max_attempts=1",
+            ],
+            n=2,
+            prompts=1,
+        )
+    (warning,) = [r.getMessage() for r in caplog.records if "train on nothing" in r.getMessage()]
+    assert warning.startswith("step 1: all 2 sessions") and "cannot skip it" in warning
+
+
+# ----------------------------------------------------------------------------- start-up refusals
+
+PIPELINE_LINE = "+async_reward.pipeline.mini_batch=true"
+
+
+def raised_in(error: pytest.ExceptionInfo[Any], path: str) -> bool:
+    return any(str(entry.path).endswith(path) for entry in error.traceback)
+
+
+@ray.remote
+def build_verls_reward_loop_manager(config: Any) -> str:
+    """What verl's ``TaskRunnerV1`` does in its Ray actor, where our setup hook ran (Ray worker)."""
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    try:
+        RewardLoopManager(config=config)
+    except ConfigError as exc:
+        return str(exc)
+    return "built"
+
+
+def test_pipeline_settings_under_v1_are_refused_where_v1_builds_our_parts(
+    tmp_path, model_dir, rollout, transfer_queue
+):
+    """The pipelined trainer's settings under verl's v1 trainer: a ConfigError at start-up naming the
+    fix, not groups that fail forever (async modes) or verl's "no materializable trajectories" (sync)."""
+    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    function = write_module(tmp_path, EXCLUDING_FUNCTION, "score.py")
+    common = [
+        *base_overrides(model_dir, dataset, steps=1, prompts=2, n=2),
+        "reward.reward_manager.name=async_naive",
+        f"reward.custom_reward_function.path={function}",
+        "reward.custom_reward_function.name=score_or_fail",
+        "trainer.val_before_train=false",
+        PIPELINE_LINE,
+    ]
+    fix = "python -m async_reward.pipeline.main_ppo"
+    # The README's v1 lines: our replay buffer, the first part the v1 trainer builds, refuses.
+    config = compose_v1_config([*common, "trainer.v1.trainer_mode=colocate_async", *V1_OVERRIDES])
+    with pytest.raises(ConfigError, match=fix) as refused:
+        run_v1_training(config, rollout, SCRIPT, tmp_path / "a.jsonl")
+    assert raised_in(refused, "async_reward/v1/replay_buffer.py")
+    # Only the agent-loop line: our manager refuses when verl's TaskRunnerV1 creates it.
+    hook = f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}"
+    agent_line = f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={AGENT_LOOP_MANAGER}"
+    config = compose_v1_config([*common, "trainer.v1.trainer_mode=sync", hook, agent_line])
+    with pytest.raises(ConfigError, match=fix) as refused:
+        run_v1_training(config, rollout, SCRIPT, tmp_path / "b.jsonl")
+    assert raised_in(refused, "async_reward/v1/agent_loop.py")
+    # Neither line (verl's own v1 agent loop): verl's RewardLoopManager, checked by our setup hook.
+    config = compose_v1_config(common)
+    message = ray.get(build_verls_reward_loop_manager.remote(config), timeout=120)
+    assert fix in message and "async_reward.pipeline" in message
+
+
+def test_session_extras_count_each_session_once_by_its_last_output(transfer_queue):
+    """A multi-output session (several ``{uid}_{session}_{index}`` keys) is one sample in ``reward/*``,
+    read from its last output; ``untrained_sessions`` counts a session trained if any output is."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    keys = ["u1_0_0", "u1_0_1", "u1_0_2", "u1_1_0", "u2_0_1", "u2_0_0"]
+    infos = [{"status": "error", "turn": k} for k in keys]  # the last output of each session: its verdict
+    mask_tokens = [0, 3, 0, 0, 0, 0]
+    fields = [
+        {
+            "extra_fields": {"reward_extra_info": info},
+            "loss_mask": torch.tensor([1] * n + [0] * (4 - n), dtype=torch.int64),
+        }
+        for info, n in zip(infos, mask_tokens, strict=True)
+    ]
+    import transfer_queue as tq
+
+    batch = tq.kv_batch_put(
+        keys=keys, partition_id="dedup", fields=list_of_dict_to_tensordict(fields), tags=[{}] * len(keys)
+    )
+    try:
+        extras = session_reward_extras(batch)
+        assert [info["turn"] for info in extras] == ["u1_0_2", "u1_1_0", "u2_0_1"]
+        assert untrained_sessions(batch) == (2, 3)  # u1_0 trains (one output has loss tokens)
+    finally:
+        tq.kv_clear(keys=keys, partition_id="dedup")

@@ -185,6 +185,10 @@ def test_step_metrics_report_the_whole_step_with_its_last_mini_batch():
     assert first_of_next == {}  # a new step starts from zero
     assert steps.add(2, [{"status": "ok"}])["reward/status_ok"] == 4.0
     assert StepRewardMetrics(1).add(7, [{"status": "invalid"}])["reward/status_invalid"] == 1.0
+    untrained = StepRewardMetrics(2)
+    assert untrained.add(3, [{"status": "error"}] * 2, untrained=2) == {}
+    assert untrained.add(3, [{"status": "ok"}] * 2, untrained=1)["reward/untrained"] == 3.0
+    assert untrained.add(4, [{"status": "ok"}]) == {} and untrained.add(4, [])["reward/untrained"] == 0.0
     with pytest.raises(ValueError):
         StepRewardMetrics(0)
 
@@ -335,3 +339,31 @@ def test_verl_builds_our_replay_buffer_around_its_own_with_every_builtin_setting
 def test_our_replay_buffer_needs_verls_config():
     with pytest.raises(TypeError, match="built by verl's v1 trainer"):
         RewardReplayBuffer(trainer_mode="sync", trainer_config={}, sampler_kwargs={})
+
+
+# ----------------------------------------------------------------------------- start-up refusals under v1
+
+EXCLUDE = "+reward.async_reward.on_failure=exclude"
+DAPO = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc")
+
+
+def test_the_pipeline_settings_and_dapo_with_exclude_are_refused_where_v1_starts():
+    """``check_v1_start_up``: refused by ``prepare_v1_config`` and by our replay buffer, which verl's v1
+    trainer builds first (in its ``__init__``); ``fallback`` with DAPO, or exclude without it, are fine."""
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    pipelined = v1_config(judge, "+async_reward.pipeline.mini_batch=true")
+    for build in (prepare_v1_config, verl_builds_replay_buffer):
+        with pytest.raises(ConfigError, match=r"async_reward\.pipeline is set.*python -m async_reward"):
+            build(pipelined.copy())
+        with pytest.raises(ConfigError, match=r"filter_groups\.enable=true with .*on_failure=exclude"):
+            build(v1_config(judge, EXCLUDE, *DAPO))
+        build(v1_config(judge, *DAPO))
+        build(v1_config(judge, EXCLUDE))
+
+
+def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it():
+    """Our pipelined trainer is verl's legacy one: the setup hook's v1 check never refuses it."""
+    from async_reward.integration import declare_pipelined_trainer
+
+    config = declare_pipelined_trainer(compose_verl_config(["reward.reward_manager.name=llm_judge"]))
+    assert config.trainer.use_v1 is False and config.async_reward.pipeline == {}

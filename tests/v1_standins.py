@@ -7,7 +7,8 @@ Stand-ins (each honest about what it does not do):
   and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt.
 * :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
   ``update_actor`` takes no optimizer step but records exactly what the actor would train on (the
-  batch's advantages, masks, uids, scores and reward extras, read from TransferQueue).
+  batch's advantages, ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward
+  extras, read from TransferQueue).
 * :class:`StandInCheckpointManager` replaces the weight sync: it only tells the server the version.
 * :class:`StandInServerManager` hands out verl's own client classes over the load balancer.
 
@@ -209,10 +210,22 @@ class StandInActor:
     def update_actor(self, batch: Any) -> dict[str, Any]:
         import transfer_queue as tq
 
-        fields = ["uid", "advantages", "response_mask", "rm_scores", "extra_fields", "extra_info"]
+        fields = [
+            "uid",
+            "advantages",
+            "loss_mask",
+            "response_mask",
+            "rm_scores",
+            "extra_fields",
+            "extra_info",
+        ]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         advantages = data["advantages"].to_padded_tensor(0.0)
-        masks = data["response_mask"].to_padded_tensor(0)
+        # verl's engines count loss tokens from loss_mask (batch_num_tokens) and the policy loss reads
+        # response_mask: an excluded row must have neither, so the stand-in reads both.
+        masks = data["loss_mask"].to_padded_tensor(0)
+        if not torch.equal(masks, data["response_mask"].to_padded_tensor(0)):
+            raise AssertionError("loss_mask and response_mask differ: the policy loss would see other tokens")
         scores = data["rm_scores"].to_padded_tensor(0.0).sum(dim=1).tolist()
         extra_fields, extra_infos = list(data["extra_fields"]), list(data["extra_info"])
         rows = []
@@ -313,7 +326,7 @@ def run_v1_training(
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
         # The sampler polls TransferQueue every 2 s by default (verl passes no interval); tests are
         # faster with a shorter poll. Behaviour is otherwise verl's.
-        trainer.replay_buffer._builtin.poll_interval = poll_interval_s
+        getattr(trainer.replay_buffer, "_builtin", trainer.replay_buffer).poll_interval = poll_interval_s
         trainer._init_tokenizer()
         trainer._init_dataloader()
         trainer._init_dump_executor()

@@ -102,6 +102,10 @@ def _check_before_verl_reward_loop() -> None:
     @functools.wraps(original)
     def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
         check_reward_config(config)
+        if _select(config, "trainer.use_v1"):  # verl's v1 trainer: what it cannot honour, refused
+            from async_reward.v1.settings import check_v1_start_up
+
+            check_v1_start_up(config)
         original(self, config, *args, **kwargs)
 
     checked_init._async_reward_checked = True  # type: ignore[attr-defined]
@@ -178,8 +182,9 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
 
 def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
     """Mark ``config`` as trained by ``PipelinedRayPPOTrainer`` (adds an empty ``async_reward.pipeline``
-    node when absent), so :func:`check_failure_policy` admits ``on_failure: exclude``. Our entry point
-    and the trainer call it; returns the same config."""
+    node when absent), so :func:`check_failure_policy` admits ``on_failure: exclude``, and set
+    ``trainer.use_v1=false`` (ours is verl's legacy trainer). Our entry point and the trainer call it;
+    returns the same config."""
     top = config.get("async_reward")
     if top is not None and not isinstance(top, (DictConfig, Mapping)):
         raise bad_value(
@@ -193,6 +198,9 @@ def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
             if config.get("async_reward") is None:
                 config.async_reward = {}
             config.async_reward.pipeline = {}
+    if _select(config, "trainer.use_v1"):  # ours extends verl's legacy trainer; v1 refuses the pipeline
+        with open_dict(config):
+            config.trainer.use_v1 = False
     return config
 
 

@@ -23,19 +23,23 @@ was built (class, mode, actor) and exits 0 without starting workers.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 from verl.trainer.main_ppo import run_ppo
 
 from async_reward.config import ConfigError
 from async_reward.integration import declare_pipelined_trainer, prepare_verl_config
 from async_reward.pipeline import task_runner as _task_runner
+from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
 from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunnerActor, TrainerReport
 from async_reward.pipeline.trainer_config import load_pipeline_config
 
 __all__ = ["PipelinedTaskRunner", "main", "prepare_config", "run"]
+
+logger = logging.getLogger(__name__)
 
 PipelinedTaskRunner = PipelinedTaskRunnerActor
 """The Ray actor class ``run_ppo`` starts, under its 0.1.0 name (``run_ppo(config,
@@ -50,10 +54,14 @@ def prepare_config(config: DictConfig) -> DictConfig:
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    declare_pipelined_trainer(config)  # our trainer honours on_failure: exclude (checked next)
+    check_pipelined_rollout_settings(config)  # the README's verl-v1 lines, refused before any worker
+    if config.trainer.get("use_v1", False):
+        logger.warning(
+            "async_reward: trainer.use_v1=true (verl's default, or yours) is overridden to false: "
+            "PipelinedRayPPOTrainer extends verl's legacy trainer, so trainer.v1.* settings are ignored"
+        )
+    declare_pipelined_trainer(config)  # legacy trainer (use_v1=false), which honours on_failure: exclude
     config = prepare_verl_config(config)
-    with open_dict(config):
-        config.trainer.use_v1 = False  # the legacy trainer, which PipelinedRayPPOTrainer extends
     load_pipeline_config(config)
     validate_config(
         config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)

@@ -32,9 +32,9 @@ from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
 from verl.utils.debug import marked_timer
 from verl.utils.skip.skip_manager import SkipManager
 
-from async_reward.config import ConfigError
 from async_reward.integration import check_reward_config, declare_pipelined_trainer
 from async_reward.pipeline.agent_loop import SCORE_LATER, ScoreLaterAgentLoopManager, ScoreValidation
+from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
 from async_reward.pipeline.schedule import RewardSource, StepRecord, StepSchedule
 from async_reward.pipeline.trainer_config import load_pipeline_config
 from async_reward.pipeline.verl_backend import VerlScheduleBackend
@@ -57,6 +57,7 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
         config = declare_pipelined_trainer(kwargs["config"] if "config" in kwargs else args[0])
         self.pipeline_config = load_pipeline_config(config)
         check_reward_config(config)  # bad reward settings and on_failure checks, before any worker
+        check_pipelined_rollout_settings(config)  # an agent loop that scores, a v1 one: before workers
         super().__init__(*args, **kwargs)
         self.reward_source = reward_source
         self._owns_reward_source = False
@@ -79,12 +80,7 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
         agent = self.config.actor_rollout_ref.rollout.agent
         with open_dict(self.config):
             agent.agent_loop_manager_class = agent.get("agent_loop_manager_class") or SCORE_LATER
-        super().init_workers()
-        if getattr(self.async_rollout_manager, "reward_loop_worker_handles", None) is not None:
-            raise ConfigError(
-                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={agent.agent_loop_manager_class} "
-                f"scores inside the rollout; subclass {SCORE_LATER} so the pipeline can score instead"
-            )
+        super().init_workers()  # the manager class was checked in __init__
         # verl started RewardLoopWorkers for its agent reward loop; nothing uses them now.
         for handle in self.reward_loop_manager.reward_loop_workers:
             ray.kill(handle, no_restart=True)

@@ -35,7 +35,12 @@ from verl.utils import tensordict_utils as tu
 from async_reward.config import ConfigError
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.v1.groups import GroupGate
-from async_reward.v1.settings import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, uses_reward_replay_buffer
+from async_reward.v1.settings import (
+    REPLAY_BUFFER_NAME,
+    REPLAY_BUFFER_PATH,
+    check_v1_start_up,
+    uses_reward_replay_buffer,
+)
 
 __all__ = ["RewardAgentLoopManager", "RewardAgentLoopWorker", "excluded_uid"]
 
@@ -137,8 +142,9 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
 
     Name it with ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
     async_reward.v1.RewardAgentLoopManager``; verl's ``TaskRunnerV1`` builds it with ``create``.
-    Refused at start-up where it cannot do its job: the legacy trainer, or a reward model colocated
-    with training (verl then scores after sampling, outside the agent loop).
+    Refused at start-up where it cannot do its job: the legacy trainer, a reward model colocated
+    with training (verl then scores after sampling, outside the agent loop), and the settings
+    :func:`~async_reward.v1.settings.check_v1_start_up` refuses.
     """
 
     def __init__(
@@ -153,6 +159,7 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
                 "async_reward.v1.RewardAgentLoopManager runs under verl's v1 trainer only "
                 "(trainer.use_v1=true); the legacy trainer takes a non-TransferQueue agent-loop manager"
             )
+        check_v1_start_up(config)
         if reward_loop_worker_handles is None:
             raise ConfigError(
                 "async_reward.v1.RewardAgentLoopManager needs rewards scored in the agent loop; with "

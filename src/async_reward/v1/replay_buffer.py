@@ -15,6 +15,7 @@ step and are reported with its last mini-batch (verl would average per-mini-batc
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -24,8 +25,11 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from async_reward.reward_metrics import extras_metrics
+from async_reward.v1.settings import check_v1_start_up
 
-__all__ = ["RewardReplayBuffer", "StepRewardMetrics", "session_reward_extras"]
+__all__ = ["RewardReplayBuffer", "StepRewardMetrics", "session_reward_extras", "untrained_sessions"]
+
+logger = logging.getLogger(__name__)
 
 
 class RewardReplayBuffer:
@@ -46,6 +50,7 @@ class RewardReplayBuffer:
         refill_fn: Callable[[int], int] | None = None,
         **_verl_kwargs: Any,
     ) -> None:
+        check_v1_start_up(_root_config(sampler_kwargs))  # the first of ours that v1's trainer builds
         self._builtin = build_builtin_replay_buffer(trainer_mode, sampler_kwargs, refill_fn)
         sync_steps = (trainer_config or {}).get("parameter_sync_step", 1)
         self._step_metrics = StepRewardMetrics(int(sync_steps))
@@ -56,7 +61,19 @@ class RewardReplayBuffer:
             global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
         )
         if partition_id != "val":  # validation discards sampler metrics; v1 logs its own
-            metrics = {**metrics, **self._step_metrics.add(global_steps, session_reward_extras(batch))}
+            untrained, sessions = untrained_sessions(batch)
+            if sessions and untrained == sessions:
+                logger.warning(
+                    "step %d: all %d sessions of this mini-batch train on nothing (on_failure: exclude), "
+                    "and verl v1 cannot skip it: with rollout correction (verl's default when the rollout "
+                    "returns log-probs) it stops with 'response_mask must contain at least one valid "
+                    "token'; otherwise it runs the update on a zero gradient (the loss logs NaN, AdamW "
+                    "momentum and weight decay move the weights, the LR schedule advances)",
+                    global_steps,
+                    sessions,
+                )
+            step = self._step_metrics.add(global_steps, session_reward_extras(batch), untrained)
+            metrics = {**metrics, **step}
         return batch, metrics
 
     def __getattr__(self, name: str) -> Any:
@@ -79,16 +96,37 @@ class StepRewardMetrics:
         self._step: int | None = None
         self._calls = 0
         self._extras: list[dict[str, Any]] = []
+        self._untrained = 0
 
-    def add(self, global_steps: int, extras: list[dict[str, Any]]) -> dict[str, float]:
-        """Record one mini-batch; returns the step's metrics once its last mini-batch is in, else {}."""
+    def add(self, global_steps: int, extras: list[dict[str, Any]], untrained: int = 0) -> dict[str, float]:
+        """Record one mini-batch (its sessions' extras, and how many of them train on nothing);
+        returns the step's metrics once its last mini-batch is in, else {}."""
         if global_steps != self._step:
-            self._step, self._calls, self._extras = global_steps, 0, []
+            self._step, self._calls, self._extras, self._untrained = global_steps, 0, [], 0
         self._calls += 1
         self._extras.extend(extras)
+        self._untrained += untrained
         if self._calls < self.samples_per_step:
             return {}
-        return extras_metrics(self._extras)
+        return {**extras_metrics(self._extras), "reward/untrained": float(self._untrained)}
+
+
+def untrained_sessions(batch: KVBatchMeta) -> tuple[int, int]:
+    """``(untrained, sessions)``: how many sessions of a sampled batch have no loss token in any of
+    their outputs (``on_failure: exclude``: excluded ones and the rest of a starved group), of how many.
+
+    Counted from ``loss_mask``, the field verl's engines count loss tokens from (``batch_num_tokens``).
+    """
+    real = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+    if not real:
+        return 0, 0
+    data = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["loss_mask"])
+    tokens = data["loss_mask"].to_padded_tensor(0).sum(dim=1).tolist()
+    trained: dict[str, bool] = {}
+    for key, count in zip(real, tokens, strict=True):
+        session = key.rpartition("_")[0]
+        trained[session] = trained.get(session, False) or count > 0
+    return sum(not value for value in trained.values()), len(trained)
 
 
 def session_reward_extras(batch: KVBatchMeta) -> list[dict[str, Any]]:
@@ -116,6 +154,17 @@ def session_reward_extras(batch: KVBatchMeta) -> list[dict[str, Any]]:
     return extras
 
 
+def _root_config(sampler_kwargs: Any) -> DictConfig:
+    """The whole verl config that ``sampler_kwargs`` (verl passes a node of it) belongs to."""
+    root = sampler_kwargs._get_root() if isinstance(sampler_kwargs, DictConfig) else None
+    if not isinstance(root, DictConfig) or OmegaConf.select(root, "trainer.v1.sampler") is None:
+        raise TypeError(
+            "RewardReplayBuffer is built by verl's v1 trainer from its config "
+            "(trainer.v1.sampler.custom_sampler); sampler_kwargs must be that config's node"
+        )
+    return root
+
+
 class _VerlSamplerFactory:
     """The three things verl's ``PPOTrainer._build_replay_buffer`` reads from its trainer.
 
@@ -136,13 +185,7 @@ def build_builtin_replay_buffer(
     trainer_mode: str, sampler_kwargs: Any, refill_fn: Callable[[int], int] | None
 ) -> Any:
     """verl's built-in replay buffer for the config that ``sampler_kwargs`` (a node of it) belongs to."""
-    root = sampler_kwargs._get_root() if isinstance(sampler_kwargs, DictConfig) else None
-    if not isinstance(root, DictConfig) or OmegaConf.select(root, "trainer.v1.sampler") is None:
-        raise TypeError(
-            "RewardReplayBuffer is built by verl's v1 trainer from its config "
-            "(trainer.v1.sampler.custom_sampler); sampler_kwargs must be that config's node"
-        )
-    config = copy.deepcopy(root)
+    config = copy.deepcopy(_root_config(sampler_kwargs))
     with open_dict(config):
         config.trainer.v1.sampler.custom_sampler = None
     factory = _VerlSamplerFactory(config, trainer_mode, refill_fn)

@@ -22,13 +22,14 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from async_reward.config import ConfigError
-from async_reward.integration import SETUP_HOOK, prepare_verl_config
+from async_reward.integration import PIPELINED_TRAINER_KEY, SETUP_HOOK, _select, prepare_verl_config
 
 __all__ = [
     "AGENT_LOOP_MANAGER",
     "REPLAY_BUFFER_NAME",
     "REPLAY_BUFFER_PATH",
     "V1_OVERRIDES",
+    "check_v1_start_up",
     "prepare_v1_config",
     "uses_reward_replay_buffer",
     "v1_integration_problem",
@@ -81,6 +82,42 @@ def v1_integration_problem(verl_config: DictConfig) -> str | None:
     return None
 
 
+def check_v1_start_up(verl_config: Any) -> None:
+    """Refuse, where verl's v1 trainer builds things on the driver, the settings v1 cannot honour.
+
+    Run by :func:`prepare_v1_config`, :class:`~async_reward.v1.agent_loop.RewardAgentLoopManager`,
+    :class:`~async_reward.v1.replay_buffer.RewardReplayBuffer` (built first, in the trainer's
+    ``__init__``) and, through the setup hook, verl's ``RewardLoopManager`` when ``trainer.use_v1``:
+
+    * ``async_reward.pipeline``: the pipelined trainer's settings. v1 ignores them, and our managers
+      refuse every sample sent by verl's own reward loop while they are set, so every group would fail
+      (async modes refill forever; ``sync`` ends with verl's misleading "no materializable
+      trajectories"). The pipelined trainer itself always trains with ``trainer.use_v1=false``.
+    * ``algorithm.filter_groups.enable`` with ``on_failure: exclude``: verl's DAPO filter reads every
+      member's score, excluded ones' ``fallback_score`` (and NaN extras) included, so it would keep or
+      drop groups on scores that are not rewards.
+
+    Raises:
+        ConfigError: naming the keys and the fix.
+    """
+    if _select(verl_config, PIPELINED_TRAINER_KEY) is not None:
+        raise ConfigError(
+            f"{PIPELINED_TRAINER_KEY} is set, but verl's v1 trainer (trainer.use_v1=true) is training: it "
+            "ignores the pipeline settings, and async-reward's managers refuse samples from verl's own "
+            "reward loop while they are set, so every group would fail. Train with the pipelined trainer "
+            "(python -m async_reward.pipeline.main_ppo, which runs verl's legacy trainer), or drop the "
+            f"{PIPELINED_TRAINER_KEY}.* keys to train under verl v1"
+        )
+    filtering = _select(verl_config, "algorithm.filter_groups.enable")
+    if filtering and _select(verl_config, "reward.async_reward.on_failure") == "exclude":
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true with reward.async_reward.on_failure=exclude under verl "
+            "v1: verl's DAPO group filter reads every member's score, an excluded member's fallback_score "
+            "(and NaN extras) included, so it would keep or drop groups on scores that are not rewards. "
+            "Set one of them differently (e.g. on_failure=fallback, or filter_groups.enable=false)"
+        )
+
+
 def uses_reward_replay_buffer(verl_config: DictConfig) -> bool:
     """Whether ``trainer.v1.sampler.custom_sampler`` names our replay buffer (per-step metrics)."""
     sampler = (((verl_config.get("trainer") or {}).get("v1") or {}).get("sampler") or {}).get(
@@ -97,7 +134,11 @@ def prepare_v1_config(config: DictConfig) -> DictConfig:
     agent-loop manager or custom sampler the user configured: Ray-side behaviour must not change
     silently.
     Returns the same (mutated) config.
+
+    Raises:
+        ConfigError: see :func:`check_v1_start_up`, and the replacements above.
     """
+    check_v1_start_up(config)
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         current = agent.get("agent_loop_manager_class")
