@@ -12,6 +12,14 @@ Scenarios:
    that calls the judge with aiohttp (as a user would write it) vs our ``llm_judge``.
 3. ``capacity``: judge latency 100 ms, server capacity 64: 1024 samples vs the ideal 1024*0.1/64 s.
 
+CPU per sample swings by about 0.2 ms with the garbage collector: a full (generation 2) collection
+walks every object of the process, and a process that imported verl, torch and transformers holds
+millions, so whether one falls inside a timed batch decides much of its cost, for every manager.
+The table reports the full collections per timed batch. ``--freeze-heap`` moves what exists after
+each manager's warm-up into the permanent generation (``gc.freeze()``, undone after its
+measurement), as a long-running worker that froze its start-up heap would run; it applies to every
+manager alike.
+
 Run: ``python benchmarks/manager_throughput.py [--samples 2048] [--json bench_out/manager_throughput.json]``
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import statistics
 import sys
@@ -133,16 +142,32 @@ def build_manager(config: Any, tokenizer: Any) -> Any:
     return load_reward_manager(config, tokenizer)
 
 
-async def measure(config: Any, tokenizer: Any, batch: Any, repeats: int) -> dict[str, float]:
+def full_collections() -> int:
+    """Generation-2 collections of the garbage collector so far."""
+    return int(gc.get_stats()[2]["collections"])
+
+
+async def measure(
+    config: Any, tokenizer: Any, batch: Any, repeats: int, *, freeze_heap: bool = False
+) -> dict[str, float]:
     manager = build_manager(config, tokenizer)
     await run_worker(manager, batch[: min(64, len(batch))])  # warm-up: sessions, thread pools
+    if freeze_heap:
+        gc.collect()
+        gc.freeze()
     times, cpu = [], []
     outputs: list[dict] = []
-    for _ in range(repeats):
-        cpu_start = process_cpu_s()
-        elapsed, outputs = await run_worker(manager, batch)
-        times.append(elapsed)
-        cpu.append(process_cpu_s() - cpu_start)
+    collections_before = full_collections()
+    try:
+        for _ in range(repeats):
+            cpu_start = process_cpu_s()
+            elapsed, outputs = await run_worker(manager, batch)
+            times.append(elapsed)
+            cpu.append(process_cpu_s() - cpu_start)
+    finally:
+        if freeze_heap:
+            gc.unfreeze()
+    full_gcs = full_collections() - collections_before
     await _close_user_sessions(manager)
     best = statistics.median(times)
     scores = [float(o["reward_score"]) for o in outputs]
@@ -152,6 +177,7 @@ async def measure(config: Any, tokenizer: Any, batch: Any, repeats: int) -> dict
         "ms_per_sample": 1000 * best / len(batch),
         "mean_score": float(np.mean(scores)),
         "cpu_ms_per_sample": 1000 * statistics.median(cpu) / len(batch),
+        "full_gc_per_batch": full_gcs / repeats,
     }
 
 
@@ -169,7 +195,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     base = compose_config(workdir / "tokenizer")
     batch = make_batch(tokenizer, args.samples)
     concurrency = args.concurrency
-    results: dict[str, Any] = {"samples": args.samples, "concurrency": concurrency}
+    results: dict[str, Any] = {
+        "samples": args.samples,
+        "concurrency": concurrency,
+        "freeze_heap": args.freeze_heap,
+    }
 
     verl_limits = {"max_concurrent": concurrency, "timeout": 60.0}
     ours_limits = {"limits": {"max_concurrency": concurrency}}
@@ -204,7 +234,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             results[scenario] = {}
             for name, config in configs.items():
                 RateLimitedRewardManager._class_initialized = False
-                results[scenario][name] = await measure(config, tokenizer, batch, args.repeats)
+                results[scenario][name] = await measure(
+                    config, tokenizer, batch, args.repeats, freeze_heap=args.freeze_heap
+                )
             ours = next(k for k in configs if k != "verl_rate_limited")
             results[scenario]["cpu_ratio_verl_over_ours"] = (
                 results[scenario]["verl_rate_limited"]["cpu_ms_per_sample"]
@@ -243,10 +275,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(f"\nOne reward worker, {results['samples']} samples, concurrency {results['concurrency']}")
+    heap = "start-up heap frozen" if results["freeze_heap"] else "heap not frozen"
+    print(f"\nOne reward worker, {results['samples']} samples, concurrency {results['concurrency']}, {heap}")
     print(
         f"{'scenario':<10} {'manager':<20} {'samples/s':>10} {'ms/sample':>10}"
-        f" {'CPU ms/sample':>14} {'mean score':>10}"
+        f" {'CPU ms/sample':>14} {'mean score':>10} {'full GCs/batch':>14}"
     )
     for scenario in ("overhead", "judge"):
         for name, row in results[scenario].items():
@@ -254,6 +287,7 @@ def print_table(results: dict[str, Any]) -> None:
                 print(
                     f"{scenario:<10} {name:<20} {row['samples_per_s']:>10.0f} {row['ms_per_sample']:>10.3f}"
                     f" {row['cpu_ms_per_sample']:>14.3f} {row['mean_score']:>10.2f}"
+                    f" {row['full_gc_per_batch']:>14.1f}"
                 )
         print(
             f"{scenario:<10} {'ratio ours / verl':<20} {results[scenario]['ratio_vs_verl']:>10.2f}"
@@ -272,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=2048, help="samples per measured batch")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrency cap of every manager")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per manager (median reported)")
+    parser.add_argument(
+        "--freeze-heap",
+        action="store_true",
+        help="gc.freeze() after each manager's warm-up (undone after it), for every manager alike",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench_out/manager_throughput.json"))
     args = parser.parse_args(argv)
     results = asyncio.run(main_async(args))
