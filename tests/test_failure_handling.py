@@ -259,29 +259,26 @@ async def test_extras_never_replace_batch_fields_or_library_keys(
     renamed = [r.getMessage() for r in caplog.records if "kept as" in r.getMessage()]
     assert len(renamed) == 3  # once per key, not once per sample
 
-    extras = stack_extras([o["reward_extra_info"] for o in outputs])
-    chunk = RewardChunk(
-        indices=np.arange(4),
-        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
+    joined = _with_rewards(batch, _chunk_of(batch, stack_extras([o["reward_extra_info"] for o in outputs])))
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
+
+
+def _chunk_of(batch, extras):
+    """A whole-batch ``RewardChunk`` carrying ``extras`` (zero scores), as the pipeline hands out."""
+    return RewardChunk(
+        indices=np.arange(len(batch)),
+        rm_scores=torch.zeros(len(batch), batch.batch["responses"].shape[1]),
         reward_extra_info=extras,
         statuses=extras["status"],
     )
-    joined = _with_rewards(batch, chunk)
-    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
-    assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
 
 
 def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_factory):
     """``_with_rewards`` guards the schedule against reward sources other than our managers too."""
     batch = batch_factory([{"response": "x", "uid": u} for u in ("A", "A", "B", "B")])
     extras = {"uid": np.array(["p"] * 4, dtype=object), "status": np.array(["ok"] * 4, dtype=object)}
-    chunk = RewardChunk(
-        indices=np.arange(4),
-        rm_scores=torch.zeros(4, batch.batch["responses"].shape[1]),
-        reward_extra_info=extras,
-        statuses=extras["status"],
-    )
-    joined = _with_rewards(batch, chunk)
+    joined = _with_rewards(batch, _chunk_of(batch, extras))
     assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
     assert list(joined.non_tensor_batch["user_uid"]) == ["p"] * 4
     assert joined.meta_info["reward_extra_keys"] == ["user_uid", "status"]
