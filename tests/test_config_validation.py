@@ -664,3 +664,44 @@ def test_yaml_nan_is_what_users_write(tmp_path, verl_config_factory):
     assert isinstance(raw, dict) and math.isnan(raw["timeout_s"])
     with pytest.raises(ConfigError, match="timeout_s=nan is not a finite number"):
         load_config(verl_config_factory("async_naive", raw))
+
+
+UNSET = "${oc.env:ASYNC_REWARD_TEST_SURELY_UNSET}"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("reward.custom_reward_function", "reward.py", "reward.custom_reward_function"),
+        ("reward.custom_reward_function.path", UNSET, "reward.custom_reward_function.path"),
+        ("reward.async_reward", UNSET, "reward.async_reward"),
+        ("reward.num_workers", UNSET, "reward.num_workers"),
+    ],
+)
+def test_an_unresolvable_or_misshapen_reward_node_is_a_config_error(verl_config_factory, key, value, named):
+    """Found by a hostile review: these escaped as raw OmegaConf / AttributeError tracebacks."""
+    for check in (check_reward_config, prepare_verl_config):
+        config = verl_config_factory("async_naive", {})
+        with open_dict(config):
+            OmegaConf.update(config, key, value, merge=False, force_add=True)
+        with pytest.raises(ConfigError) as info:
+            check(config)
+        assert info.value.key is not None and info.value.key.startswith(named), (check, info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "check"),
+    [
+        ("async_reward", load_pipeline_config),
+        ("actor_rollout_ref.rollout.agent.agent_loop_manager_class", "rollout_settings"),
+    ],
+)
+def test_an_unresolvable_trainer_setting_is_a_config_error(verl_config_factory, key, check):
+    from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
+
+    config = verl_config_factory("async_naive", {})
+    with open_dict(config):
+        OmegaConf.update(config, key, UNSET, merge=False, force_add=True)
+    run = check_pipelined_rollout_settings if check == "rollout_settings" else check
+    with pytest.raises(ConfigError, match="cannot be resolved"):
+        run(config)

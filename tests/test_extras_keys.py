@@ -113,3 +113,16 @@ async def test_a_key_learnt_late_is_reported_once(
     assert "chars" not in first["reward_extra_info"]  # nothing declared, nothing learnt yet
     warnings = [r.getMessage() for r in caplog.records if "extra_defaults" in r.getMessage()]
     assert len(warnings) == 2 and any("'chars'" in w for w in warnings)  # chars and verdict_note, once
+
+
+def test_extras_wrapped_in_numpy_scalars_are_cut_and_shown_like_any_other():
+    """A numpy string (or a 0-d object array) built from the response must not carry 100k characters
+    or a dict into the batch through ``.item()``: it is cut or shown by its repr, as plain values are."""
+    from async_reward.result import EXTRA_STRING_MAX_CHARS, normalize_user_result
+
+    long = "A" * 100_000
+    extras = {"pred": np.str_(long), "obj": np.array({"nested": [1, 2]}, dtype=object), "n": np.float32(0.5)}
+    info = normalize_user_result({"score": 1.0, **extras}).to_verl(0.0)["reward_extra_info"]
+    assert isinstance(info["pred"], str) and len(info["pred"]) == EXTRA_STRING_MAX_CHARS
+    assert info["obj"] == repr({"nested": [1, 2]})
+    assert info["n"] == 0.5 and isinstance(info["n"], float)

@@ -154,6 +154,28 @@ async def test_a_real_cancellation_still_cancels(hazards, verl_config_factory, t
         await asyncio.wait_for(task, 10)
 
 
+async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """A manager subclass whose ``score`` wraps every exception (``except BaseException: raise
+    RuntimeError``) must not make a cancelled ``run_single`` return as if it had scored."""
+    from async_reward import AsyncRewardManager
+
+    class WrapsEverything(AsyncRewardManager):
+        async def score(self, sample: Any) -> Any:
+            try:
+                await asyncio.sleep(30)
+            except BaseException as exc:
+                raise RuntimeError("wrapped") from exc
+
+    manager = WrapsEverything(verl_config_factory("async_naive", {}), tokenizer)
+    task = asyncio.ensure_future(manager.run_single(batch_factory([{"response": "x"}])))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
 async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
     hazards, verl_config_factory, tokenizer, batch_factory, caplog
 ):
@@ -188,6 +210,17 @@ async def test_the_deadline_of_a_sync_function_measures_the_call_not_the_queue(
     outputs = await score(manager, batch_factory, ["sleep:0.5"] * 160)
     assert statuses(outputs) == ["ok"] * 160
     assert manager.function_pool.size == 160
+
+
+async def test_a_pool_busy_with_healthy_calls_is_queueing_not_a_timeout(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """2 threads, 12 calls of 0.3 s, a 0.5 s deadline: most calls wait longer than the deadline for a
+    thread, and none of them is slow, so every sample is ok (the wait is queueing, as admission)."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.5, executor_workers=2)
+    outputs = await score(manager, batch_factory, ["sleep:0.3"] * 12)
+    assert statuses(outputs) == ["ok"] * 12
+    assert manager.function_pool.overdue == 0
 
 
 async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_later_samples(

@@ -595,6 +595,24 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     assert not manager._in_flight
 
 
+async def test_a_request_arriving_while_its_shared_call_is_cancelled_gets_its_own_call(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """The pipeline cancels a ticket's samples and starts the next ticket's in the same loop turn: an
+    identical request must not join the call being cancelled (it failed as ``error``, blamed on the
+    scoring code)."""
+    server.update_config(latency_ms=[300.0, 300.0])
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
+    batch = batch_factory([{"response": "same answer 5", "ground_truth": "5"}] * 2)
+    leaving = asyncio.create_task(manager.run_single(batch[0:1]))
+    await asyncio.sleep(0.1)
+    leaving.cancel()
+    await asyncio.sleep(0)  # the same loop turn as the cancellation
+    output = await manager.run_single(batch[1:2])
+    assert output["reward_extra_info"]["status"] == "ok", output["reward_extra_info"]
+    assert leaving.cancelled()
+
+
 BROKEN_POSTPROCESS = """
 class BrokenAgent:
     def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):

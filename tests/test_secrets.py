@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.redaction import is_secret_name, redact_config
+from async_reward.redaction import is_secret_field, is_secret_name, redact_config
 
 KEY = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 
@@ -117,3 +117,47 @@ def test_redact_config_hides_keys_headers_and_their_copies(verl_config_factory, 
 )
 def test_secret_looking_names(name, secret):
     assert is_secret_name(name) is secret
+
+
+def test_redact_config_hides_values_of_keys_that_name_a_secret(verl_config_factory):
+    """A key written straight into the config (``reward_kwargs.api_key``, ``extra_body.api_key``) is
+    hidden by its key's name, without being in any environment; data-column names (``prompt_key``),
+    counts (``max_tokens``) and variable names (``api_key_env``) stay readable."""
+    judge = {
+        "base_url": "http://j/v1",
+        "api_key_env": "JUDGE_KEY",
+        "max_tokens": 512,
+        "extra_body": {"api_key": "sk-in-body"},
+    }
+    config = verl_config_factory(
+        "llm_judge",
+        {"judge": judge},
+        custom_reward_function={
+            "reward_kwargs": {"api_key": "sk-in-kwargs", "openai_token": "tok-in-kwargs"}
+        },
+    )
+    shown = redact_config(config)
+    text = repr(shown)
+    assert all(secret not in text for secret in ("sk-in-body", "sk-in-kwargs", "tok-in-kwargs"))
+    assert shown["reward"]["custom_reward_function"]["reward_kwargs"]["openai_token"] == "<hidden>"
+    shown_judge = shown["reward"]["async_reward"]["judge"]
+    assert (shown_judge["api_key_env"], shown_judge["max_tokens"]) == ("JUDGE_KEY", 512)
+    assert shown["data"]["prompt_key"] == config.data.prompt_key
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("api_key", True),
+        ("openai_token", True),
+        ("password", True),
+        ("secret_key", True),
+        ("prompt_key", False),
+        ("reward_fn_key", False),
+        ("max_tokens", False),
+        ("api_key_env", False),
+        ("tokenizer", False),
+    ],
+)
+def test_secret_field_names(name, secret):
+    assert is_secret_field(name) is secret

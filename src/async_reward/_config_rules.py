@@ -10,12 +10,15 @@ is checked to be finite by the parser and the walker whatever its rule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from omegaconf import DictConfig
 
 __all__ = [
     "HIDDEN",
@@ -29,6 +32,7 @@ __all__ = [
     "greater_than",
     "in_range",
     "missing_value",
+    "names_config_errors",
     "parse_config",
     "plain_container",
     "rule",
@@ -279,7 +283,7 @@ def plain_container(node: Any, path: str) -> Any:
         ConfigError: an interpolation that cannot be resolved (``${oc.env:NOPE}``: a variable that is
             not set, a missing node), naming the key that holds it.
     """
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if not isinstance(node, (DictConfig, ListConfig)):
@@ -300,6 +304,65 @@ def unresolvable(exc: Exception, path: str) -> ConfigError:
     reason = HIDDEN if holds_secret_value(reason) else reason
     fix = "set the environment variable it reads, or fix the interpolation (${...}) in that key"
     return ConfigError(f"{key} cannot be resolved ({reason}); {fix}", key=key, fix=fix)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def names_config_errors(path: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorate a start-up check so that an OmegaConf error it meets (an unresolvable ``${...}``, a
+    node of the wrong shape) comes out as a :class:`ConfigError` naming the key, not as a raw
+    OmegaConf traceback (the CLI exits 2 on ``ConfigError``)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    def decorate(check: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(check)
+        def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return check(*args, **kwargs)
+            except OmegaConfBaseException as exc:
+                config = next((arg for arg in args if isinstance(arg, DictConfig)), None)
+                if not getattr(exc, "full_key", None) and config is not None:
+                    exc.full_key = _locate_unresolvable(config, path)
+                raise unresolvable(exc, path) from None
+
+        return checked
+
+    return decorate
+
+
+def _locate_unresolvable(config: DictConfig, path: str) -> str:
+    """Which key under top-level ``path`` of ``config`` cannot be resolved ("" when none is found)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = config.get(path)
+    except OmegaConfBaseException:
+        return path
+    return _unresolvable_key(node, path)
+
+
+def _unresolvable_key(node: Any, prefix: str) -> str:
+    """The shallowest key under ``node`` (named ``prefix``) whose value cannot be resolved, or "".
+    Shallowest first: a value interpolating a broken one elsewhere fails too, deeper down."""
+    from omegaconf import ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    level: list[tuple[Any, str]] = [(node, prefix)]
+    while level:
+        deeper: list[tuple[Any, str]] = []
+        for container, name in level:
+            if not isinstance(container, (DictConfig, ListConfig)):
+                continue
+            keys: Any = container.keys() if isinstance(container, DictConfig) else range(len(container))
+            for key in keys:
+                try:
+                    deeper.append((container[key], f"{name}.{key}"))
+                except OmegaConfBaseException:
+                    return f"{name}.{key}"
+        level = deeper
+    return ""
 
 
 def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | None = None) -> _T:

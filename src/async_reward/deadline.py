@@ -29,6 +29,7 @@ __all__ = [
     "UserCodeError",
     "being_cancelled",
     "contained",
+    "describe_error",
     "run_with_deadline",
 ]
 
@@ -54,6 +55,15 @@ class UserCodeError(RuntimeError):
     """A ``BaseException`` that user code raised (``KeyboardInterrupt``, ``SystemExit``,
     ``GeneratorExit``, a ``CancelledError`` nobody asked for), carried as an ordinary error so that it
     fails one sample instead of the event loop, the batch or the pipeline."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"Type: message"`` for an error, or its type alone when its ``str()`` raises (user code
+    controls both; an error report must not fail in turn)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 def being_cancelled() -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from async_reward._config_rules import bad_value, plain_container, unresolvable
+from async_reward._config_rules import bad_value, names_config_errors, plain_container, unresolvable
 
 __all__ = [
     "EXCLUDE_LOSS_AGG_MODES",
@@ -152,6 +152,7 @@ def _has_legacy_reward_keys(config: DictConfig) -> bool:
     return legacy is not None and "reward_manager" in legacy
 
 
+@names_config_errors("reward")
 def prepare_verl_config(config: DictConfig) -> DictConfig:
     """Honour the legacy ``reward_model.*`` reward keys, register our managers in Ray workers, and
     refuse bad reward settings before anything starts.
@@ -180,6 +181,7 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
     return config
 
 
+@names_config_errors("async_reward")
 def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
     """Mark ``config`` as trained by ``PipelinedRayPPOTrainer`` (adds an empty ``async_reward.pipeline``
     node when absent), so :func:`check_failure_policy` admits ``on_failure: exclude``, and set
@@ -204,6 +206,7 @@ def declare_pipelined_trainer(config: DictConfig) -> DictConfig:
     return config
 
 
+@names_config_errors("reward")
 def check_reward_config(verl_config: Any) -> None:
     """Refuse, before any reward worker starts, every reward setting a worker would refuse.
 

@@ -16,6 +16,7 @@ keys.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,14 @@ from typing import Any
 
 from async_reward._config_rules import HIDDEN
 
-__all__ = ["HIDDEN", "holds_secret_value", "is_secret_name", "redact_config", "secret_values"]
+__all__ = [
+    "HIDDEN",
+    "holds_secret_value",
+    "is_secret_field",
+    "is_secret_name",
+    "redact_config",
+    "secret_values",
+]
 
 #: Shorter values are not searched for inside other strings (``false`` is no secret).
 _MIN_SECRET_CHARS = 8
@@ -61,6 +69,26 @@ def is_secret_name(name: str) -> bool:
     return any(word in _SECRET_WORDS for word in words) or upper.endswith(_SECRET_SUFFIXES)
 
 
+_SECRET_FIELD_WORDS = frozenset(
+    {"APIKEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "AUTH", "AUTHORIZATION", "COOKIE"}
+    | {"CREDENTIAL", "CREDENTIALS"}
+)
+_SECRET_FIELD_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("SECRET", "KEY")})
+
+
+def is_secret_field(name: str) -> bool:
+    """Whether a config key named ``name`` probably holds a secret as its value (``api_key``,
+    ``openai_token``, ``password``), narrower than :func:`is_secret_name` because verl's config is
+    full of ``*_key`` fields naming data columns (``prompt_key``) and ``*_tokens`` counts; a key naming
+    an environment variable (``api_key_env``) holds a name, not a secret."""
+    words = [word for word in re.split(r"[^A-Z0-9]+", str(name).upper()) if word]
+    if not words or words[-1] == "ENV":
+        return False
+    return any(word in _SECRET_FIELD_WORDS for word in words) or any(
+        pair in _SECRET_FIELD_PAIRS for pair in itertools.pairwise(words)
+    )
+
+
 def secret_values(env: Mapping[str, str] | None = None) -> set[str]:
     """Values of the environment variables (default: this process's) whose names look secret."""
     environment = os.environ if env is None else env
@@ -79,7 +107,9 @@ def holds_secret_value(text: str, env: Mapping[str, str] | None = None) -> bool:
 def redact_config(config: Any) -> Any:
     """A plain copy of a verl config (an OmegaConf node, resolved, or a mapping), safe to print or log.
 
-    Hidden (replaced with ``<hidden>``): every value under a ``headers`` mapping; each
+    Hidden (replaced with ``<hidden>``): every value under a ``headers`` mapping; every string value
+    of a key that names a secret (:func:`is_secret_field`: ``reward_kwargs.api_key``,
+    ``extra_body.api_key``, ``hf_token``); each
     ``ray_kwargs.ray_init.runtime_env.env_vars`` value whose variable is named by an ``*api_key_env``
     key or has a secret-looking name; and every string anywhere that contains one of those values or
     the value of a secret-looking variable of this process's environment.
@@ -132,7 +162,8 @@ def _redacted(node: Any, path: tuple[str, ...], secrets: set[str], hidden_vars: 
         copy: dict[Any, Any] = {}
         for key, value in node.items():
             header = bool(path) and path[-1] == "headers" and value is not None
-            if header or (path == _ENV_VARS_PATH and str(key) in hidden_vars):
+            secret_field = isinstance(value, str) and bool(value) and is_secret_field(str(key))
+            if header or secret_field or (path == _ENV_VARS_PATH and str(key) in hidden_vars):
                 copy[key] = HIDDEN
             else:
                 copy[key] = _redacted(value, (*path, str(key)), secrets, hidden_vars)

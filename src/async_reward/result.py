@@ -292,10 +292,15 @@ def _scalar(value: Any) -> Any:
         return value
     try:
         if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-            return value.item()
+            item = value.item()  # a numpy scalar or 0-d array may hold a long str or any object
+            return item if item is None or isinstance(item, (bool, int, float)) else _scalar_text(item)
         return _short(value if isinstance(value, str) else repr(value))
     except Exception:
         return f"<unprintable {type(value).__name__}>"
+
+
+def _scalar_text(value: Any) -> str:
+    return _short(value if isinstance(value, str) else repr(value))
 
 
 def _as_score(value: Any) -> float | None:

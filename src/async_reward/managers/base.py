@@ -27,12 +27,15 @@ from omegaconf import DictConfig
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
+from async_reward._config_rules import names_config_errors
 from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
     UserCodeError,
     as_user_code_error,
+    being_cancelled,
+    describe_error,
     run_with_deadline,
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
@@ -124,6 +127,7 @@ class AsyncRewardManager(RewardManagerBase):
         self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
 
     @classmethod
+    @names_config_errors("reward")
     def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
         """Every start-up check of this manager's settings, without building it: the values of
         ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
@@ -191,7 +195,7 @@ class AsyncRewardManager(RewardManagerBase):
             return self._to_verl(result, batch_keys)
         except Exception as exc:  # extras that cannot be converted: the sample still gets its status
             failed = RewardResult.failure(
-                Status.INVALID, f"result cannot be converted: {_describe(exc)}", attempts=result.attempts
+                Status.INVALID, f"result cannot be converted: {describe_error(exc)}", attempts=result.attempts
             )
             failed.latency_s = result.latency_s
             return self._finish(failed, batch_keys)
@@ -301,9 +305,9 @@ class AsyncRewardManager(RewardManagerBase):
             fn,
             kwargs,
             timeout_s=settings.timeout_s,
-            # Waiting for a worker is queueing, like admission; bounded even without
-            # admission_timeout_s, since only calls stuck past their deadline can hold every worker.
-            wait_s=settings.admission_timeout_s or settings.timeout_s,
+            # Waiting for a worker is queueing, like admission (admission_timeout_s); the pool also
+            # fails waiters while calls stuck past their deadline hold its workers.
+            wait_s=settings.admission_timeout_s,
         )
 
     @property
@@ -369,6 +373,8 @@ class AsyncRewardManager(RewardManagerBase):
         try:
             return await scoring
         except Exception as exc:
+            if being_cancelled():  # code that turned our cancellation into an error: still cancelled
+                raise asyncio.CancelledError() from exc
             return _failure_from_exception(exc)
         except BaseException as exc:
             replacement = as_user_code_error(exc)
@@ -460,13 +466,6 @@ def _batch_keys(data: DataProto) -> frozenset[str]:
         return frozenset()
 
 
-def _describe(exc: BaseException) -> str:
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
-
-
 def _failure_from_exception(exc: BaseException) -> RewardResult:
     """Map an exception to the status contract: timeout / invalid / error."""
     attempts = int(getattr(exc, "attempts", 1) or 1)
@@ -486,4 +485,4 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
         )
     if isinstance(root, UserCodeError):
         return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
-    return RewardResult.failure(Status.ERROR, _describe(root), attempts=attempts)
+    return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)

@@ -129,22 +129,30 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             # sharing it; every caller is bounded by the same deadline and retry budget.
             shared = asyncio.ensure_future(self.guard(self._ask_judge(messages)))
             self._in_flight[key] = shared
-            shared.add_done_callback(
-                lambda _t: (self._in_flight.pop(key, None), self._waiters.pop(key, None))
-            )
+            shared.add_done_callback(lambda done: self._forget_call(key, done))
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
             result = await asyncio.shield(shared)
         except asyncio.CancelledError:
             self._waiters[key] = self._waiters.get(key, 1) - 1
             if self._waiters[key] <= 0:
-                shared.cancel()  # nobody waits for it any more: stop paying for its calls and retries
+                # Nobody waits for it any more: stop paying for its calls and retries. Forget it
+                # first, so an identical request arriving while it stops starts a call of its own
+                # instead of joining one that is being cancelled.
+                self._forget_call(key, shared)
+                shared.cancel()
             raise
         if not leader:
             return _shared_copy(result)
         if self.judge.cache and result.ok:
             self._cache[key] = result
         return result
+
+    def _forget_call(self, key: str, call: asyncio.Future[RewardResult]) -> None:
+        """Drop ``call`` from the shared calls, unless ``key`` already names a newer one."""
+        if self._in_flight.get(key) is call:
+            del self._in_flight[key]
+            self._waiters.pop(key, None)
 
     async def _ask_judge(self, messages: list[dict[str, str]]) -> RewardResult:
         body = {"model": self.judge.model, "messages": messages, **self._params}

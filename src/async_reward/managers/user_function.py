@@ -70,6 +70,8 @@ def user_object(config: Any, *, needed_by: str) -> tuple[str, str, Any] | None:
             not defined in it.
     """
     fn_config = config.reward.get("custom_reward_function") or {}
+    if not hasattr(fn_config, "get"):
+        raise bad_value(_FUNCTION_KEY, fn_config, "is not a mapping", "write its path and name under it")
     path, name = fn_config.get("path"), fn_config.get("name")
     if not path:
         return None
@@ -169,21 +171,22 @@ class FunctionPool:
         return "threads" if self.kind == "thread" else "processes"
 
     async def call(
-        self, fn: Callable[..., Any], kwargs: dict[str, Any], *, timeout_s: float, wait_s: float
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], *, timeout_s: float, wait_s: float | None
     ) -> Any:
-        """Run ``fn(**kwargs)`` on a free worker, waiting at most ``wait_s`` for one, then at most
-        ``timeout_s`` for the call.
+        """Run ``fn(**kwargs)`` on a free worker, then wait at most ``timeout_s`` for the call.
+
+        Waiting for a worker is queueing, not the call: it is bounded by ``wait_s`` (the manager's
+        ``admission_timeout_s``; None for no bound) and, while calls stuck past their deadline hold
+        workers, by ``timeout_s`` (checked every ``timeout_s`` of waiting), so a pool held by calls
+        that may never return fails its waiters instead of queueing them forever, while a pool that
+        is merely busy with healthy calls never turns a waiting sample into a timeout.
 
         Raises:
-            AdmissionTimeout: no worker came free within ``wait_s`` (status ``timeout``).
+            AdmissionTimeout: no worker came free in time (status ``timeout``).
             TimeoutError: the call passed ``timeout_s`` (its worker stays busy until it returns).
             BrokenProcessPool: a scorer crashed its process; the next call gets a new pool.
         """
-        try:
-            async with asyncio.timeout(wait_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise AdmissionTimeout(self._no_worker_reason(wait_s)) from None
+        await self._take_worker(timeout_s, wait_s)
         loop = asyncio.get_running_loop()
         try:
             future: Future[Any] = self._get_executor().submit(_call_kwargs, fn, kwargs)
@@ -224,6 +227,25 @@ class FunctionPool:
             if self.overdue == 0:
                 self._next_warning = 1
         self._slots.release()
+
+    async def _take_worker(self, round_s: float, wait_s: float | None) -> None:
+        """Acquire a worker: in rounds of ``round_s``, failing after a round in which calls stuck
+        past their deadline held workers, or once ``wait_s`` (if any) has passed."""
+        loop = asyncio.get_running_loop()
+        give_up_at = None if wait_s is None else loop.time() + wait_s
+        waited = 0.0
+        while True:
+            limit = round_s if give_up_at is None else min(round_s, max(0.0, give_up_at - loop.time()))
+            started = loop.time()
+            try:
+                async with asyncio.timeout(limit):
+                    await self._slots.acquire()
+                return
+            except TimeoutError:
+                waited += loop.time() - started
+                out_of_time = give_up_at is not None and loop.time() >= give_up_at
+                if self.overdue or out_of_time:
+                    raise AdmissionTimeout(self._no_worker_reason(waited)) from None
 
     def _no_worker_reason(self, wait_s: float) -> str:
         busy = f"all {self.size} {self.units}"

@@ -30,6 +30,7 @@ import hydra
 from omegaconf import DictConfig
 from verl.trainer.main_ppo import run_ppo
 
+from async_reward._config_rules import names_config_errors
 from async_reward.config import ConfigError
 from async_reward.integration import declare_pipelined_trainer, prepare_verl_config
 from async_reward.pipeline import task_runner as _task_runner
@@ -47,6 +48,7 @@ task_runner_class=PipelinedTaskRunner)`` keeps working). To subclass, use the pl
 :class:`async_reward.pipeline.task_runner.PipelinedTaskRunner`."""
 
 
+@names_config_errors("async_reward")
 def prepare_config(config: DictConfig) -> DictConfig:
     """What ``main`` does to verl's composed config before Ray starts; raises ``ConfigError`` early."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from async_reward._config_rules import names_config_errors
 from async_reward.config import ConfigError
 from async_reward.pipeline.agent_loop import SCORE_LATER, ScoreLaterAgentLoopManager
 from async_reward.v1.settings import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, uses_reward_replay_buffer
@@ -25,6 +26,7 @@ _AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
 _V1_AGENT_LOOP_MODULE = "verl.trainer.ppo.v1.agent_loop_tq"
 
 
+@names_config_errors("actor_rollout_ref")
 def check_pipelined_rollout_settings(config: Any) -> None:
     """Refuse an agent-loop manager or sampler the pipelined trainer cannot run.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from async_reward._config_rules import bad_value, plain_container
+from async_reward._config_rules import bad_value, names_config_errors, plain_container
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.schedule import check_estimator
 
@@ -79,6 +79,7 @@ def _plain(node: Any, path: str) -> Any:
     return plain_container(node, path)
 
 
+@names_config_errors("async_reward")
 def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelineConfig:
     """Read ``async_reward.pipeline`` (absent: baseline) and check it against the rest of the config.
 

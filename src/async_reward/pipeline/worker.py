@@ -167,7 +167,7 @@ class PipelineRewardWorker:
         (posted in ``finally``), unless its ticket was cancelled, whatever the manager raised: a user
         function's ``KeyboardInterrupt`` or stray ``CancelledError`` must not leave the driver waiting
         for a sample nobody scores."""
-        from async_reward.deadline import as_user_code_error
+        from async_reward.deadline import as_user_code_error, describe_error
 
         started = time.monotonic()
         payload: dict[str, Any] | None = None
@@ -179,12 +179,12 @@ class PipelineRewardWorker:
                 "reward_extra_info": output.get("reward_extra_info") or {},
             }
         except Exception as exc:  # surfaced by the driver as an error of the ticket, never swallowed
-            payload = {"error": f"{type(exc).__name__}: {exc}"}
+            payload = {"error": describe_error(exc)}
         except BaseException as exc:
             replacement = as_user_code_error(exc)
             if replacement is None:
                 raise  # this task is really being cancelled (its ticket, or the actor)
-            payload = {"error": f"{type(replacement).__name__}: {replacement}"}
+            payload = {"error": describe_error(replacement)}
         finally:
             self._running.pop((seq, index), None)
             if payload is None and seq not in self._cancelled:

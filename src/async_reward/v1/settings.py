@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from async_reward._config_rules import names_config_errors
 from async_reward.config import ConfigError
 from async_reward.integration import PIPELINED_TRAINER_KEY, SETUP_HOOK, _select, prepare_verl_config
 
@@ -120,12 +121,13 @@ def check_v1_start_up(verl_config: Any) -> None:
 
 def uses_reward_replay_buffer(verl_config: DictConfig) -> bool:
     """Whether ``trainer.v1.sampler.custom_sampler`` names our replay buffer (per-step metrics)."""
-    sampler = (((verl_config.get("trainer") or {}).get("v1") or {}).get("sampler") or {}).get(
-        "custom_sampler"
-    ) or {}
+    sampler = _select(verl_config, "trainer.v1.sampler.custom_sampler")
+    if not hasattr(sampler, "get"):  # unset, or not a mapping (verl refuses that itself)
+        return False
     return sampler.get("path") == REPLAY_BUFFER_PATH and sampler.get("name") == REPLAY_BUFFER_NAME
 
 
+@names_config_errors("trainer")
 def prepare_v1_config(config: DictConfig) -> DictConfig:
     """Everything :data:`V1_OVERRIDES` sets, for a launcher that builds verl's config in code.
 
@@ -148,7 +150,14 @@ def prepare_v1_config(config: DictConfig) -> DictConfig:
                 f"async-reward's v1 integration needs {AGENT_LOOP_MANAGER} (subclass it to combine both)"
             )
         agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
-        sampler = config.trainer.v1.sampler
+        sampler = _select(config, "trainer.v1.sampler")
+        if not isinstance(sampler, DictConfig):
+            raise ConfigError(
+                "trainer.v1.sampler is not a mapping in this config; compose it from verl's "
+                "ppo_trainer config (trainer.v1 is verl's own section)",
+                key="trainer.v1.sampler",
+                fix="compose the config from verl's ppo_trainer.yaml",
+            )
         custom: Any = sampler.get("custom_sampler") or {}
         if custom.get("path") and not uses_reward_replay_buffer(config):
             raise ConfigError(
