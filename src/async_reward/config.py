@@ -402,9 +402,9 @@ class AsyncRewardConfig:
         default=None,
         metadata=greater_than(0, "write seconds > 0, or null to wait as long as the budget needs"),
     )
-    """Longest a call may queue for a concurrency slot and the RPM/TPM budgets before it is given up
-    as ``timeout`` (not retried: the budget is what it waited for). None: wait as long as the budget
-    requires (N / RPM minutes for N samples)."""
+    """Longest a call may queue for a concurrency slot and the RPM/TPM budgets (and, for a sync user
+    function, a free thread or process) before it is given up as ``timeout`` (not retried: the queue is
+    what it waited for). None: wait as long as the budget requires (N / RPM minutes for N samples)."""
     fallback_score: float = 0.0
     """Score given to a sample whose scoring failed; its ``status`` says why, so it is never silent.
     With ``llm_judge`` and ``on_failure: fallback`` it may not exceed the lowest reward a verdict gives
