@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 __all__ = [
     "HIDDEN",
@@ -283,8 +284,6 @@ def plain_container(node: Any, path: str) -> Any:
         ConfigError: an interpolation that cannot be resolved (``${oc.env:NOPE}``: a variable that is
             not set, a missing node), naming the key that holds it.
     """
-    from omegaconf import ListConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     if not isinstance(node, (DictConfig, ListConfig)):
         return node
@@ -314,7 +313,6 @@ def names_config_errors(path: str) -> Callable[[Callable[_P, _R]], Callable[_P, 
     """Decorate a start-up check so that an OmegaConf error it meets (an unresolvable ``${...}``, a
     node of the wrong shape) comes out as a :class:`ConfigError` naming the key, not as a raw
     OmegaConf traceback (the CLI exits 2 on ``ConfigError``)."""
-    from omegaconf.errors import OmegaConfBaseException
 
     def decorate(check: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(check)
@@ -334,7 +332,6 @@ def names_config_errors(path: str) -> Callable[[Callable[_P, _R]], Callable[_P, 
 
 def _locate_unresolvable(config: DictConfig, path: str) -> str:
     """Which key under top-level ``path`` of ``config`` cannot be resolved ("" when none is found)."""
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         node = config.get(path)
@@ -346,9 +343,6 @@ def _locate_unresolvable(config: DictConfig, path: str) -> str:
 def _unresolvable_key(node: Any, prefix: str) -> str:
     """The shallowest key under ``node`` (named ``prefix``) whose value cannot be resolved, or "".
     Shallowest first: a value interpolating a broken one elsewhere fails too, deeper down."""
-    from omegaconf import ListConfig
-    from omegaconf.errors import OmegaConfBaseException
-
     level: list[tuple[Any, str]] = [(node, prefix)]
     while level:
         deeper: list[tuple[Any, str]] = []

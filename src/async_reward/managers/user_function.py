@@ -232,20 +232,18 @@ class FunctionPool:
         """Acquire a worker: in rounds of ``round_s``, failing after a round in which calls stuck
         past their deadline held workers, or once ``wait_s`` (if any) has passed."""
         loop = asyncio.get_running_loop()
-        give_up_at = None if wait_s is None else loop.time() + wait_s
-        waited = 0.0
+        began = loop.time()
+        give_up_at = None if wait_s is None else began + wait_s
         while True:
             limit = round_s if give_up_at is None else min(round_s, max(0.0, give_up_at - loop.time()))
-            started = loop.time()
             try:
                 async with asyncio.timeout(limit):
                     await self._slots.acquire()
                 return
             except TimeoutError:
-                waited += loop.time() - started
                 out_of_time = give_up_at is not None and loop.time() >= give_up_at
                 if self.overdue or out_of_time:
-                    raise AdmissionTimeout(self._no_worker_reason(waited)) from None
+                    raise AdmissionTimeout(self._no_worker_reason(loop.time() - began)) from None
 
     def _no_worker_reason(self, wait_s: float) -> str:
         busy = f"all {self.size} {self.units}"
