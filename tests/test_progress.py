@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pty
+import select
 import struct
 import subprocess
 import sys
@@ -78,6 +79,18 @@ def test_a_pipe_gets_plain_lines_and_a_disabled_bar_writes_nothing() -> None:
     assert quiet.getvalue() == ""
 
 
+def _read_everything_written(leader: int) -> str:
+    """All bytes waiting on a pty's leader side. One ``os.read`` may return only the first of several
+    writes (the bar's first draw), so read until nothing more arrives for a short while."""
+    chunks: list[bytes] = []
+    while select.select([leader], [], [], 0.5)[0]:
+        chunk = os.read(leader, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
 def test_a_terminal_gets_the_live_bar() -> None:
     leader, follower = pty.openpty()  # a real terminal device, 24 x 120 like a window
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
@@ -89,7 +102,7 @@ def test_a_terminal_gets_the_live_bar() -> None:
                 bar.update(1)
             bar.close()
             terminal.flush()
-        shown = os.read(leader, 65536).decode()
+        shown = _read_everything_written(leader)
     finally:
         os.close(leader)
         os.close(follower)
