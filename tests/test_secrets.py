@@ -58,6 +58,33 @@ def test_type_errors_never_print_a_secret(verl_config_factory, monkeypatch, sett
     assert KEY not in message and "1234567890123" not in message and "=<hidden>" in message
 
 
+WORKER_KEY = "sk-worker-only-AbCdEf0123456789"
+
+
+@pytest.mark.parametrize(
+    ("variable", "settings"),
+    [
+        # The key exists only in the workers' environment; a user pasted it where a value belongs too.
+        ("JUDGE_API_KEY", {"judge": {"base_url": WORKER_KEY, "api_key_env": "JUDGE_API_KEY"}}),
+        (
+            "SERVICE_CRED",
+            {"remote": {"url": "http://x/s", "api_key_env": "SERVICE_CRED"}, "timeout_s": WORKER_KEY},
+        ),
+        ("HF_TOKEN", {"remote": {"url": "http://x/s"}, "fallback_score": f"{WORKER_KEY}"}),
+    ],
+)
+def test_a_key_passed_only_to_the_workers_is_never_echoed(
+    verl_config_factory, monkeypatch, variable, settings
+):
+    monkeypatch.delenv(variable, raising=False)
+    manager = "llm_judge" if "judge" in settings else "async_remote"
+    config = verl_config_factory(manager, settings)
+    with open_dict(config):
+        config.ray_kwargs = {"ray_init": {"runtime_env": {"env_vars": {variable: WORKER_KEY}}}}
+    message = refused(config)
+    assert WORKER_KEY not in message and "<hidden>" in message
+
+
 def test_redact_config_hides_keys_headers_and_their_copies(verl_config_factory, monkeypatch):
     monkeypatch.setenv("LOCAL_SECRET_KEY", "local-secret-value-1")
     config = verl_config_factory(

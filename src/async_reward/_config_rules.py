@@ -312,18 +312,22 @@ _R = TypeVar("_R")
 def names_config_errors(path: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Decorate a start-up check so that an OmegaConf error it meets (an unresolvable ``${...}``, a
     node of the wrong shape) comes out as a :class:`ConfigError` naming the key, not as a raw
-    OmegaConf traceback (the CLI exits 2 on ``ConfigError``)."""
+    OmegaConf traceback (the CLI exits 2 on ``ConfigError``), and so that no error it raises echoes a
+    secret the checked config passes to its workers (``runtime_env.env_vars``)."""
 
     def decorate(check: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(check)
         def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            try:
-                return check(*args, **kwargs)
-            except OmegaConfBaseException as exc:
-                config = next((arg for arg in args if isinstance(arg, DictConfig)), None)
-                if not getattr(exc, "full_key", None) and config is not None:
-                    exc.full_key = _locate_unresolvable(config, path)
-                raise unresolvable(exc, path) from None
+            from async_reward.redaction import secrets_of
+
+            config = next((arg for arg in args if isinstance(arg, DictConfig)), None)
+            with secrets_of(config):  # its workers' keys are never echoed in an error either
+                try:
+                    return check(*args, **kwargs)
+                except OmegaConfBaseException as exc:
+                    if not getattr(exc, "full_key", None) and config is not None:
+                        exc.full_key = _locate_unresolvable(config, path)
+                    raise unresolvable(exc, path) from None
 
         return checked
 

@@ -19,18 +19,22 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from async_reward._config_rules import HIDDEN
 
 __all__ = [
     "HIDDEN",
+    "config_secret_values",
     "holds_secret_value",
     "is_secret_field",
     "is_secret_name",
     "redact_config",
     "secret_values",
+    "secrets_of",
 ]
 
 #: Shorter values are not searched for inside other strings (``false`` is no secret).
@@ -99,9 +103,47 @@ def secret_values(env: Mapping[str, str] | None = None) -> set[str]:
     }
 
 
+#: Secrets of the config being checked (its ``runtime_env.env_vars``), set by :func:`secrets_of`.
+_CONFIG_SECRETS: ContextVar[frozenset[str]] = ContextVar("async_reward_config_secrets", default=frozenset())
+
+
 def holds_secret_value(text: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``text`` contains the value of a secret-looking environment variable."""
-    return any(value in text for value in secret_values(env))
+    """Whether ``text`` contains the value of a secret-looking environment variable: of this process
+    (or ``env``), or of the workers' environment that the config being checked passes through
+    ``runtime_env.env_vars`` (see :func:`secrets_of`)."""
+    return any(value in text for value in secret_values(env) | _CONFIG_SECRETS.get())
+
+
+def config_secret_values(config: Any) -> set[str]:
+    """Values a config hands its Ray workers as secrets: each ``ray_kwargs.ray_init.runtime_env.env_vars``
+    value whose variable has a secret-looking name or is named by an ``*api_key_env`` key."""
+    plain = _plain(config)
+    env_vars = _get(plain, _ENV_VARS_PATH)
+    if not isinstance(env_vars, Mapping):
+        return set()
+    key_names = set(_api_key_env_names(plain))
+    return {
+        str(value)
+        for name, value in env_vars.items()
+        if (is_secret_name(str(name)) or str(name) in key_names)
+        and value is not None
+        and len(str(value)) >= _MIN_SECRET_CHARS
+    }
+
+
+@contextmanager
+def secrets_of(config: Any) -> Iterator[None]:
+    """While checking ``config``, treat the secrets it passes to its workers as secrets here too, so
+    no error message echoes one (a key put in ``env_vars`` and pasted into a URL field as well)."""
+    try:
+        found = config_secret_values(config)
+    except Exception:  # finding secrets must never turn into a crash of its own
+        found = set()
+    token = _CONFIG_SECRETS.set(_CONFIG_SECRETS.get() | frozenset(found))
+    try:
+        yield
+    finally:
+        _CONFIG_SECRETS.reset(token)
 
 
 def redact_config(config: Any) -> Any:
