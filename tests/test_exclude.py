@@ -28,7 +28,7 @@ from async_reward.integration import (
 )
 from async_reward.pipeline.exclusion import advantage_without_excluded, trainable_rows
 from async_reward.pipeline.schedule import StepSchedule
-from async_reward.v1.settings import AGENT_LOOP_MANAGER
+from async_reward.v1.settings import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
 from tests import test_trainer as trainer_tests
 from tests.conftest import make_batch
 from tests.test_managers import USER_FUNCTIONS, write_module
@@ -74,7 +74,8 @@ async def test_manager_flags_failures_keeps_status_and_is_refused_outside_our_tr
 
 OURS = {"async_reward": {"pipeline": {}}}
 V1_AGENT = {"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_class": AGENT_LOOP_MANAGER}}}}
-V1_OURS = {"trainer": {"use_v1": True}, **V1_AGENT}
+V1_SAMPLER = {"path": REPLAY_BUFFER_PATH, "name": REPLAY_BUFFER_NAME}
+V1_OURS = {"trainer": {"use_v1": True, "v1": {"sampler": {"custom_sampler": V1_SAMPLER}}}, **V1_AGENT}
 SEQ_MEAN = {"loss_agg_mode": "seq-mean-token-mean"}
 
 
@@ -83,7 +84,8 @@ SEQ_MEAN = {"loss_agg_mode": "seq-mean-token-mean"}
     [
         ({}, "reward.async_reward.on_failure"),  # verl's own trainer
         ({"trainer": {"use_v1": True}}, "reward.async_reward.on_failure"),  # verl's v1 trainer
-        (V1_OURS, None),  # verl's v1 trainer with our agent-loop manager
+        (V1_OURS, None),  # verl's v1 trainer with our agent-loop manager and replay buffer
+        ({"trainer": {"use_v1": True}, **V1_AGENT}, "reward.async_reward.on_failure"),  # no replay buffer
         ({"trainer": {"use_v1": False}, **V1_AGENT}, "reward.async_reward.on_failure"),  # legacy
         (
             {**V1_OURS, "actor_rollout_ref": {**V1_AGENT["actor_rollout_ref"], "actor": SEQ_MEAN}},

@@ -375,33 +375,82 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
     assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 4
 
 
-def test_a_mini_batch_with_nothing_to_train_is_warned_and_verl_v1_cannot_skip_it(
+EXCLUDE_LINES = [
+    "reward.reward_manager.name=async_naive",
+    "reward.custom_reward_function.name=score_or_fail",
+    "+reward.async_reward.on_failure=exclude",
+    "+reward.async_reward.retry.max_attempts=1",
+]
+
+
+def test_a_mini_batch_with_nothing_to_train_is_skipped_and_its_prompts_generated_again(
     tmp_path, model_dir, rollout, transfer_queue, caplog
 ):
-    """Every session of the mini-batch excluded: our replay buffer warns, then verl v1's rollout
-    correction (on by default with rollout log-probs) stops the run; it has no way to skip an update.
-    If verl ever skips or trains such a batch, this test says so and the README must change."""
+    """Every session of the first mini-batch excluded: verl v1 cannot skip an update (rollout
+    correction stops the run, or AdamW steps on a zero gradient), so our replay buffer never hands it
+    out. It clears the batch, has verl generate as many prompts again, and trains on those; the
+    skipped sessions still count in the step's reward metrics."""
     caplog.set_level(logging.WARNING, logger="async_reward.v1.replay_buffer")
-    script = {"What is 2+3?": ["fail", "fail"]}
-    with pytest.raises(ValueError, match="response_mask must contain at least one valid token"):
+    script = {"What is 2+3?": ["fail", "fail"], "What is 4*4?": ["The answer is 16", "The answer is 3"]}
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        ROWS,
+        script,
+        [
+            f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'x.py')}",
+            *EXCLUDE_LINES,
+        ],
+        n=2,
+        prompts=1,
+    )
+    (update,) = run.updates
+    assert sorted(row.score for row in update) == [0.0, 1.0]  # the second prompt, scored and trained
+    assert all(row.mask_tokens > 0 for row in update)
+    assert {row.reward_extra_info["status"] for row in update} == {"ok"}
+    (metrics,) = step_logs(run)
+    assert metrics["reward/skipped_batches"] == 1.0
+    assert metrics["reward/status_error"] == 2.0 and metrics["reward/excluded"] == 2.0  # still counted
+    assert metrics["reward/status_ok"] == 2.0 and metrics["reward/untrained"] == 2.0
+    (warning,) = [r.getMessage() for r in caplog.records if "train on nothing" in r.getMessage()]
+    assert (
+        warning.startswith("step 1: all 2 sessions") and "skipped, and 1 prompt(s) generated again" in warning
+    )
+
+
+@pytest.mark.parametrize(("mode", "skips"), [("sync", 1), ("colocate_async", 2)])
+def test_a_reward_service_that_stays_down_stops_the_run_saying_so(
+    tmp_path, model_dir, rollout, transfer_queue, caplog, mode, skips
+):
+    """Every mini-batch has nothing to train on: each one is dropped and its prompt generated again
+    (verl's refill, in both schedules), and after ``max_untrained_skips`` drops in a row the run stops
+    with an error that names the cause and the setting: never a hang, never verl's 'response_mask must
+    contain at least one valid token', never an update on a zero gradient."""
+    caplog.set_level(logging.WARNING, logger="async_reward.v1.replay_buffer")
+    with pytest.raises(
+        RuntimeError, match=f"{skips + 1} mini-batches in a row had nothing to train on"
+    ) as error:
         train(
             tmp_path,
             model_dir,
             rollout,
             ROWS[:1],
-            script,
+            {"What is 2+3?": ["fail", "fail"]},
             [
-                "reward.reward_manager.name=async_naive",
                 f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'x.py')}",
-                "reward.custom_reward_function.name=score_or_fail",
-                "+reward.async_reward.on_failure=exclude",
-                "+reward.async_reward.retry.max_attempts=1",
+                *EXCLUDE_LINES,
+                f"+trainer.v1.sampler.sampler_kwargs.max_untrained_skips={skips}",
             ],
             n=2,
             prompts=1,
+            mode=mode,
         )
-    (warning,) = [r.getMessage() for r in caplog.records if "train on nothing" in r.getMessage()]
-    assert warning.startswith("step 1: all 2 sessions") and "cannot skip it" in warning
+    assert f"trainer.v1.sampler.sampler_kwargs.max_untrained_skips (now {skips})" in str(error.value)
+    warnings = [r.getMessage() for r in caplog.records if "train on nothing" in r.getMessage()]
+    assert [w.split("(skip ")[1] for w in warnings] == [
+        f"{k} of at most {skips} in a row)" for k in range(1, skips + 1)
+    ]
 
 
 # ----------------------------------------------------------------------------- start-up refusals

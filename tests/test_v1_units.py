@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from async_reward import ConfigError
+from async_reward import ConfigError, prepare_verl_config
 from async_reward.reward_metrics import extras_metrics, status_metrics
 from async_reward.v1 import (
     AGENT_LOOP_MANAGER,
@@ -193,6 +193,17 @@ def test_step_metrics_report_the_whole_step_with_its_last_mini_batch():
         StepRewardMetrics(0)
 
 
+def test_a_skipped_mini_batch_counts_in_the_step_it_was_skipped_for_but_is_not_one_of_its_updates():
+    steps = StepRewardMetrics(samples_per_step=2)
+    steps.skipped([{"status": "error", "excluded": True}] * 2, untrained=2)
+    assert steps.add(5, [{"status": "ok"}]) == {}  # the skipped batch did not count as a mini-batch
+    metrics = steps.add(5, [{"status": "ok"}])
+    assert metrics["reward/status_error"] == 2.0 and metrics["reward/status_ok"] == 2.0
+    assert metrics["reward/skipped_batches"] == 1.0 and metrics["reward/untrained"] == 2.0
+    steps.add(6, [{"status": "ok"}])
+    assert steps.add(6, [{"status": "ok"}])["reward/skipped_batches"] == 0.0  # a new step starts from zero
+
+
 def test_only_a_real_boolean_excludes():
     assert is_excluded({"excluded": True}) and is_excluded({"excluded": np.bool_(True)})
     assert not any(is_excluded(info) for info in ({"excluded": "True"}, {"excluded": 1}, {}, None))
@@ -359,6 +370,34 @@ def test_the_pipeline_settings_and_dapo_with_exclude_are_refused_where_v1_starts
             build(v1_config(judge, EXCLUDE, *DAPO))
         build(v1_config(judge, *DAPO))
         build(v1_config(judge, EXCLUDE))
+
+
+def test_exclude_under_v1_needs_our_replay_buffer_too():
+    """Without it a mini-batch whose every session is excluded would reach verl, which cannot skip it."""
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    agent_loop_only = [line for line in V1_OVERRIDES if "custom_sampler" not in line]
+    config = compose_verl_config(["reward.reward_manager.name=llm_judge", *agent_loop_only, judge, EXCLUDE])
+    with pytest.raises(ConfigError, match=r"on_failure=.*custom_sampler\.path=pkg://async_reward") as error:
+        prepare_verl_config(config)
+    assert "cannot skip one" in str(error.value)
+    prepare_verl_config(v1_config(judge, EXCLUDE))  # both lines: accepted
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "many", True])
+def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    for build in (prepare_v1_config, verl_builds_replay_buffer):
+        config = v1_config(judge, EXCLUDE)
+        with open_dict(config):
+            config.trainer.v1.sampler.sampler_kwargs.max_untrained_skips = value
+        with pytest.raises(
+            ConfigError, match=r"trainer\.v1\.sampler\.sampler_kwargs\.max_untrained_skips="
+        ) as error:
+            build(config)
+        assert "must be an integer >= 0" in str(error.value)
+    config = v1_config(judge, EXCLUDE, "+trainer.v1.sampler.sampler_kwargs.max_untrained_skips=0")
+    assert verl_builds_replay_buffer(config).max_untrained_skips == 0
+    assert verl_builds_replay_buffer(v1_config(judge, EXCLUDE)).max_untrained_skips == 8
 
 
 def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it():

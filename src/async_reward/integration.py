@@ -248,10 +248,25 @@ def check_reward_config(verl_config: Any) -> None:
 
 
 def _v1_problem(verl_config: Any) -> str | None:
-    """Why verl's v1 trainer as configured cannot honour ``exclude`` (None: our v1 integration runs)."""
-    from async_reward.v1.settings import v1_integration_problem
+    """Why verl's v1 trainer as configured cannot honour ``exclude`` (None: our v1 integration runs).
 
-    return v1_integration_problem(verl_config)
+    Both our v1 lines are needed: the agent loop masks excluded sessions, and the replay buffer keeps
+    from verl a mini-batch in which every session is excluded (verl cannot skip one)."""
+    from async_reward.v1.settings import (
+        REPLAY_BUFFER_NAME,
+        REPLAY_BUFFER_PATH,
+        uses_reward_replay_buffer,
+        v1_integration_problem,
+    )
+
+    problem = v1_integration_problem(verl_config)
+    if problem is None and not uses_reward_replay_buffer(verl_config):
+        return (
+            "verl's v1 replay buffer runs without async-reward's, which keeps a mini-batch whose every "
+            "session is excluded away from verl (it cannot skip one); add "
+            f"trainer.v1.sampler.custom_sampler.path={REPLAY_BUFFER_PATH} and .name={REPLAY_BUFFER_NAME}"
+        )
+    return problem
 
 
 def check_failure_policy(verl_config: Any) -> None:

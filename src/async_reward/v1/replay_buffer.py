@@ -10,6 +10,10 @@ were configured (so sync/async choice, DAPO group filtering and failed-group ref
 without us), wrapped so that ``sample`` adds the ``reward/*`` metrics of the batch it hands out. With
 ``parameter_sync_step > 1`` a training step samples several mini-batches; the metrics cover the whole
 step and are reported with its last mini-batch (verl would average per-mini-batch counts).
+
+It also keeps from verl the one mini-batch verl cannot train: one in which no session has a loss token
+(every session excluded by ``on_failure: exclude``). Such a batch is dropped and its prompts are
+generated again (:meth:`RewardReplayBuffer._skip_untrained`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,14 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from async_reward.reward_metrics import extras_metrics
-from async_reward.v1.settings import check_v1_start_up
+from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, check_v1_start_up, max_untrained_skips
 
-__all__ = ["RewardReplayBuffer", "StepRewardMetrics", "session_reward_extras", "untrained_sessions"]
+__all__ = [
+    "RewardReplayBuffer",
+    "StepRewardMetrics",
+    "session_reward_extras",
+    "untrained_sessions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,31 +59,79 @@ class RewardReplayBuffer:
         refill_fn: Callable[[int], int] | None = None,
         **_verl_kwargs: Any,
     ) -> None:
-        check_v1_start_up(_root_config(sampler_kwargs))  # the first of ours that v1's trainer builds
+        self._config = _root_config(sampler_kwargs)
+        check_v1_start_up(self._config)  # the first of ours that v1's trainer builds
+        self.max_untrained_skips = max_untrained_skips(sampler_kwargs)
         self._builtin = build_builtin_replay_buffer(trainer_mode, sampler_kwargs, refill_fn)
+        self._refill = refill_fn
         sync_steps = (trainer_config or {}).get("parameter_sync_step", 1)
         self._step_metrics = StepRewardMetrics(int(sync_steps))
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        """verl's ``sample``; a training batch also yields the step's ``reward/*`` metrics."""
+        """verl's ``sample``; a training batch also yields the step's ``reward/*`` metrics, and a
+        training batch with nothing to train on is skipped (see :meth:`_skip_untrained`)."""
         batch, metrics = self._builtin.sample(
             global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
         )
-        if partition_id != "val":  # validation discards sampler metrics; v1 logs its own
+        if partition_id == "val":  # validation discards sampler metrics; v1 logs its own
+            return batch, metrics
+        skipped = 0
+        while True:
             untrained, sessions = untrained_sessions(batch)
-            if sessions and untrained == sessions:
-                logger.warning(
-                    "step %d: all %d sessions of this mini-batch train on nothing (on_failure: exclude), "
-                    "and verl v1 cannot skip it: with rollout correction (verl's default when the rollout "
-                    "returns log-probs) it stops with 'response_mask must contain at least one valid "
-                    "token'; otherwise it runs the update on a zero gradient (the loss logs NaN, AdamW "
-                    "momentum and weight decay move the weights, the LR schedule advances)",
-                    global_steps,
-                    sessions,
-                )
-            step = self._step_metrics.add(global_steps, session_reward_extras(batch), untrained)
-            metrics = {**metrics, **step}
-        return batch, metrics
+            extras = session_reward_extras(batch)
+            if not sessions or untrained < sessions:
+                break
+            self._step_metrics.skipped(extras, untrained)
+            skipped += 1
+            self._skip_untrained(batch, batch_size, global_steps, sessions, skipped)
+            batch, more = self._builtin.sample(
+                global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
+            )
+            metrics = _merge_counts(metrics, more)
+        step = self._step_metrics.add(global_steps, extras, untrained)
+        return batch, {**metrics, **step}
+
+    def _skip_untrained(
+        self, batch: KVBatchMeta, prompts: int, global_steps: int, sessions: int, skipped: int
+    ) -> None:
+        """Drop a mini-batch (of ``prompts`` groups) in which no session has a loss token, and generate
+        as many prompts again.
+
+        verl v1 cannot skip such an update: with rollout correction (its default when the rollout
+        returns log-probs) it stops with "response_mask must contain at least one valid token", and
+        otherwise it steps on a zero gradient (AdamW momentum and weight decay still move the weights,
+        the LR schedule advances). So the batch never reaches it: its groups are cleared from
+        TransferQueue and as many fresh prompts are dispatched through verl's own refill (the path
+        verl uses for failed and DAPO-filtered groups). After ``max_untrained_skips`` skips in a row
+        the reward service is failing for real, and the run stops saying so.
+        """
+        if skipped > self.max_untrained_skips:
+            raise RuntimeError(
+                f"step {global_steps}: {skipped} mini-batches in a row had nothing to train on (every "
+                "session excluded by on_failure: exclude, or without response tokens); the reward "
+                "service is failing, see the reward/status_* and reward/excluded metrics and the "
+                "failure_reason of the samples. Fix the service, raise "
+                f"trainer.v1.sampler.sampler_kwargs.{MAX_UNTRAINED_SKIPS_KEY} (now "
+                f"{self.max_untrained_skips}) to wait longer, or use on_failure: fallback"
+            )
+        unit = _gen_batch_size(self._config)
+        if self._refill is None or prompts % unit:
+            raise RuntimeError(
+                f"step {global_steps}: all {sessions} sessions of this mini-batch train on nothing "
+                "(on_failure: exclude) and it cannot be replaced: verl refills prompts in whole "
+                f"data.gen_batch_size fetches ({unit}), not {prompts}. Set data.gen_batch_size=1"
+            )
+        logger.warning(
+            "step %d: all %d sessions of this mini-batch train on nothing (on_failure: exclude); "
+            "skipped, and %d prompt(s) generated again (skip %d of at most %d in a row)",
+            global_steps,
+            sessions,
+            prompts,
+            skipped,
+            self.max_untrained_skips,
+        )
+        tq.kv_clear(keys=list(batch.keys), partition_id=batch.partition_id)
+        self._refill(prompts)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_builtin":  # not yet set (e.g. during unpickling): no recursion
@@ -97,18 +154,55 @@ class StepRewardMetrics:
         self._calls = 0
         self._extras: list[dict[str, Any]] = []
         self._untrained = 0
+        self._skipped = 0
+        self._pending_extras: list[dict[str, Any]] = []
+        self._pending_untrained = 0
+        self._pending_skipped = 0
 
     def add(self, global_steps: int, extras: list[dict[str, Any]], untrained: int = 0) -> dict[str, float]:
         """Record one mini-batch (its sessions' extras, and how many of them train on nothing);
         returns the step's metrics once its last mini-batch is in, else {}."""
-        if global_steps != self._step:
-            self._step, self._calls, self._extras, self._untrained = global_steps, 0, [], 0
+        self._start(global_steps)
         self._calls += 1
         self._extras.extend(extras)
         self._untrained += untrained
         if self._calls < self.samples_per_step:
             return {}
-        return {**extras_metrics(self._extras), "reward/untrained": float(self._untrained)}
+        return {
+            **extras_metrics(self._extras),
+            "reward/untrained": float(self._untrained),
+            "reward/skipped_batches": float(self._skipped),
+        }
+
+    def skipped(self, extras: list[dict[str, Any]], untrained: int) -> None:
+        """Record a mini-batch dropped before training (nothing to train on): its sessions count in
+        the step's metrics, the step still waits for its ``samples_per_step`` trained ones. Belongs
+        to the step of the next :meth:`add`."""
+        self._pending_extras.extend(extras)
+        self._pending_untrained += untrained
+        self._pending_skipped += 1
+
+    def _start(self, global_steps: int) -> None:
+        if global_steps != self._step:
+            self._step, self._calls, self._extras, self._untrained, self._skipped = global_steps, 0, [], 0, 0
+        self._extras.extend(self._pending_extras)
+        self._untrained += self._pending_untrained
+        self._skipped += self._pending_skipped
+        self._pending_extras, self._pending_untrained, self._pending_skipped = [], 0, 0
+
+
+def _gen_batch_size(config: DictConfig) -> int:
+    """Prompts per dataloader fetch, read when needed: verl's trainer sets it after building us."""
+    data = config.get("data") or {}
+    return int(data.get("gen_batch_size") or data.get("train_batch_size") or 1)
+
+
+def _merge_counts(first: dict, second: dict) -> dict:
+    """Sampler metrics of two ``sample`` calls of one mini-batch: counts add up."""
+    merged = dict(first)
+    for key, value in second.items():
+        merged[key] = merged[key] + value if isinstance(merged.get(key), int | float) else value
+    return merged
 
 
 def untrained_sessions(batch: KVBatchMeta) -> tuple[int, int]:

@@ -21,16 +21,19 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from async_reward._config_rules import names_config_errors
+from async_reward._config_rules import bad_value, names_config_errors
 from async_reward.config import ConfigError
 from async_reward.integration import PIPELINED_TRAINER_KEY, SETUP_HOOK, _select, prepare_verl_config
 
 __all__ = [
     "AGENT_LOOP_MANAGER",
+    "DEFAULT_MAX_UNTRAINED_SKIPS",
+    "MAX_UNTRAINED_SKIPS_KEY",
     "REPLAY_BUFFER_NAME",
     "REPLAY_BUFFER_PATH",
     "V1_OVERRIDES",
     "check_v1_start_up",
+    "max_untrained_skips",
     "prepare_v1_config",
     "uses_reward_replay_buffer",
     "v1_integration_problem",
@@ -50,6 +53,30 @@ V1_OVERRIDES: tuple[str, ...] = (
     f"trainer.v1.sampler.custom_sampler.path={REPLAY_BUFFER_PATH}",
     f"trainer.v1.sampler.custom_sampler.name={REPLAY_BUFFER_NAME}",
 )
+
+
+#: ``trainer.v1.sampler.sampler_kwargs`` key: mini-batches with nothing to train on skipped in a row
+#: before the run stops (see :meth:`RewardReplayBuffer._skip_untrained`).
+MAX_UNTRAINED_SKIPS_KEY = "max_untrained_skips"
+#: Its default: a short outage of the reward service is ridden out, a lasting one stops the run.
+DEFAULT_MAX_UNTRAINED_SKIPS = 8
+
+
+def max_untrained_skips(sampler_kwargs: Any) -> int:
+    """``trainer.v1.sampler.sampler_kwargs.max_untrained_skips``, checked (an integer >= 0)."""
+    value = sampler_kwargs.get(MAX_UNTRAINED_SKIPS_KEY, None) if hasattr(sampler_kwargs, "get") else None
+    if value is None:
+        return DEFAULT_MAX_UNTRAINED_SKIPS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_value(
+            f"trainer.v1.sampler.sampler_kwargs.{MAX_UNTRAINED_SKIPS_KEY}",
+            value,
+            "must be an integer >= 0 (mini-batches with nothing to train on skipped in a row before "
+            "the run stops)",
+            f"write +trainer.v1.sampler.sampler_kwargs.{MAX_UNTRAINED_SKIPS_KEY}="
+            f"{DEFAULT_MAX_UNTRAINED_SKIPS} (0 stops at the first)",
+        )
+    return value
 
 
 def v1_integration_problem(verl_config: DictConfig) -> str | None:
@@ -97,6 +124,7 @@ def check_v1_start_up(verl_config: Any) -> None:
     * ``algorithm.filter_groups.enable`` with ``on_failure: exclude``: verl's DAPO filter reads every
       member's score, excluded ones' ``fallback_score`` (and NaN extras) included, so it would keep or
       drop groups on scores that are not rewards.
+    * ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` that is not an integer >= 0.
 
     Raises:
         ConfigError: naming the keys and the fix.
@@ -109,6 +137,7 @@ def check_v1_start_up(verl_config: Any) -> None:
             "(python -m async_reward.pipeline.main_ppo, which runs verl's legacy trainer), or drop the "
             f"{PIPELINED_TRAINER_KEY}.* keys to train under verl v1"
         )
+    max_untrained_skips(_select(verl_config, "trainer.v1.sampler.sampler_kwargs"))
     filtering = _select(verl_config, "algorithm.filter_groups.enable")
     if filtering and _select(verl_config, "reward.async_reward.on_failure") == "exclude":
         raise ConfigError(
