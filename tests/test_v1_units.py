@@ -383,6 +383,19 @@ def test_exclude_under_v1_needs_our_replay_buffer_too():
     prepare_verl_config(v1_config(judge, EXCLUDE))  # both lines: accepted
 
 
+def test_exclude_in_sync_needs_mini_batches_verl_can_generate_again():
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    split = ("data.train_batch_size=8", "+trainer.v1.sync.parameter_sync_step=2")
+    for build in (prepare_v1_config, verl_builds_replay_buffer):
+        with pytest.raises(ConfigError, match=r"mini-batch of 4 prompts .*Set data.gen_batch_size=1"):
+            build(v1_config(judge, EXCLUDE, *split))
+        build(v1_config(judge, EXCLUDE, *split, "+data.gen_batch_size=1"))  # one prompt per fetch
+        build(v1_config(judge, EXCLUDE, *split, "trainer.v1.sampler.sync_refill_failed_groups=true"))
+        build(v1_config(judge, EXCLUDE, "data.train_batch_size=8"))  # one mini-batch per step
+        build(v1_config(judge, *split))  # nothing excluded, nothing to generate again
+        build(v1_config(judge, EXCLUDE, *split, "trainer.v1.trainer_mode=colocate_async"))
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, "many", True])
 def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"

@@ -124,7 +124,9 @@ def check_v1_start_up(verl_config: Any) -> None:
     * ``algorithm.filter_groups.enable`` with ``on_failure: exclude``: verl's DAPO filter reads every
       member's score, excluded ones' ``fallback_score`` (and NaN extras) included, so it would keep or
       drop groups on scores that are not rewards.
-    * ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` that is not an integer >= 0.
+    * ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` that is not an integer >= 0, and
+      ``exclude`` in ``sync`` with mini-batches that verl cannot generate again in whole
+      ``data.gen_batch_size`` fetches.
 
     Raises:
         ConfigError: naming the keys and the fix.
@@ -138,6 +140,7 @@ def check_v1_start_up(verl_config: Any) -> None:
             f"{PIPELINED_TRAINER_KEY}.* keys to train under verl v1"
         )
     max_untrained_skips(_select(verl_config, "trainer.v1.sampler.sampler_kwargs"))
+    _check_untrained_batches_can_be_regenerated(verl_config)
     filtering = _select(verl_config, "algorithm.filter_groups.enable")
     if filtering and _select(verl_config, "reward.async_reward.on_failure") == "exclude":
         raise ConfigError(
@@ -145,6 +148,34 @@ def check_v1_start_up(verl_config: Any) -> None:
             "v1: verl's DAPO group filter reads every member's score, an excluded member's fallback_score "
             "(and NaN extras) included, so it would keep or drop groups on scores that are not rewards. "
             "Set one of them differently (e.g. on_failure=fallback, or filter_groups.enable=false)"
+        )
+
+
+def _check_untrained_batches_can_be_regenerated(verl_config: Any) -> None:
+    """With ``exclude``, a mini-batch that trains on nothing is dropped and its prompts generated again,
+    which verl does in whole ``data.gen_batch_size`` fetches. Async modes fetch one prompt at a time;
+    ``sync`` fetches a whole train batch unless told otherwise, which fits its mini-batch only when
+    ``parameter_sync_step`` is 1. Refused here rather than in the middle of an outage."""
+    if _select(verl_config, "reward.async_reward.on_failure") != "exclude":
+        return
+    if (_select(verl_config, "trainer.v1.trainer_mode") or "sync") != "sync":
+        return
+    if _select(verl_config, "trainer.v1.sampler.sync_refill_failed_groups"):
+        return  # verl then fetches one prompt at a time
+    train_batch = _select(verl_config, "data.train_batch_size")
+    steps = _select(verl_config, "trainer.v1.sync.parameter_sync_step") or 1
+    fetch = _select(verl_config, "data.gen_batch_size") or train_batch
+    if not all(isinstance(value, int) and value > 0 for value in (train_batch, steps, fetch)):
+        return  # verl refuses these itself
+    if (train_batch // steps) % fetch:
+        raise ConfigError(
+            f"reward.async_reward.on_failure=exclude under verl v1 sync with a mini-batch of "
+            f"{train_batch // steps} prompts (data.train_batch_size={train_batch} / "
+            f"trainer.v1.sync.parameter_sync_step={steps}) and data.gen_batch_size={fetch}: a mini-batch "
+            "whose every session is excluded could not be generated again (verl fetches whole "
+            "gen_batch_size chunks). Set data.gen_batch_size=1",
+            key="data.gen_batch_size",
+            fix="set data.gen_batch_size=1",
         )
 
 
