@@ -321,6 +321,17 @@ def score_or_fail(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+def excluding_reward(tmp_path: Path) -> list[str]:
+    """``async_naive`` over ``score_or_fail`` with ``on_failure: exclude`` and no retry."""
+    return [
+        "reward.reward_manager.name=async_naive",
+        f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'exclude.py')}",
+        "reward.custom_reward_function.name=score_or_fail",
+        "+reward.async_reward.on_failure=exclude",
+        "+reward.async_reward.retry.max_attempts=1",
+    ]
+
+
 def grpo_advantages(scores: list[float]) -> list[float]:
     """verl's GRPO outcome advantage of one group: (score - mean) / (std + 1e-6), unbiased std."""
     values = torch.tensor(scores)
@@ -343,13 +354,7 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
         rollout,
         ROWS,
         script,
-        [
-            "reward.reward_manager.name=async_naive",
-            f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'exclude.py')}",
-            "reward.custom_reward_function.name=score_or_fail",
-            "+reward.async_reward.on_failure=exclude",
-            "+reward.async_reward.retry.max_attempts=1",
-        ],
+        excluding_reward(tmp_path),
         n=4,
     )
     group = group_by_index(run.updates[0])[0]
@@ -375,14 +380,6 @@ def test_excluded_sample_gets_no_loss_and_its_group_advantages_come_from_the_sco
     assert Counter(row.reward_extra_info["status"] for row in sessions(run.updates[0]))["ok"] == 4
 
 
-EXCLUDE_LINES = [
-    "reward.reward_manager.name=async_naive",
-    "reward.custom_reward_function.name=score_or_fail",
-    "+reward.async_reward.on_failure=exclude",
-    "+reward.async_reward.retry.max_attempts=1",
-]
-
-
 def test_a_mini_batch_with_nothing_to_train_is_skipped_and_its_prompts_generated_again(
     tmp_path, model_dir, rollout, transfer_queue, caplog
 ):
@@ -398,10 +395,7 @@ def test_a_mini_batch_with_nothing_to_train_is_skipped_and_its_prompts_generated
         rollout,
         ROWS,
         script,
-        [
-            f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'x.py')}",
-            *EXCLUDE_LINES,
-        ],
+        excluding_reward(tmp_path),
         n=2,
         prompts=1,
     )
@@ -437,11 +431,7 @@ def test_a_reward_service_that_stays_down_stops_the_run_saying_so(
             rollout,
             ROWS[:1],
             {"What is 2+3?": ["fail", "fail"]},
-            [
-                f"reward.custom_reward_function.path={write_module(tmp_path, EXCLUDING_FUNCTION, 'x.py')}",
-                *EXCLUDE_LINES,
-                f"+trainer.v1.sampler.sampler_kwargs.max_untrained_skips={skips}",
-            ],
+            [*excluding_reward(tmp_path), f"+trainer.v1.sampler.sampler_kwargs.max_untrained_skips={skips}"],
             n=2,
             prompts=1,
             mode=mode,

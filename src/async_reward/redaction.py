@@ -105,6 +105,8 @@ def secret_values(env: Mapping[str, str] | None = None) -> set[str]:
 
 #: Secrets of the config being checked (its ``runtime_env.env_vars``), set by :func:`secrets_of`.
 _CONFIG_SECRETS: ContextVar[frozenset[str]] = ContextVar("async_reward_config_secrets", default=frozenset())
+#: The config whose secrets :data:`_CONFIG_SECRETS` holds (None outside any check).
+_CHECKED_CONFIG: ContextVar[Any] = ContextVar("async_reward_checked_config", default=None)
 
 
 def holds_secret_value(text: str, env: Mapping[str, str] | None = None) -> bool:
@@ -117,33 +119,42 @@ def holds_secret_value(text: str, env: Mapping[str, str] | None = None) -> bool:
 def config_secret_values(config: Any) -> set[str]:
     """Values a config hands its Ray workers as secrets: each ``ray_kwargs.ray_init.runtime_env.env_vars``
     value whose variable has a secret-looking name or is named by an ``*api_key_env`` key."""
-    plain = _plain(config)
+    return {value for value in _worker_secrets(_plain(config)).values() if len(value) >= _MIN_SECRET_CHARS}
+
+
+def _worker_secrets(plain: Any) -> dict[str, str]:
+    """``{variable: value}`` of the ``runtime_env.env_vars`` of a plain config that hold secrets: a
+    secret-looking name, or one named by an ``*api_key_env`` key."""
     env_vars = _get(plain, _ENV_VARS_PATH)
     if not isinstance(env_vars, Mapping):
-        return set()
+        return {}
     key_names = set(_api_key_env_names(plain))
     return {
-        str(value)
+        str(name): "" if value is None else str(value)
         for name, value in env_vars.items()
-        if (is_secret_name(str(name)) or str(name) in key_names)
-        and value is not None
-        and len(str(value)) >= _MIN_SECRET_CHARS
+        if is_secret_name(str(name)) or str(name) in key_names
     }
 
 
 @contextmanager
 def secrets_of(config: Any) -> Iterator[None]:
     """While checking ``config``, treat the secrets it passes to its workers as secrets here too, so
-    no error message echoes one (a key put in ``env_vars`` and pasted into a URL field as well)."""
+    no error message echoes one (a key put in ``env_vars`` and pasted into a URL field as well).
+    Start-up checks call each other with the same config: it is read once, by the outermost."""
+    if config is None or config is _CHECKED_CONFIG.get():
+        yield
+        return
     try:
         found = config_secret_values(config)
     except Exception:  # finding secrets must never turn into a crash of its own
         found = set()
-    token = _CONFIG_SECRETS.set(_CONFIG_SECRETS.get() | frozenset(found))
+    secrets = _CONFIG_SECRETS.set(_CONFIG_SECRETS.get() | frozenset(found))
+    checked = _CHECKED_CONFIG.set(config)
     try:
         yield
     finally:
-        _CONFIG_SECRETS.reset(token)
+        _CHECKED_CONFIG.reset(checked)
+        _CONFIG_SECRETS.reset(secrets)
 
 
 def redact_config(config: Any) -> Any:
@@ -157,15 +168,14 @@ def redact_config(config: Any) -> Any:
     the value of a secret-looking variable of this process's environment.
     """
     plain = _plain(config)
-    env_vars = _get(plain, _ENV_VARS_PATH)
-    env_vars = env_vars if isinstance(env_vars, Mapping) else {}
+    workers = _worker_secrets(plain)
     key_names = set(_api_key_env_names(plain))
-    environment = {**os.environ, **{str(k): str(v) for k, v in env_vars.items()}}
-    secrets = secret_values(environment) | {
-        environment[name] for name in key_names if len(environment.get(name) or "") >= _MIN_SECRET_CHARS
-    }
-    hidden_vars = {str(k) for k in env_vars if is_secret_name(str(k)) or str(k) in key_names}
-    return _redacted(plain, (), secrets, hidden_vars)
+    secrets = (
+        secret_values()
+        | {os.environ[name] for name in key_names if len(os.environ.get(name) or "") >= _MIN_SECRET_CHARS}
+        | {value for value in workers.values() if len(value) >= _MIN_SECRET_CHARS}
+    )
+    return _redacted(plain, (), secrets, set(workers))
 
 
 def _plain(config: Any) -> Any:

@@ -294,7 +294,7 @@ def _scalar(value: Any) -> Any:
         if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
             item = value.item()  # a numpy scalar or 0-d array may hold a long str or any object
             return item if item is None or isinstance(item, (bool, int, float)) else _scalar_text(item)
-        return _short(value if isinstance(value, str) else repr(value))
+        return _scalar_text(value)
     except Exception:
         return f"<unprintable {type(value).__name__}>"
 

@@ -75,10 +75,6 @@ class PipelineConfig:
             )
 
 
-def _plain(node: Any, path: str) -> Any:
-    return plain_container(node, path)
-
-
 @names_config_errors("async_reward")
 def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelineConfig:
     """Read ``async_reward.pipeline`` (absent: baseline) and check it against the rest of the config.
@@ -87,14 +83,14 @@ def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> Pipelin
         ConfigError: an unknown key (naming the valid ones), a bad value, the node in the wrong place,
             or a combination the pipelined trainer cannot run as asked (see :func:`check_against_verl`).
     """
-    reward_node = _plain(verl_config.get("reward") or {}, "reward")
+    reward_node = plain_container(verl_config.get("reward") or {}, "reward")
     misplaced = (reward_node.get("async_reward") or {}) if isinstance(reward_node, Mapping) else {}
     if isinstance(misplaced, Mapping) and "pipeline" in misplaced:
         raise ConfigError(
             "reward.async_reward.pipeline is not read there (reward workers parse reward.async_reward); "
             f"put the trainer's pipeline settings under {PIPELINE_CONFIG_PATH} instead"
         )
-    top = _plain(verl_config.get("async_reward") or {}, "async_reward")
+    top = plain_container(verl_config.get("async_reward") or {}, "async_reward")
     if not isinstance(top, Mapping):
         raise bad_value(
             "async_reward",
