@@ -302,11 +302,13 @@ def run_v1_training(
     script: dict[str, list[str]],
     log_path: Path,
     poll_interval_s: float = 0.1,
+    actor: StandInActor | None = None,
 ) -> TrainingRun:
     """``TaskRunnerV1.run`` with stand-ins for the GPU parts; returns what was logged and trained.
 
     TransferQueue must be up (``tq.init``). The run's agent-loop and reward workers are killed and
-    the ``train`` partition is cleared afterwards.
+    the ``train`` partition is cleared afterwards. ``actor``: the actor stand-in (default a new
+    :class:`StandInActor`).
     """
     from verl.experimental.reward_loop import RewardLoopManager
     from verl.trainer.main_ppo import TaskRunnerV1
@@ -318,7 +320,7 @@ def run_v1_training(
     previous_log_path = os.environ.get("VERL_FILE_LOGGER_PATH")
     os.environ["VERL_FILE_LOGGER_PATH"] = str(log_path)  # verl's "file" tracking backend writes here
     ray.get(rollout.server.start.remote(script))
-    actor = StandInActor()
+    actor = actor if actor is not None else StandInActor()
     runner = SimpleNamespace(config=config, trainer=None, agent_loop_manager=None)
     reward_loop = None
     started = time.monotonic()

@@ -76,10 +76,13 @@ EXCLUDE_POLICY_LOSSES = (
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: registers our managers in this process (on import), and
-    checks the reward settings where verl's own trainer builds its ``RewardLoopManager``."""
+    """Ray ``worker_process_setup_hook``: registers our managers in this process (on import), our
+    ``pipelined`` verl v1 trainer mode once verl's v1 trainer is imported here (verl's task-runner
+    actor), and checks the reward settings where verl's own trainer builds its ``RewardLoopManager``."""
     import async_reward  # noqa: F401
+    from async_reward.v1.registration import register_pipelined_mode_on_verl_import
 
+    register_pipelined_mode_on_verl_import()
     _check_before_verl_reward_loop()
 
 
@@ -252,6 +255,7 @@ def _v1_problem(verl_config: Any) -> str | None:
 
     Both our v1 lines are needed: the agent loop masks excluded sessions, and the replay buffer keeps
     from verl a mini-batch in which every session is excluded (verl cannot skip one)."""
+    from async_reward.v1.pipelined_config import is_pipelined_mode
     from async_reward.v1.settings import (
         REPLAY_BUFFER_NAME,
         REPLAY_BUFFER_PATH,
@@ -260,7 +264,8 @@ def _v1_problem(verl_config: Any) -> str | None:
     )
 
     problem = v1_integration_problem(verl_config)
-    if problem is None and not uses_reward_replay_buffer(verl_config):
+    # Our pipelined mode skips a chunk with nothing to train itself; it samples no training batch.
+    if problem is None and not uses_reward_replay_buffer(verl_config) and not is_pipelined_mode(verl_config):
         return (
             "verl's v1 replay buffer runs without async-reward's, which keeps a mini-batch whose every "
             "session is excluded away from verl (it cannot skip one); add "

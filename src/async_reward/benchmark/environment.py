@@ -30,7 +30,7 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
 
     With a v1 strategy selected it also holds ``"v1_rewards"`` (``cfg.num_workers`` of verl's
     ``RewardLoopWorker`` actors running ``llm_judge``, as verl's v1 trainer creates them) and
-    ``"v1_config"``, a function of the v1 ``trainer_mode`` giving the trainer's verl config."""
+    ``"v1_config"``, a function of the v1 strategy giving the trainer's verl config."""
     import ray
 
     from async_reward.benchmark.backend import BatchFactory
@@ -63,7 +63,7 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
         env: dict[str, Any] = {"server": server, "manager": manager, "factory": factory}
         if any(s in V1_STRATEGIES for s in cfg.strategies):
             env["v1_rewards"] = _v1_reward_workers(cfg, directory, server.url, warm, stack)
-            env["v1_config"] = lambda mode: _v1_trainer_config(cfg, directory, server.url, mode)
+            env["v1_config"] = lambda strategy: _v1_trainer_config(cfg, directory, server.url, strategy)
         yield env
 
 
@@ -81,10 +81,20 @@ def _v1_reward_workers(
     return rewards
 
 
-def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, mode: str) -> Any:
-    """verl's config for its v1 trainer in ``mode``, shaped like the benchmark's step: GRPO with a
-    reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples, ``mini_batches``
-    actor updates."""
+def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, strategy: str) -> Any:
+    """verl's config for its v1 trainer as ``strategy`` runs it, shaped like the benchmark's step: GRPO
+    with a reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples,
+    ``mini_batches`` actor updates; our ``pipelined`` mode with the strategy's schedule flags."""
+    from async_reward.benchmark.scenarios import V1_PIPELINED_SCHEDULES
+
+    mode = V1_STRATEGIES[strategy]
+    flags = []
+    if strategy in V1_PIPELINED_SCHEDULES:
+        mini_batch, one_step_off = V1_PIPELINED_SCHEDULES[strategy]
+        flags = [
+            f"+trainer.v1.pipelined.mini_batch={str(mini_batch).lower()}",
+            f"+trainer.v1.pipelined.one_step_off_policy={str(one_step_off).lower()}",
+        ]
     return _verl_config(
         cfg,
         model_dir,
@@ -96,6 +106,7 @@ def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, mode:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts // cfg.mini_batches}",
             "actor_rollout_ref.actor.use_kl_loss=true",
             "algorithm.adv_estimator=grpo",
+            *flags,
         ],
     )
 

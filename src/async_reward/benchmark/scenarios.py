@@ -14,6 +14,7 @@ __all__ = [
     "OUR_STRATEGIES",
     "REGIMES",
     "STRATEGIES",
+    "V1_PIPELINED_SCHEDULES",
     "V1_STRATEGIES",
     "Regime",
     "regime_latency",
@@ -30,8 +31,21 @@ OUR_STRATEGIES: dict[str, str] = {
     "both": "both",
     "recipe_style": "both",
 }
-#: verl's own v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them).
-V1_STRATEGIES: dict[str, str] = {"v1_sync": "sync", "v1_colocate_async": "colocate_async"}
+#: Our verl v1 trainer mode (``trainer.v1.trainer_mode=pipelined``) per schedule -> its
+#: ``trainer.v1.pipelined`` flags ``(mini_batch, one_step_off_policy)``.
+V1_PIPELINED_SCHEDULES: dict[str, tuple[bool, bool]] = {
+    "v1_pipelined_baseline": (False, False),
+    "v1_pipelined_mini_batch": (True, False),
+    "v1_pipelined_one_step_off": (False, True),
+    "v1_pipelined_both": (True, True),
+}
+#: verl's v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them): verl's own
+#: modes, and ours in each schedule.
+V1_STRATEGIES: dict[str, str] = {
+    "v1_sync": "sync",
+    "v1_colocate_async": "colocate_async",
+    **dict.fromkeys(V1_PIPELINED_SCHEDULES, "pipelined"),
+}
 STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
 
 

@@ -75,6 +75,8 @@ class V1AgentLoop:
         full_speed_slots: sequences the engine decodes at full speed (see ``GenerationState``).
         seed: seed of the reward-worker choice.
         clock: monotonic seconds, shared with the trainer's timeline.
+        write_when_generated: tag each trajectory in the store as soon as it is generated (before it
+            is scored), as :class:`~async_reward.v1.pipelined_agent_loop.PipelinedAgentLoopWorker` does.
     """
 
     def __init__(
@@ -85,11 +87,13 @@ class V1AgentLoop:
         full_speed_slots: int,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        write_when_generated: bool = False,
     ) -> None:
         if not reward_workers:
             raise ValueError("need at least one reward worker")
         self.reward_workers = list(reward_workers)
         self.store = store
+        self.write_when_generated = write_when_generated
         self.clock = clock
         self.engine = GenerationState(full_speed_slots)
         self.busy: list[tuple[float, float]] = []
@@ -219,6 +223,12 @@ class V1AgentLoop:
             assert isinstance(session, _Session)
             self.events.append((self._last, "generated", session.group.global_steps))
             self._scoring[(session.key, session.row)] = session
+            if self.write_when_generated:
+                self.store.kv_put(
+                    f"{session.group.uid}_{session.session}_0",
+                    PARTITION,
+                    tag={"status": "success", "global_steps": session.group.global_steps, "seq_len": 1},
+                )
             finished[(session.worker, session.key)].append(session.row)
         for (worker, key), rows in finished.items():  # one call per worker and batch, not per sample
             self.reward_workers[worker].enqueue.remote(key, rows)

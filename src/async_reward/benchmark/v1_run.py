@@ -47,6 +47,8 @@ def run_v1_strategy(
         store,
         full_speed_slots=cfg.rollout_slots or cfg.prompts * cfg.group_size,
         seed=cfg.seed,
+        # our pipelined mode's agent loop writes each trajectory when generated, scores it after
+        write_when_generated=V1_STRATEGIES[strategy] == "pipelined",
     ).start()
 
     def durations(number: int, samples: int) -> np.ndarray:
@@ -62,8 +64,10 @@ def run_v1_strategy(
         reward_loop_manager=rewards,
         time_scale=cfg.time_scale,
     )
-    trainer = build_v1_trainer(env["v1_config"](V1_STRATEGIES[strategy]), harness)
+    trainer = build_v1_trainer(env["v1_config"](strategy), harness, strategy)
     _bound_the_wait(trainer.replay_buffer, agent_loop, max(60.0, 20 * stages.step_s))
+    if V1_STRATEGIES[strategy] == "pipelined":  # ours waits in its own loop: bounded the same way
+        trainer.pipeline_config.chunk_timeout_s = max(60.0, 20 * stages.step_s)
     sampler = InFlightSampler(server.stats, cfg.sample_interval_real).start()
     origin = time.perf_counter()
     records = []

@@ -43,6 +43,7 @@ from async_reward.benchmark.calibration import StageMedians
 from async_reward.benchmark.tag_store import TagStore
 from async_reward.benchmark.v1_agent_loop import PARTITION, V1AgentLoop
 from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
 
 __all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
 
@@ -193,14 +194,39 @@ class _BenchColocateAsync(_CalibratedStages, PPOTrainerColocateAsync):
     """verl's ``PPOTrainerColocateAsync`` (``trainer.v1.trainer_mode=colocate_async``)."""
 
 
-def build_v1_trainer(config: Any, harness: V1Harness) -> Any:
+class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
+    """Our ``PPOTrainerPipelined`` (``trainer.v1.trainer_mode=pipelined``): its step, chunking and
+    waits run unchanged against the tag store; reads of TransferQueue values it makes come from the
+    store's values (every sample has loss tokens here: nothing is excluded)."""
+
+    def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
+        uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
+        self._note_submitted(uids, [int(self.config.actor_rollout_ref.rollout.n)] * len(uids))
+        return super()._submit_batch_to_rollout(batch)
+
+    def _loss_tokens(self, meta: Any) -> list[int]:
+        return [1] * len(meta.keys)
+
+    def _session_extras(self, meta: Any) -> list[dict[str, Any]]:
+        return [dict(value["extras"]) for value in self.bench.store.values(meta.keys, meta.partition_id)]
+
+    def _reward_blocked(self, start: float, end: float, chunk: int) -> None:
+        self.bench.events.append(TimelineEvent("reward_wait", start, end, self.global_steps - 1, chunk))
+
+
+def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = None) -> Any:
     """verl's v1 trainer of ``config.trainer.v1.trainer_mode``, wired to ``harness``."""
-    classes = {"sync": _BenchSync, "colocate_async": _BenchColocateAsync}
+    classes = {"sync": _BenchSync, "colocate_async": _BenchColocateAsync, "pipelined": _BenchPipelined}
     mode = str(config.trainer.v1.trainer_mode)
     if mode not in classes:
         raise ValueError(f"v1 trainer mode {mode!r} is not benchmarked; choose one of {sorted(classes)}")
     trainer: Any = classes[mode](config)
+    trainer.bench_mode = strategy or mode
     trainer.bench = harness
+    if mode == "pipelined":
+        trainer._tq = harness.store
+        # its poll of TransferQueue's tags, time-scaled like verl's replay-buffer poll below
+        trainer.pipeline_config.poll_interval_s = min(0.005, trainer.pipeline_config.poll_interval_s)
     trainer.reward_loop_manager = harness.reward_loop_manager
     trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
     trainer.curr_step_profile = False
@@ -219,6 +245,7 @@ def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
     bench: V1Harness = trainer.bench
     trainer.on_init_end()  # sync / colocate_async: update_weights, which wakes the engine
     trainer.global_steps = 1  # fit: "we start from step 1"
+    trainer.total_training_steps = num_steps  # the pipelined mode generates nothing past the last step
     trainer.on_train_begin()  # colocate_async: the warm-up batch(es)
     step_start = bench.clock()
     for _ in range(num_steps):
@@ -265,7 +292,7 @@ def _record(
     blocked = sum(e.duration for e in events if e.name == "reward_wait")
     return StepRecord(
         step=step,
-        mode=str(trainer.trainer_mode),
+        mode=str(getattr(trainer, "bench_mode", trainer.trainer_mode)),
         start=start,
         end=end,
         policy_version=min(submitted) - 1,

@@ -112,8 +112,15 @@ def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> Pipelin
     return config
 
 
-def check_against_verl(config: PipelineConfig, verl_config: Any) -> None:
+def check_against_verl(
+    config: PipelineConfig, verl_config: Any, path: str = PIPELINE_CONFIG_PATH, *, whole_gen_batch: bool = True
+) -> None:
     """Refuse the verl settings the pipelined trainer cannot honour in ``config.mode``.
+
+    ``path`` is where ``config`` was read (the legacy trainer's node, or verl v1's
+    ``trainer.v1.pipelined``), named in the errors. ``whole_gen_batch``: the trainer generates a
+    batch in one ``gen_batch_size`` draw (legacy); verl v1 draws it in ``gen_batch_size`` chunks
+    (and sets 1 itself when unset), which any divisor of ``train_batch_size`` serves.
 
     Raises:
         ConfigError: naming the setting, why, and what to change.
@@ -154,19 +161,19 @@ def check_against_verl(config: PipelineConfig, verl_config: Any) -> None:
     try:
         check_estimator(estimator, assume_group_local=config.assume_group_local)
     except ValueError as exc:
-        raise ConfigError(f"{PIPELINE_CONFIG_PATH}.mini_batch=true: {exc}") from None
+        raise ConfigError(f"{path}.mini_batch=true: {exc}") from None
     train = int(select("data.train_batch_size"))
     mini = int(select("actor_rollout_ref.actor.ppo_mini_batch_size"))
     if mini <= 0 or train % mini:
         raise ConfigError(
-            f"{PIPELINE_CONFIG_PATH}.mini_batch=true needs data.train_batch_size ({train}) to be a multiple "
+            f"{path}.mini_batch=true needs data.train_batch_size ({train}) to be a multiple "
             f"of actor_rollout_ref.actor.ppo_mini_batch_size ({mini}): each step makes train_batch_size // "
             "ppo_mini_batch_size updates on equal chunks of complete groups"
         )
     gen_batch = select("data.gen_batch_size")
-    if gen_batch not in (None, train):
+    if whole_gen_batch and gen_batch not in (None, train):
         raise ConfigError(
-            f"{PIPELINE_CONFIG_PATH}.mini_batch=true needs data.gen_batch_size unset or equal to "
+            f"{path}.mini_batch=true needs data.gen_batch_size unset or equal to "
             f"data.train_batch_size ({train}), got {gen_batch}"
         )
     critic_on = select("critic.enable")
@@ -176,14 +183,14 @@ def check_against_verl(config: PipelineConfig, verl_config: Any) -> None:
         epochs = int(select(key, 1) or 1)
         if epochs > 1 and not config.allow_ppo_epochs_per_chunk:
             raise ConfigError(
-                f"{PIPELINE_CONFIG_PATH}.mini_batch=true with {key}={epochs}: the pipeline makes each "
+                f"{path}.mini_batch=true with {key}={epochs}: the pipeline makes each "
                 "chunk's epochs as it arrives (chunk 1 x E, chunk 2 x E, ...), not E passes over the "
                 f"whole batch. Set it to 1, or accept the change with "
-                f"{PIPELINE_CONFIG_PATH}.allow_ppo_epochs_per_chunk=true"
+                f"{path}.allow_ppo_epochs_per_chunk=true"
             )
     if select("algorithm.use_kl_in_reward") and select("algorithm.kl_ctrl.type") == "adaptive":
         raise ConfigError(
-            f"{PIPELINE_CONFIG_PATH}.mini_batch=true with algorithm.use_kl_in_reward and an adaptive "
+            f"{path}.mini_batch=true with algorithm.use_kl_in_reward and an adaptive "
             "kl_ctrl: the controller would move once per chunk, so later chunks of a batch get another "
             "penalty than earlier ones. Use kl_ctrl.type=fixed, or use_kl_loss instead of the reward KL"
         )
@@ -191,6 +198,6 @@ def check_against_verl(config: PipelineConfig, verl_config: Any) -> None:
         critic_mini = int(select("critic.ppo_mini_batch_size", mini))
         if critic_mini != mini:
             raise ConfigError(
-                f"{PIPELINE_CONFIG_PATH}.mini_batch=true updates the critic on each actor chunk: set "
+                f"{path}.mini_batch=true updates the critic on each actor chunk: set "
                 f"critic.ppo_mini_batch_size ({critic_mini}) equal to the actor's ({mini})"
             )

@@ -167,7 +167,9 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
             )
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = RewardAgentLoopWorkerActor  # after super(): it sets verl's
-        if not uses_reward_replay_buffer(config):
+        from async_reward.v1.pipelined_config import is_pipelined_mode
+
+        if not uses_reward_replay_buffer(config) and not is_pipelined_mode(config):
             logger.warning(
                 "async-reward under verl v1 without its replay buffer: training steps will not log "
                 "reward/* metrics; add trainer.v1.sampler.custom_sampler.path=%s and .name=%s",

@@ -136,9 +136,14 @@ def check_v1_start_up(verl_config: Any) -> None:
             f"{PIPELINED_TRAINER_KEY} is set, but verl's v1 trainer (trainer.use_v1=true) is training: it "
             "ignores the pipeline settings, and async-reward's managers refuse samples from verl's own "
             "reward loop while they are set, so every group would fail. Train with the pipelined trainer "
-            "(python -m async_reward.pipeline.main_ppo, which runs verl's legacy trainer), or drop the "
-            f"{PIPELINED_TRAINER_KEY}.* keys to train under verl v1"
+            "(python -m async_reward.pipeline.main_ppo, which runs verl's legacy trainer), or under v1 "
+            "with trainer.v1.trainer_mode=pipelined and the same flags under trainer.v1.pipelined.* "
+            f"(e.g. +trainer.v1.pipelined.mini_batch=true), or drop the {PIPELINED_TRAINER_KEY}.* keys"
         )
+    from async_reward.v1.pipelined_config import is_pipelined_mode, load_pipelined_mode_config
+
+    if is_pipelined_mode(verl_config):  # our trainer mode: its schedule and what it cannot honour
+        load_pipelined_mode_config(verl_config)
     max_untrained_skips(_select(verl_config, "trainer.v1.sampler.sampler_kwargs"))
     _check_untrained_batches_can_be_regenerated(verl_config)
     filtering = _select(verl_config, "algorithm.filter_groups.enable")
@@ -201,6 +206,10 @@ def prepare_v1_config(config: DictConfig) -> DictConfig:
         ConfigError: see :func:`check_v1_start_up`, and the replacements above.
     """
     check_v1_start_up(config)
+    from async_reward.v1.pipelined_config import is_pipelined_mode
+
+    if is_pipelined_mode(config):  # registers trainer_mode=pipelined in this (the launcher's) process
+        import async_reward.v1.pipelined_trainer  # noqa: F401
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         current = agent.get("agent_loop_manager_class")

@@ -1,0 +1,164 @@
+"""``trainer.v1.pipelined.*``: the schedule of verl v1's ``pipelined`` trainer mode, checked at start-up.
+
+The node sits beside verl's own per-mode sections (``trainer.v1.sync``, ``trainer.v1.colocate_async``),
+so ``python -m verl.trainer.main_ppo trainer.use_v1=true trainer.v1.trainer_mode=pipelined
++trainer.v1.pipelined.mini_batch=true +trainer.v1.pipelined.one_step_off_policy=true`` reads like any
+other v1 mode. The flags keep the names and meaning of the legacy trainer's ``async_reward.pipeline.*``
+(:class:`~async_reward.pipeline.trainer_config.PipelineConfig`); that node itself is refused under v1,
+with this one named as the fix.
+
+Kept free of verl's v1 modules (which import TransferQueue), like :mod:`async_reward.v1.settings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from async_reward._config_rules import bad_value, names_config_errors, plain_container
+from async_reward.config import ConfigError, parse_config
+from async_reward.pipeline.trainer_config import PipelineConfig, check_against_verl
+
+__all__ = [
+    "PIPELINED_MODE",
+    "PIPELINED_MODE_PATH",
+    "PipelinedModeConfig",
+    "is_pipelined_mode",
+    "load_pipelined_mode_config",
+]
+
+#: ``trainer.v1.trainer_mode`` of our trainer (registered by :mod:`async_reward.v1.pipelined_trainer`).
+PIPELINED_MODE = "pipelined"
+#: Where its settings live in the verl config.
+PIPELINED_MODE_PATH = "trainer.v1.pipelined"
+
+
+@dataclass
+class PipelinedModeConfig(PipelineConfig):
+    """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs."""
+
+    poll_interval_s: float = 0.05
+    """How often the trainer reads TransferQueue's tags while it waits for a batch to be generated or
+    for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
+    seconds per step is a visible share of it; a tag listing costs about a millisecond."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 < self.poll_interval_s <= 10:
+            raise bad_value(
+                f"{PIPELINED_MODE_PATH}.poll_interval_s",
+                self.poll_interval_s,
+                "must be > 0 and <= 10 seconds",
+                "write e.g. 0.05",
+            )
+
+
+def is_pipelined_mode(verl_config: Any) -> bool:
+    """Whether ``verl_config`` trains with verl v1's ``pipelined`` trainer mode (ours)."""
+    select = OmegaConf.select if isinstance(verl_config, DictConfig) else _select_mapping
+    return bool(select(verl_config, "trainer.use_v1")) and (
+        select(verl_config, "trainer.v1.trainer_mode") == PIPELINED_MODE
+    )
+
+
+@names_config_errors("trainer")
+def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelinedModeConfig:
+    """Read ``trainer.v1.pipelined`` (absent: baseline) and refuse what the mode cannot honour.
+
+    Raises:
+        ConfigError: an unknown key or bad value, and every verl setting the schedule would
+            silently not apply (see :func:`check_pipelined_mode_against_verl`).
+    """
+    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    node = plain_container(select(PIPELINED_MODE_PATH) or {}, PIPELINED_MODE_PATH)
+    if not isinstance(node, Mapping):
+        raise bad_value(
+            PIPELINED_MODE_PATH,
+            node,
+            "is not a mapping",
+            f"write e.g. +{PIPELINED_MODE_PATH}.mini_batch=true",
+        )
+    config = parse_config(PipelinedModeConfig, node, PIPELINED_MODE_PATH)
+    config.validate()
+    check_against_verl(config, verl_config, path=PIPELINED_MODE_PATH, whole_gen_batch=False)
+    check_pipelined_mode_against_verl(config, verl_config)
+    return config
+
+
+def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: Any) -> None:
+    """The v1 settings that mean nothing, or something else, under this mode: refused by name.
+
+    Raises:
+        ConfigError: naming the setting, why, and what to change.
+    """
+    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    if select("algorithm.filter_groups.enable"):
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true (DAPO) is not run by trainer.v1.trainer_mode=pipelined: "
+            "it trains every generated group of a batch and never samples through the replay buffer, "
+            "so no group would be filtered. Use trainer_mode=sync or colocate_async for DAPO",
+            key="algorithm.filter_groups.enable",
+            fix="set it to false, or use another trainer_mode",
+        )
+    if select("trainer.v1.sampler.sync_refill_failed_groups"):
+        raise ConfigError(
+            "trainer.v1.sampler.sync_refill_failed_groups=true is not run by the pipelined mode: a group "
+            "whose session raised is dropped from its batch (counted in pipeline/failed_groups), not "
+            "generated again, so the step never waits for a fresh rollout",
+            key="trainer.v1.sampler.sync_refill_failed_groups",
+            fix="set it to false",
+        )
+    sampler = select("trainer.v1.sampler.custom_sampler") or {}
+    path = sampler.get("path") if hasattr(sampler, "get") else None
+    if path and path != "pkg://async_reward.v1.replay_buffer":
+        raise ConfigError(
+            f"trainer.v1.sampler.custom_sampler={path} is not used for training by the pipelined mode "
+            "(it takes each batch's groups as they are scored, not through a sampler); only validation "
+            "samples through it",
+            key="trainer.v1.sampler.custom_sampler",
+            fix="unset it, or use another trainer_mode",
+        )
+    threshold = select("trainer.v1.sampler.max_off_policy_threshold")
+    if config.one_step_off_policy and threshold is not None and int(threshold) < 2:
+        raise ConfigError(
+            f"trainer.v1.sampler.max_off_policy_threshold={threshold} allows batches spanning one model "
+            "version, but one_step_off_policy trains each batch one version after it was generated "
+            "(a span of 2)",
+            key="trainer.v1.sampler.max_off_policy_threshold",
+            fix="set it to 2 or more (verl's default is 8), or one_step_off_policy=false",
+        )
+    if select("skip.rollout_tq.enable"):
+        raise ConfigError(
+            "skip.rollout_tq.enable=true replays rollouts through the replay buffer's sample(), which "
+            "the pipelined mode does not call",
+            key="skip.rollout_tq.enable",
+            fix="set it to false, or use another trainer_mode",
+        )
+    if config.mini_batch and select("algorithm.rollout_correction.rollout_is_batch_normalize"):
+        raise ConfigError(
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true with "
+            f"{PIPELINED_MODE_PATH}.mini_batch=true: the importance weights would be normalised over each "
+            "chunk of groups rather than the whole batch",
+            key="algorithm.rollout_correction.rollout_is_batch_normalize",
+            fix="set it to false, or mini_batch=false",
+        )
+
+
+def _select(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=default)
+    return _select_mapping(config, key, default)
+
+
+def _select_mapping(config: Any, key: str, default: Any = None) -> Any:
+    node = config
+    for part in key.split("."):
+        if not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+        if node is None:
+            return default
+    return node

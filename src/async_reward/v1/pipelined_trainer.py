@@ -1,0 +1,426 @@
+"""``trainer.v1.trainer_mode=pipelined``: our reward schedule as a verl v1 trainer mode.
+
+A ``PPOTrainer`` subclass registered with verl's ``register_trainer`` (importing this module registers
+it; the setup hook does so inside verl's task-runner actor, see :mod:`async_reward.v1.registration`).
+It runs on v1's own machinery (agent loop, TransferQueue, reward workers running our managers,
+checkpoint manager, validation, metrics, checkpoints) and keeps what v1 does well: each session is
+scored as soon as it is generated. What it changes is the order of a step, the schedules of the
+legacy trainer with the same flags (``trainer.v1.pipelined.mini_batch`` / ``one_step_off_policy``,
+:mod:`async_reward.v1.pipelined_config`):
+
+1. wait until batch k is *generated* (not scored: :mod:`async_reward.v1.pipelined_agent_loop` writes
+   each trajectory before its score);
+2. one-step off-policy: submit batch k+1 at once and let it generate with the pre-update policy while
+   batch k's rewards are in flight (never gated on the replay buffer's state);
+3. sleep the replicas, then old and reference log-probs (and values) on all of batch k, with the
+   pre-update policy, while its rewards are still arriving;
+4. mini-batch: ``train_batch_size // ppo_mini_batch_size`` times, the next chunk of complete scored
+   groups in the order they finished, its advantages (group-local estimators only) and one update;
+   baseline: all groups scored, then verl's advantage and update on the batch.
+
+A group whose session raised (``on_failure: raise``, or a generation error) is dropped from its
+batch (``pipeline/failed_groups``); one left with nothing to train (``on_failure: exclude``) is never
+sent to the actor: a chunk or mini-batch without a loss token is skipped (``reward/skipped_batches``).
+Every step logs ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+import transfer_queue as tq
+from omegaconf import DictConfig, open_dict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils.debug import marked_timer
+
+from async_reward.config import ConfigError
+from async_reward.integration import check_reward_config
+from async_reward.reward_metrics import extras_metrics
+from async_reward.v1.pipelined_agent_loop import PIPELINED_AGENT_LOOP_MANAGER
+from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, read_groups
+from async_reward.v1.pipelined_config import (
+    PIPELINED_MODE,
+    PIPELINED_MODE_PATH,
+    load_pipelined_mode_config,
+)
+from async_reward.v1.replay_buffer import session_reward_extras
+from async_reward.v1.settings import AGENT_LOOP_MANAGER
+
+__all__ = ["DRY_RUN_AGENT_LOOP_MANAGER", "DryRunAgentLoopManager", "PPOTrainerPipelined"]
+
+logger = logging.getLogger(__name__)
+
+PARTITION = "train"
+#: The agent-loop manager a dry run hands verl's task runner: it starts nothing.
+DRY_RUN_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined_trainer.DryRunAgentLoopManager"
+
+
+class RewardWaitTimeout(TimeoutError):
+    """``chunk_timeout_s`` passed with the groups a step needs still unscored (or ungenerated)."""
+
+
+@register_trainer(PIPELINED_MODE)
+class PPOTrainerPipelined(PPOTrainer):
+    """verl v1 trainer mode ``pipelined`` (module docstring). Built by verl's ``TaskRunnerV1``."""
+
+    #: TransferQueue's module (the benchmark hands the trainer its in-memory tag store instead).
+    _tq: Any = tq
+
+    def __init__(self, config: DictConfig) -> None:
+        self.pipeline_config = load_pipelined_mode_config(config)
+        _use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
+        check_reward_config(config)  # every reward setting, on_failure among them, before any worker
+        super().__init__(config)
+        self._ahead: InFlightBatch | None = None
+        self._submitted: dict[int, dict[str, int]] = {}
+        # The one line that says which trainer trains, with which schedule.
+        print(f"async_reward: {self.start_line()}", flush=True)
+
+    def start_line(self) -> str:
+        """``trainer <module.Class> (verl v1 trainer_mode=pipelined), schedule <mode> (...)``."""
+        cls, flags = type(self), self.pipeline_config
+        return (
+            f"trainer {cls.__module__}.{cls.__qualname__} (verl v1 trainer_mode={PIPELINED_MODE}), "
+            f"schedule {flags.mode} (mini_batch={flags.mini_batch}, "
+            f"one_step_off_policy={flags.one_step_off_policy})"
+        )
+
+    # -- dry run: everything up to the workers, then stop ------------------------------------------
+
+    def init(self) -> None:
+        if not self.pipeline_config.dry_run:
+            super().init()
+            return
+        self._init_tokenizer()
+        self._init_dataloader()
+
+    def get_llm_client(self) -> Any:
+        return None if self.pipeline_config.dry_run else super().get_llm_client()
+
+    def get_teacher_client(self) -> Any:
+        return None if self.pipeline_config.dry_run else super().get_teacher_client()
+
+    def get_reward_handles(self) -> Any:
+        return None if self.pipeline_config.dry_run else super().get_reward_handles()
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        if self.pipeline_config.dry_run:
+            cls = type(self)
+            print(
+                f"async_reward: dry run: built {cls.__module__}.{cls.__qualname__}, schedule "
+                f"{self.pipeline_config.mode}, in pid {os.getpid()}; no worker started",
+                flush=True,
+            )
+            return
+        super().fit(agent_loop_manager)
+
+    # -- verl's hooks: colocated rollout and training, as verl's sync mode ---------------------------
+
+    def on_init_end(self) -> None:
+        self.checkpoint_manager.update_weights(self.global_steps)
+
+    def on_step_end(self) -> None:
+        with marked_timer("update_weights", self.timing_raw, color="red"):
+            self.checkpoint_manager.update_weights(self.global_steps)
+
+    def on_sample_end(self) -> None:
+        self.checkpoint_manager.sleep_replicas()
+
+    def on_train_begin(self) -> None:
+        """A resumed run: the batch that was generating when the checkpoint was saved (restored from
+        TransferQueue, its unfinished prompts re-issued by verl's ``fit``) is trained first, so no
+        batch is skipped or repeated."""
+        listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+        prompts = {key: tag for key, tag in listing.items() if tag.get("is_prompt", False)}
+        if not prompts:
+            return
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        first = min(int(tag.get("global_steps", self.global_steps)) for tag in prompts.values())
+        self._ahead = InFlightBatch(
+            step=self.global_steps, version=first - 1, sizes=dict.fromkeys(prompts, n)
+        )
+        logger.info("resumed with %d prompt group(s) of a batch in flight: trained first", len(prompts))
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def _submit_batch_to_rollout(self, batch: Any) -> int:
+        """verl's dispatch, remembering which groups (and how many sessions each) the batch has."""
+        default_n = int(self.config.actor_rollout_ref.rollout.n)
+        uids = [str(uid) for uid in batch["uid"]]
+        given = list(batch["__rollout_n__"]) if "__rollout_n__" in batch.keys() else None  # noqa: SIM118
+        self._note_submitted(uids, given if given is not None else [default_n] * len(uids))
+        return super()._submit_batch_to_rollout(batch)
+
+    def _note_submitted(self, uids: list[str], sizes: list[int]) -> None:
+        """Groups dispatched for this step's batch, with the sessions each will run."""
+        self._submitted.setdefault(self.global_steps, {}).update(
+            {uid: int(size) for uid, size in zip(uids, sizes, strict=True)}
+        )
+
+    def _submit_step_batch(self) -> InFlightBatch:
+        self._submitted.pop(self.global_steps, None)
+        self._add_batch_to_generate()
+        return InFlightBatch(
+            step=self.global_steps,
+            version=self.global_steps - 1,
+            sizes=self._submitted.pop(self.global_steps),
+        )
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        flags = self.pipeline_config
+        is_last = self.global_steps >= self.total_training_steps
+        self.on_sample_begin()
+        current = self._ahead if self._ahead is not None else self._submit_step_batch()
+        self._ahead = None
+        with marked_timer("gen", timing_raw, color="red"):
+            groups = self._wait(current, lambda groups: current.generated(groups), "generated")
+        if flags.one_step_off_policy and not is_last:
+            # Generated by the pre-update policy while batch k's rewards are in flight.
+            self._ahead = self._submit_step_batch()
+            with marked_timer("gen_next", timing_raw, color="red"):
+                self._wait(self._ahead, lambda groups: self._ahead.generated(groups), "generated")
+        self.on_sample_end()
+        with marked_timer("prepare", timing_raw, color="blue"):
+            prepared = self._prepare(_meta(groups, current.uids), metrics, timing_raw)
+        trained, counts = self._train(current, prepared, metrics, timing_raw)
+        staleness = (self.global_steps - 1) - current.version
+        metrics.update(
+            {
+                "off_policy/staleness": float(staleness),
+                "off_policy/policy_version": float(current.version),
+                "pipeline/num_updates": float(counts["updates"]),
+                "pipeline/failed_groups": float(len(current.failed)),
+                "reward/untrained": float(counts["untrained"]),
+                "reward/skipped_batches": float(counts["skipped"]),
+                **extras_metrics(counts["extras"]),
+            }
+        )
+        return trained
+
+    def _prepare(self, meta: KVBatchMeta, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        """Old and reference log-probs (and values) on the whole generated batch, pre-update policy."""
+        meta = self._balance_batch(meta, metrics=metrics)
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            meta = self._compute_old_log_prob(meta, metrics=metrics)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing_raw, color="olive"):
+                meta = self._compute_ref_log_prob(meta, metrics=metrics)
+        if self.use_critic:
+            with marked_timer("values", timing_raw, color="cyan"):
+                meta = self._compute_values(meta, metrics=metrics)
+        return meta
+
+    def _train(
+        self, current: InFlightBatch, prepared: KVBatchMeta, metrics: dict, timing_raw: dict
+    ) -> tuple[KVBatchMeta, dict[str, Any]]:
+        """Advantages and updates of one batch, chunk by chunk as its groups are scored."""
+        flags = self.pipeline_config
+        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        updates_wanted = int(self.config.data.train_batch_size) // mini if flags.mini_batch else 1
+        per_chunk = len(current.sizes) if not flags.mini_batch else mini
+        counts: dict[str, Any] = {"updates": 0, "untrained": 0, "skipped": 0, "extras": []}
+        trained_parts: list[KVBatchMeta] = []
+        pending: list[str] = []
+        prepared_keys = set(prepared.keys)
+        for chunk_index in range(updates_wanted):
+            last_chunk = chunk_index == updates_wanted - 1
+
+            def ready(groups: dict[str, GroupState], last: bool = last_chunk) -> bool:
+                finished, failed = current.take_scored(groups)
+                pending.extend(finished)
+                self._drop_failed(failed, groups)
+                return current.settled or (not last and len(pending) >= per_chunk)
+
+            start = time.perf_counter()
+            groups = self._wait(current, ready, "scored")
+            self._reward_blocked(start, time.perf_counter(), chunk_index)
+            timing_raw["reward_blocked"] = timing_raw.get("reward_blocked", 0.0) + time.perf_counter() - start
+            take = list(pending) if last_chunk else pending[:per_chunk]
+            del pending[: len(take)]
+            if not take:
+                continue
+            chunk = _meta(groups, set(take))
+            counts["extras"].extend(self._session_extras(chunk))
+            trained_parts.append(self._update_on(chunk, counts, metrics, timing_raw))
+        trained_keys = {key for part in trained_parts for key in part.keys}
+        # Padding rows of the whole-batch balance and the consumed groups' prompt tags (terminal, so
+        # nothing writes them again); fit() clears the trained rows after its metrics.
+        unused = [key for key in prepared_keys if key not in trained_keys] + list(current.handed_out)
+        if unused:
+            self._tq.kv_clear(keys=unused, partition_id=PARTITION)
+        keys = [key for part in trained_parts for key in part.keys]
+        tags = [tag for part in trained_parts for tag in part.tags]
+        return KVBatchMeta(partition_id=PARTITION, keys=keys, tags=tags), counts
+
+    def _update_on(
+        self, chunk: KVBatchMeta, counts: dict[str, Any], metrics: dict, timing_raw: dict
+    ) -> KVBatchMeta:
+        """Advantages of one chunk of scored groups and its update(s); a chunk with no loss token is
+        never sent to verl (its advantage and update would divide by zero tokens)."""
+        tokens = self._loss_tokens(chunk)
+        counts["untrained"] += _untrained_sessions(chunk.keys, tokens)
+        if sum(tokens) == 0:
+            counts["skipped"] += 1
+            logger.warning(
+                "a chunk of %d rows has no loss token (on_failure: exclude): not trained", len(chunk)
+            )
+            self._tq.kv_clear(keys=list(chunk.keys), partition_id=PARTITION)
+            return KVBatchMeta(partition_id=PARTITION, keys=[], tags=[])
+        chunk = self._balance_batch(chunk, metrics=metrics)
+        with marked_timer("adv", timing_raw, color="brown"):
+            chunk = self._compute_advantage(chunk, metrics=metrics)
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw, color="pink"):
+                chunk = self._update_critic(chunk, metrics=metrics)
+        if self.config.trainer.critic_warmup > self.global_steps:
+            return chunk
+        mini_rows = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(
+            self.config.actor_rollout_ref.rollout.n
+        )
+        if self.pipeline_config.mini_batch or _min_per_slice(self._loss_tokens(chunk), mini_rows) > 0:
+            with marked_timer("update_actor", timing_raw, color="red"):
+                chunk = self._update_actor(chunk, metrics=metrics)
+            counts["updates"] += max(1, len(chunk) // mini_rows)
+            return chunk
+        # Baseline with an update that would have no loss token: update slice by slice, skip it.
+        for start in range(0, len(chunk), mini_rows):
+            part = KVBatchMeta(
+                partition_id=PARTITION,
+                keys=chunk.keys[start : start + mini_rows],
+                tags=chunk.tags[start : start + mini_rows],
+                extra_info=dict(chunk.extra_info or {}),
+            )
+            if sum(self._loss_tokens(part)) == 0:
+                counts["skipped"] += 1
+                continue
+            with marked_timer("update_actor", timing_raw, color="red"):
+                self._update_actor(part, metrics=metrics)
+            counts["updates"] += 1
+        return chunk
+
+    def _loss_tokens(self, meta: KVBatchMeta) -> list[int]:
+        """Loss tokens of each row (``loss_mask``, which verl's engines count), padding rows as 0."""
+        if not meta.keys:
+            return []
+        data = self._tq.kv_batch_get(
+            keys=list(meta.keys), partition_id=PARTITION, select_fields=["loss_mask"]
+        )
+        counts = torch.as_tensor(data["loss_mask"].to_padded_tensor(0).sum(dim=1)).tolist()
+        return [
+            0 if tag.get("is_padding", False) else int(n) for tag, n in zip(meta.tags, counts, strict=True)
+        ]
+
+    def _session_extras(self, meta: KVBatchMeta) -> list[dict[str, Any]]:
+        """Each session's ``reward_extra_info`` (for the ``reward/*`` metrics)."""
+        return session_reward_extras(meta)
+
+    def _reward_blocked(self, start: float, end: float, chunk: int) -> None:
+        """Called after each wait for scored groups (the benchmark draws its timeline from it)."""
+
+    def _drop_failed(self, failed: list[str], groups: dict[str, GroupState]) -> None:
+        """Clear groups whose session raised (verl tagged them ``failure``, so none writes again)."""
+        if not failed:
+            return
+        logger.warning("%d group(s) ended in failure (a session raised): dropped from the batch", len(failed))
+        keys = [*failed, *(key for uid in failed for key in groups[uid].keys)]
+        self._tq.kv_clear(keys=keys, partition_id=PARTITION)
+
+    def _wait(self, batch: InFlightBatch, done: Any, what: str) -> dict[str, GroupState]:
+        """Poll TransferQueue's tags until ``done(groups)``; bounded by ``chunk_timeout_s``."""
+        limit = self.pipeline_config.chunk_timeout_s
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+            groups = read_groups(listing, batch.uids)
+            if done(groups):
+                return groups
+            if deadline is not None and time.monotonic() > deadline:
+                missing = sum(not state.scored for state in groups.values())
+                raise RewardWaitTimeout(
+                    f"step {batch.step}: {missing} group(s) of the batch not {what} after "
+                    f"{PIPELINED_MODE_PATH}.chunk_timeout_s={limit}"
+                )
+            time.sleep(self.pipeline_config.poll_interval_s)
+
+
+class DryRunAgentLoopManager:
+    """What a dry run hands verl's task runner instead of an agent-loop manager: nothing starts."""
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> DryRunAgentLoopManager:
+        return cls()
+
+
+def _use_pipelined_agent_loop(config: DictConfig, dry_run: bool) -> None:
+    """Name the mode's agent-loop manager (verl's task runner reads it after building the trainer).
+
+    Ours from the README's v1 lines (``RewardAgentLoopManager``) is replaced by its pipelined
+    subclass, logged; any other manager is refused: it would score before writing, and the step
+    would wait for rewards before its log-probs."""
+    agent = config.actor_rollout_ref.rollout.agent
+    current = agent.get("agent_loop_manager_class")
+    if dry_run:
+        wanted = DRY_RUN_AGENT_LOOP_MANAGER
+    else:
+        wanted = PIPELINED_AGENT_LOOP_MANAGER
+        if current not in (
+            None,
+            "",
+            AGENT_LOOP_MANAGER,
+            PIPELINED_AGENT_LOOP_MANAGER,
+        ) and not _is_pipelined_manager(str(current)):
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={current} cannot run "
+                f"trainer.v1.trainer_mode={PIPELINED_MODE}: the mode needs each session written to "
+                f"TransferQueue before it is scored ({PIPELINED_AGENT_LOOP_MANAGER}, or a subclass)",
+                key="actor_rollout_ref.rollout.agent.agent_loop_manager_class",
+                fix=f"unset it, or subclass {PIPELINED_AGENT_LOOP_MANAGER}",
+            )
+        if current not in (None, "") and _is_pipelined_manager(str(current)):
+            wanted = str(current)
+        elif current == AGENT_LOOP_MANAGER:
+            logger.info("trainer_mode=pipelined: %s replaced by its subclass %s", current, wanted)
+    with open_dict(config):
+        agent.agent_loop_manager_class = wanted
+
+
+def _is_pipelined_manager(fqn: str) -> bool:
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from async_reward.v1.pipelined_agent_loop import PipelinedAgentLoopManager
+
+    try:
+        cls = load_class_from_fqn(fqn, "AgentLoopManager")
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, PipelinedAgentLoopManager)
+
+
+def _meta(groups: dict[str, GroupState], uids: set[str]) -> KVBatchMeta:
+    """The trajectories of ``uids``, in finishing-order-independent key order."""
+    keys, tags = [], []
+    for uid in sorted(uids):
+        state = groups[uid]
+        for key, tag in sorted(zip(state.keys, state.tags, strict=True), key=lambda item: item[0]):
+            keys.append(key)
+            tags.append(tag)
+    return KVBatchMeta(partition_id=PARTITION, keys=keys, tags=tags)
+
+
+def _min_per_slice(tokens: list[int], rows: int) -> int:
+    """The fewest loss tokens in any slice of ``rows`` rows (verl's mini-batches, in order)."""
+    return min(sum(tokens[start : start + rows]) for start in range(0, len(tokens), rows)) if tokens else 0
+
+
+def _untrained_sessions(keys: list[str], tokens: list[int]) -> int:
+    """Sessions (``{uid}_{session}``) none of whose rows has a loss token."""
+    trained: dict[str, bool] = {}
+    for key, count in zip(keys, tokens, strict=True):
+        session = key.rpartition("_")[0]
+        trained[session] = trained.get(session, False) or count > 0
+    return sum(not value for value in trained.values())

@@ -1,0 +1,542 @@
+"""verl v1 trainer mode ``pipelined`` (``async_reward.v1.pipelined_trainer``), on CPU, through verl's code.
+
+Training runs use verl's real ``PPOTrainer.fit`` (our subclass), agent loop (our pipelined worker:
+each session written before it is scored), verl's ``RewardLoopManager`` with our managers in its Ray
+workers, TransferQueue, and verl's advantage code; stand-ins only for the token server, the actor's
+model and the weight sync (tests/v1_standins.py). The entry-point test starts verl's own
+``python -m verl.trainer.main_ppo`` in a subprocess, as a user does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_reward import ConfigError
+from async_reward.integration import SETUP_HOOK
+from async_reward.v1.pipelined_batches import InFlightBatch, read_groups, session_of
+from tests.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
+from tests.v1_standins import (
+    ScriptedRollout,
+    StandInActor,
+    TrainingRun,
+    base_overrides,
+    build_tiny_model_dir,
+    compose_v1_config,
+    run_v1_training,
+    sessions,
+    write_dataset,
+)
+
+SCHEDULES = {
+    "baseline": (False, False),
+    "mini_batch": (True, False),
+    "one_step_off": (False, True),
+    "both": (True, True),
+}
+
+
+def schedule_flags(schedule: str) -> list[str]:
+    mini_batch, one_step_off = SCHEDULES[schedule]
+    return [
+        f"+trainer.v1.pipelined.mini_batch={str(mini_batch).lower()}",
+        f"+trainer.v1.pipelined.one_step_off_policy={str(one_step_off).lower()}",
+    ]
+
+
+# ----------------------------------------------------------------------------- bookkeeping (no Ray)
+
+
+def test_group_states_and_finishing_order_from_tags() -> None:
+    listing = {
+        "a": {"is_prompt": True, "status": "running"},
+        "a_0_0": {"status": "success", "seq_len": 9},
+        "a_1_0": {"status": "success", "seq_len": 9},
+        "b": {"is_prompt": True, "status": "finished"},
+        "b_0_0": {"seq_len": 9},
+        "b_1_0": {"seq_len": 9},
+        "c": {"is_prompt": True, "status": "running"},
+        "c_0_0": {"seq_len": 9},
+        "c_1_0": {},  # listed before its write's tags: not written yet
+        "other_0_0": {"seq_len": 9},
+    }
+    batch = InFlightBatch(step=1, version=0, sizes={"a": 2, "b": 2, "c": 2})
+    groups = read_groups(listing, batch.uids)
+    assert sorted(groups["a"].sessions) == ["0", "1"] and groups["c"].keys == ["c_0_0"]
+    assert not batch.generated(groups)  # c has one of its two sessions
+    assert batch.take_scored(groups) == (["b"], [])
+    assert batch.take_scored(groups) == ([], [])  # handed out once
+    listing.update({"c_1_0": {"seq_len": 9}, "a": {"is_prompt": True, "status": "failure"}})
+    groups = read_groups(listing, batch.uids)
+    assert batch.generated(groups)
+    assert batch.take_scored(groups) == ([], ["a"]) and not batch.settled
+    listing["c"] = {"is_prompt": True, "status": "finished"}
+    assert batch.take_scored(read_groups(listing, batch.uids)) == (["c"], [])
+    assert batch.settled and batch.handed_out == ["b", "c"] and batch.failed == ["a"]
+    assert session_of("3f2a-9_12_0") == ("3f2a-9", "12") and session_of("3f2a") is None
+
+
+def test_the_setup_hook_registers_the_mode_when_verl_v1_loads() -> None:
+    """In a fresh process (as a Ray worker's): the hook does not import verl's v1 trainer itself, and
+    once something imports it the mode resolves to our trainer."""
+    code = (
+        "import sys\n"
+        "from async_reward.integration import setup_worker\n"
+        "setup_worker()\n"
+        "assert 'verl.trainer.ppo.v1' not in sys.modules\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "cls = get_trainer_cls('pipelined')\n"
+        "print('RESOLVED', cls.__module__ + '.' + cls.__qualname__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RESOLVED async_reward.v1.pipelined_trainer.PPOTrainerPipelined" in result.stdout
+
+
+# ----------------------------------------------------------------------------- start-up refusals
+
+
+def _config(extra: list[str], tmp_path: Path) -> Any:
+    model = build_tiny_model_dir(tmp_path / "model")
+    data = write_dataset(tmp_path / "d.parquet", [("q", "1")])
+    return compose_v1_config(
+        [
+            *base_overrides(model, data, steps=1, prompts=4, n=2),
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "trainer.v1.trainer_mode=pipelined",
+            "reward.reward_manager.name=async_naive",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["+trainer.v1.pipelined.mini_batch=true", "algorithm.adv_estimator=gae"], "'gae'"),
+        (["+trainer.v1.pipelined.mini_batch=true", "data.train_batch_size=3"], "ppo_mini_batch_size"),
+        (["+trainer.v1.pipelined.typo=true"], "['typo'] in trainer.v1.pipelined"),
+        (["+trainer.v1.pipelined.poll_interval_s=0"], "poll_interval_s"),
+        (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], "filter_groups"),
+        (["trainer.v1.sampler.sync_refill_failed_groups=true"], "sync_refill_failed_groups"),
+        (
+            [
+                "+trainer.v1.pipelined.one_step_off_policy=true",
+                "trainer.v1.sampler.max_off_policy_threshold=1",
+            ],
+            "max_off_policy_threshold",
+        ),
+        (["+async_reward.pipeline.mini_batch=true"], "trainer.v1.pipelined"),
+    ],
+)
+def test_settings_the_mode_cannot_honour_are_refused_by_name(extra, key, tmp_path) -> None:
+    from async_reward.v1.pipelined_config import load_pipelined_mode_config
+    from async_reward.v1.settings import check_v1_start_up
+
+    config = _config(extra, tmp_path)
+    with pytest.raises(ConfigError) as error:
+        check_v1_start_up(config)
+        load_pipelined_mode_config(config)
+    assert key in str(error.value)
+
+
+def test_a_foreign_agent_loop_manager_is_refused(tmp_path) -> None:
+    from omegaconf import open_dict
+
+    from async_reward.v1.pipelined_trainer import _use_pipelined_agent_loop
+
+    config = _config([], tmp_path)
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = (
+            "verl.trainer.ppo.v1.agent_loop_tq.AgentLoopManagerTQ"
+        )
+    with pytest.raises(ConfigError, match="written to TransferQueue before it is scored"):
+        _use_pipelined_agent_loop(config, dry_run=False)
+
+
+# ----------------------------------------------------------------------------- training on CPU
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("pipelined_model"))
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir: Path, ray_cluster: None) -> Iterator[ScriptedRollout]:
+    scripted = ScriptedRollout(model_dir)
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_cluster: None) -> Iterator[None]:
+    import transfer_queue as tq
+
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    yield
+    tq.close()
+
+
+QUESTIONS = [f"What is {i}+1?" for i in range(8)]
+ROWS = [(question, str(i + 1)) for i, question in enumerate(QUESTIONS)]
+SCRIPT = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS)}
+
+
+def train_pipelined(
+    tmp_path: Path,
+    model_dir: Path,
+    rollout: ScriptedRollout,
+    server: Any,
+    schedule: str,
+    extra: list[str] | None = None,
+    steps: int = 2,
+) -> TrainingRun:
+    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    config = compose_v1_config(
+        [
+            *base_overrides(model_dir, dataset, steps=steps, prompts=4, n=2),
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "trainer.v1.trainer_mode=pipelined",
+            *schedule_flags(schedule),
+            "+trainer.v1.pipelined.poll_interval_s=0.02",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            "reward.reward_manager.name=async_remote",
+            f"+reward.async_reward.remote.url={server.url}/score",
+            "+reward.async_reward.retry.initial_backoff_s=0.01",
+            "trainer.val_before_train=false",
+            *(extra or []),
+        ]
+    )
+    import async_reward.v1.pipelined_trainer  # noqa: F401  (registers the mode in this process)
+
+    return run_v1_training(config, rollout, SCRIPT, tmp_path / "metrics.jsonl")
+
+
+def step_logs(run: TrainingRun) -> list[dict[str, Any]]:
+    return [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_every_sample_trains_once_in_complete_groups(
+    schedule, tmp_path, model_dir, rollout, transfer_queue, ray_cluster, server
+) -> None:
+    """Two steps of 4 prompts x 2 sessions: each dataset row's two sessions are trained exactly once,
+    together in one update; mini-batch schedules make 2 updates per step (ppo_mini_batch_size=2), the
+    others one call for the batch; one-step-off batches are one policy version stale."""
+    run = train_pipelined(tmp_path, model_dir, rollout, server, schedule)
+    mini_batch, one_step_off = SCHEDULES[schedule]
+    rows = [row for update in run.updates for row in sessions(update)]
+    assert Counter(row.index for row in rows) == dict.fromkeys(range(8), 2)
+    assert len({row.key for row in rows}) == 16  # no session trained twice
+    for update in run.updates:  # complete groups only
+        per_index = Counter(row.index for row in sessions(update))
+        assert set(per_index.values()) == {2}
+    for row in rows:  # the scores the service gave: right answer 1.0, wrong 0.0
+        assert row.score == (1.0 if row.reward_extra_info.get("pred") == str(row.index + 1) else 0.0)
+        assert row.reward_extra_info["status"] == "ok" and row.mask_tokens > 0
+    assert len(run.updates) == (4 if mini_batch else 2)
+    logs = step_logs(run)
+    assert len(logs) == 2
+    assert [m["pipeline/num_updates"] for m in logs] == [2.0, 2.0]
+    assert [m["off_policy/staleness"] for m in logs] == ([0.0, 1.0] if one_step_off else [0.0, 0.0])
+    for metrics in logs:
+        assert metrics["reward/status_ok"] == 8.0 and metrics["reward/untrained"] == 0.0
+        assert "timing_s/reward_blocked" in metrics and metrics["pipeline/failed_groups"] == 0.0
+
+
+# ----------------------------------------------------------------------------- verl's own entry point
+
+START_LINE = re.compile(
+    r"async_reward: trainer (?P<cls>\S+) \(verl v1 trainer_mode=pipelined\), schedule (?P<schedule>\w+)"
+)
+DRY_RUN_LINE = re.compile(
+    r"async_reward: dry run: built (?P<cls>\S+), schedule (?P<schedule>\w+), in pid (?P<pid>\d+)"
+)
+OURS = "async_reward.v1.pipelined_trainer.PPOTrainerPipelined"
+
+
+def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
+    """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
+    tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *overrides(root), tq_units]
+    process = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    return process.returncode, output, process.pid
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(900)
+def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
+    """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
+    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with each schedule."""
+    code, output, driver_pid = verl_main_ppo(
+        assets,
+        tmp_path,
+        [
+            "--multirun",
+            "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=pipelined",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            "+trainer.v1.pipelined.mini_batch=false,true",
+            "+trainer.v1.pipelined.one_step_off_policy=false,true",
+            "+trainer.v1.pipelined.dry_run=true",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+    )
+    assert code == 0, output[-6000:]
+    started = [m.groupdict() for m in START_LINE.finditer(output)]
+    built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
+    assert sorted(s["schedule"] for s in started) == sorted(SCHEDULES), output[-6000:]
+    assert sorted(b["schedule"] for b in built) == sorted(SCHEDULES), output[-6000:]
+    assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
+    assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
+    assert "TaskRunnerV1 pid=" in output  # verl's own runner printed it
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(600)
+def test_without_the_setup_hook_verl_refuses_the_mode_and_trains_nothing(assets, tmp_path):  # noqa: F811
+    code, output, _ = verl_main_ppo(
+        assets,
+        tmp_path,
+        ["trainer.use_v1=true", "trainer.v1.trainer_mode=pipelined", "+trainer.v1.pipelined.dry_run=true"],
+    )
+    assert code != 0
+    assert "Unknown trainer 'pipelined'" in output
+    assert "async_reward: trainer" not in output and "dry run" not in output
+
+
+# ----------------------------------------------------------------------------- failure policies
+
+FAILING_FUNCTION = """
+def score_or_fail(data_source, solution_str, ground_truth, extra_info=None):
+    if "fail" in solution_str or "boom" in solution_str:
+        raise ConnectionError("judge unavailable")
+    return float(str(ground_truth) in solution_str)
+"""
+
+
+def failing_reward(tmp_path: Path, policy: str) -> list[str]:
+    from tests.test_managers import write_module
+
+    return [
+        "reward.reward_manager.name=async_naive",
+        f"reward.custom_reward_function.path={write_module(tmp_path, FAILING_FUNCTION, 'failing.py')}",
+        "reward.custom_reward_function.name=score_or_fail",
+        f"+reward.async_reward.on_failure={policy}",
+        "+reward.async_reward.retry.max_attempts=1",
+    ]
+
+
+def run_with_failures(
+    tmp_path: Path, model_dir: Path, rollout: ScriptedRollout, script: dict[str, list[str]], policy: str
+) -> TrainingRun:
+    """One step of 4 prompts x 2 sessions in schedule ``both`` (4 chunks of one group each)."""
+    rows = [(q, str(i + 1)) for i, q in enumerate(QUESTIONS[:4])]
+    dataset = write_dataset(tmp_path / "train.parquet", rows)
+    config = compose_v1_config(
+        [
+            *base_overrides(model_dir, dataset, steps=1, prompts=4, n=2),
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "trainer.v1.trainer_mode=pipelined",
+            *schedule_flags("both"),
+            "+trainer.v1.pipelined.poll_interval_s=0.02",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            "trainer.val_before_train=false",
+            *failing_reward(tmp_path, policy),
+        ]
+    )
+    import async_reward.v1.pipelined_trainer  # noqa: F401
+
+    return run_v1_training(config, rollout, script, tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.timeout(600)
+def test_exclude_moves_no_weight_and_a_chunk_with_nothing_to_train_never_reaches_the_actor(
+    tmp_path, model_dir, rollout, transfer_queue
+) -> None:
+    script = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS[:4])}
+    script[QUESTIONS[0]] = ["fail", "fail"]  # a whole chunk (one group) with nothing to train
+    script[QUESTIONS[1]] = ["The answer is 2", "fail"]  # one scored member left: starved
+    run = run_with_failures(tmp_path, model_dir, rollout, script, "exclude")
+    trained = [row for update in run.updates for row in sessions(update)]
+    # Group 0 (both excluded) and group 1 (starved: its scored member masked too, since one member
+    # cannot make a group-relative advantage) are chunks with no loss token: never sent to the actor.
+    assert len(run.updates) == 2
+    assert Counter(row.index for row in trained) == {2: 2, 3: 2}
+    for row in trained:
+        assert row.mask_tokens > 0 and row.reward_extra_info["status"] == "ok"
+    (metrics,) = step_logs(run)
+    assert metrics["reward/skipped_batches"] == 2.0 and metrics["pipeline/num_updates"] == 2.0
+    assert metrics["reward/excluded"] == 3.0 and metrics["reward/status_error"] == 3.0
+    assert metrics["reward/untrained"] == 4.0  # three excluded and the starved group's scored one
+    assert metrics["reward/status_ok"] == 5.0  # every session counted, trained or not
+
+
+@pytest.mark.timeout(600)
+def test_raise_fails_one_group_and_the_step_trains_the_others(tmp_path, model_dir, rollout, transfer_queue):
+    script = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS[:4])}
+    script[QUESTIONS[2]] = ["The answer is 3", "boom"]
+    run = run_with_failures(tmp_path, model_dir, rollout, script, "raise")
+    trained = [row for update in run.updates for row in sessions(update)]
+    assert Counter(row.index for row in trained) == {0: 2, 1: 2, 3: 2}  # group 2 dropped whole
+    (metrics,) = step_logs(run)
+    assert metrics["pipeline/failed_groups"] == 1.0 and metrics["pipeline/num_updates"] == 3.0
+    assert metrics["reward/status_ok"] == 6.0
+
+
+# ----------------------------------------------------------------------------- the reward wait
+
+
+class SlowLogProbActor(StandInActor):
+    """The stand-in actor whose log-prob pass takes ``seconds`` (a GPU forward over the batch)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def compute_log_prob(self, batch: Any) -> Any:
+        time.sleep(self.seconds)
+        return super().compute_log_prob(batch)
+
+
+@pytest.mark.timeout(900)
+def test_log_probs_overlap_a_slow_judge_where_v1_sync_waits_for_it(
+    tmp_path, model_dir, rollout, transfer_queue, server
+) -> None:
+    """Judge 1.5 s per sample, log-prob pass 2.5 s, generation instant (the scripted server): v1 sync
+    waits for every reward before its log-probs (its sampling time is the reward wait), the pipelined
+    mode computes them while the rewards arrive and then waits for what is left."""
+    from async_reward.v1 import V1_OVERRIDES
+
+    server.update_config(latency_ms=[1500.0, 1500.0])
+    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    common = [
+        *base_overrides(model_dir, dataset, steps=2, prompts=4, n=2),
+        "reward.reward_manager.name=async_remote",
+        f"+reward.async_reward.remote.url={server.url}/score",
+        "trainer.val_before_train=false",
+    ]
+    sync = run_v1_training(
+        compose_v1_config([*common, "trainer.v1.trainer_mode=sync", *V1_OVERRIDES]),
+        rollout,
+        SCRIPT,
+        tmp_path / "sync.jsonl",
+        actor=SlowLogProbActor(2.5),
+    )
+    import async_reward.v1.pipelined_trainer  # noqa: F401
+
+    ours = run_v1_training(
+        compose_v1_config(
+            [
+                *common,
+                "trainer.v1.trainer_mode=pipelined",
+                "+trainer.v1.pipelined.poll_interval_s=0.02",
+                f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            ]
+        ),
+        rollout,
+        SCRIPT,
+        tmp_path / "ours.jsonl",
+        actor=SlowLogProbActor(2.5),
+    )
+    sync_wait = sum(m["timing_s/gen"] for m in step_logs(sync))
+    our_wait = sum(m["timing_s/reward_blocked"] for m in step_logs(ours))
+    assert sync_wait >= 2 * 1.5  # each step waited for a judge call at least
+    assert our_wait < 0.5 * sync_wait, (our_wait, sync_wait)
+
+
+# ----------------------------------------------------------------------------- checkpoint and resume
+
+
+class CheckpointingActor(StandInActor):
+    """The stand-in actor with verl's checkpoint calls (nothing to save: it has no weights) that can
+    die at its ``crash_at``-th update, as a lost node would."""
+
+    def __init__(self, crash_at: int | None = None) -> None:
+        super().__init__()
+        self.crash_at = crash_at
+        self.calls = 0
+
+    def update_actor(self, batch: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError("node lost")
+        return super().update_actor(batch)
+
+    def save_checkpoint(self, local_path: str, *args: Any, **kwargs: Any) -> None:
+        Path(local_path).mkdir(parents=True, exist_ok=True)
+
+    def load_checkpoint(self, local_path: str, *args: Any, **kwargs: Any) -> None:
+        assert Path(local_path).is_dir(), local_path
+
+
+@pytest.mark.timeout(900)
+def test_resume_trains_the_batch_in_flight_first_and_skips_or_repeats_nothing(
+    tmp_path, model_dir, rollout, transfer_queue, server
+) -> None:
+    """Schedule ``both``: step 1 is saved while batch 2 (generated during step 1) is still in
+    TransferQueue; a resumed run trains that batch first, then step 3's fresh one. Across both runs
+    every dataset row is trained exactly once (rows 0-3 in step 1, 4-7 in step 2, 0-3 again in step 3
+    from the second epoch)."""
+    import async_reward.v1.pipelined_trainer  # noqa: F401
+
+    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    checkpoints = tmp_path / "ckpt"
+
+    def config(steps: int, resume: str) -> Any:
+        return compose_v1_config(
+            [
+                *base_overrides(model_dir, dataset, steps=steps, prompts=4, n=2),
+                "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                "trainer.v1.trainer_mode=pipelined",
+                *schedule_flags("both"),
+                "+trainer.v1.pipelined.poll_interval_s=0.02",
+                f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+                "reward.reward_manager.name=async_remote",
+                f"+reward.async_reward.remote.url={server.url}/score",
+                "trainer.val_before_train=false",
+                "trainer.save_freq=1",
+                f"trainer.default_local_dir={checkpoints}",
+                f"trainer.resume_mode={resume}",
+            ]
+        )
+
+    # A run of 3 steps dies at step 2's first update: its checkpoint is global_step_1, saved with
+    # batch 2 (generated during step 1) in TransferQueue.
+    crashing = CheckpointingActor(crash_at=3)
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_v1_training(config(3, "disable"), rollout, SCRIPT, tmp_path / "first.jsonl", actor=crashing)
+    assert (checkpoints / "global_step_1" / "transfer_queue").exists()
+    second = run_v1_training(
+        config(3, "auto"), rollout, SCRIPT, tmp_path / "second.jsonl", actor=CheckpointingActor()
+    )
+    rows = [[row.index for row in sessions(update)] for update in crashing.updates + second.updates]
+    per_step = [sorted(rows[i] + rows[i + 1]) for i in range(0, len(rows), 2)]
+    assert per_step == [
+        [0, 0, 1, 1, 2, 2, 3, 3],
+        [4, 4, 5, 5, 6, 6, 7, 7],
+        [0, 0, 1, 1, 2, 2, 3, 3],
+    ]
+    assert [m["training/global_step"] for m in step_logs(second)] == [2, 3]
+    assert [m["off_policy/staleness"] for m in step_logs(second)][1] == 1.0
