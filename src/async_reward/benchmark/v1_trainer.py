@@ -216,7 +216,11 @@ class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
 
 def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = None) -> Any:
     """verl's v1 trainer of ``config.trainer.v1.trainer_mode``, wired to ``harness``."""
-    classes = {"sync": _BenchSync, "colocate_async": _BenchColocateAsync, "pipelined": _BenchPipelined}
+    classes: dict[str, type[Any]] = {
+        "sync": _BenchSync,
+        "colocate_async": _BenchColocateAsync,
+        "pipelined": _BenchPipelined,
+    }
     mode = str(config.trainer.v1.trainer_mode)
     if mode not in classes:
         raise ValueError(f"v1 trainer mode {mode!r} is not benchmarked; choose one of {sorted(classes)}")
