@@ -82,6 +82,9 @@ def test_group_states_and_finishing_order_from_tags() -> None:
     listing["c"] = {"is_prompt": True, "status": "finished"}
     assert batch.take_scored(read_groups(listing, batch.uids)) == (["c"], [])
     assert batch.settled and batch.handed_out == ["b", "c"] and batch.failed == ["a"]
+    assert batch.generated_share(read_groups(listing, batch.uids)) == 1.0
+    half = InFlightBatch(step=2, version=1, sizes={"x": 4})
+    assert half.generated_share(read_groups({"x_0_0": {"seq_len": 3}, "x_2_0": {"seq_len": 3}}, {"x"})) == 0.5
     assert session_of("3f2a-9_12_0") == ("3f2a-9", "12") and session_of("3f2a") is None
 
 
@@ -136,6 +139,22 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
             "max_off_policy_threshold",
         ),
         (["+async_reward.pipeline.mini_batch=true"], "trainer.v1.pipelined"),
+        (["+trainer.v1.pipelined.fill_rollout_tail_at=0.5"], "one_step_off_policy=true"),
+        (
+            [
+                "+trainer.v1.pipelined.one_step_off_policy=true",
+                "+trainer.v1.pipelined.fill_rollout_tail_at=0",
+            ],
+            "fill_rollout_tail_at",
+        ),
+        (
+            [
+                "+trainer.v1.pipelined.one_step_off_policy=true",
+                "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
+                "trainer.v1.sampler.max_off_policy_threshold=2",
+            ],
+            "spanning 3 model versions",
+        ),
     ],
 )
 def test_settings_the_mode_cannot_honour_are_refused_by_name(extra, key, tmp_path) -> None:
@@ -540,3 +559,29 @@ def test_resume_trains_the_batch_in_flight_first_and_skips_or_repeats_nothing(
     ]
     assert [m["training/global_step"] for m in step_logs(second)] == [2, 3]
     assert [m["off_policy/staleness"] for m in step_logs(second)][1] == 1.0
+
+
+@pytest.mark.timeout(600)
+def test_filling_the_rollout_tail_trains_every_sample_once_at_staleness_at_most_two(
+    tmp_path, model_dir, rollout, transfer_queue, server
+) -> None:
+    """``fill_rollout_tail_at=0.5``: batch 3 starts generating during step 1, once batch 2 is half
+    generated, so it is trained two versions after it was generated; nothing is lost or repeated."""
+    run = train_pipelined(
+        tmp_path,
+        model_dir,
+        rollout,
+        server,
+        "both",
+        ["+trainer.v1.pipelined.fill_rollout_tail_at=0.5"],
+        steps=3,
+    )
+    rows = [row for update in run.updates for row in sessions(update)]
+    assert Counter(row.index for row in rows) == {
+        **dict.fromkeys(range(4), 4),
+        **dict.fromkeys(range(4, 8), 2),
+    }
+    assert len({row.key for row in rows}) == 24 and len(run.updates) == 6
+    logs = step_logs(run)
+    assert [m["off_policy/staleness"] for m in logs] == [0.0, 1.0, 2.0]
+    assert all(m["reward/status_ok"] == 8.0 for m in logs)

@@ -88,13 +88,9 @@ def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, strat
     from async_reward.benchmark.scenarios import V1_PIPELINED_SCHEDULES
 
     mode = V1_STRATEGIES[strategy]
-    flags = []
-    if strategy in V1_PIPELINED_SCHEDULES:
-        mini_batch, one_step_off = V1_PIPELINED_SCHEDULES[strategy]
-        flags = [
-            f"+trainer.v1.pipelined.mini_batch={str(mini_batch).lower()}",
-            f"+trainer.v1.pipelined.one_step_off_policy={str(one_step_off).lower()}",
-        ]
+    flags: list[str] = []
+    for key, value in V1_PIPELINED_SCHEDULES.get(strategy, {}).items():
+        flags.append(f"+trainer.v1.pipelined.{key}={str(value).lower()}")
     return _verl_config(
         cfg,
         model_dir,

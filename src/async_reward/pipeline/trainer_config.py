@@ -113,7 +113,11 @@ def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> Pipelin
 
 
 def check_against_verl(
-    config: PipelineConfig, verl_config: Any, path: str = PIPELINE_CONFIG_PATH, *, whole_gen_batch: bool = True
+    config: PipelineConfig,
+    verl_config: Any,
+    path: str = PIPELINE_CONFIG_PATH,
+    *,
+    whole_gen_batch: bool = True,
 ) -> None:
     """Refuse the verl settings the pipelined trainer cannot honour in ``config.mode``.
 

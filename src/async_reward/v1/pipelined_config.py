@@ -45,8 +45,31 @@ class PipelinedModeConfig(PipelineConfig):
     for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
     seconds per step is a visible share of it; a tag listing costs about a millisecond."""
 
+    fill_rollout_tail_at: float | None = None
+    """With ``one_step_off_policy``: once the batch generating for the next step is this share
+    generated (0 < x <= 1), the batch after it starts generating too, filling the engine while the
+    long responses of a long-tailed rollout finish (verl's partial rollout: its sequences are aborted
+    for training and resumed with the new weights). Batches then span up to 2 policy versions
+    (``off_policy/staleness`` <= 2). None (default): staleness 1, the next batch starts once the
+    previous one is generated."""
+
     def validate(self) -> None:
         super().validate()
+        fill = self.fill_rollout_tail_at
+        if fill is not None and not 0 < fill <= 1:
+            raise bad_value(
+                f"{PIPELINED_MODE_PATH}.fill_rollout_tail_at",
+                fill,
+                "must be a share in (0, 1], or null",
+                "write e.g. 0.5, or null to keep staleness 1",
+            )
+        if fill is not None and not self.one_step_off_policy:
+            raise bad_value(
+                f"{PIPELINED_MODE_PATH}.fill_rollout_tail_at",
+                fill,
+                "starts the batch after next early, which only the one-step off-policy schedule has",
+                f"set {PIPELINED_MODE_PATH}.one_step_off_policy=true too, or leave it null",
+            )
         if not 0 < self.poll_interval_s <= 10:
             raise bad_value(
                 f"{PIPELINED_MODE_PATH}.poll_interval_s",
@@ -122,13 +145,13 @@ def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: 
             fix="unset it, or use another trainer_mode",
         )
     threshold = select("trainer.v1.sampler.max_off_policy_threshold")
-    if config.one_step_off_policy and threshold is not None and int(threshold) < 2:
+    span = 1 + int(config.one_step_off_policy) + int(config.fill_rollout_tail_at is not None)
+    if threshold is not None and int(threshold) < span:
         raise ConfigError(
-            f"trainer.v1.sampler.max_off_policy_threshold={threshold} allows batches spanning one model "
-            "version, but one_step_off_policy trains each batch one version after it was generated "
-            "(a span of 2)",
+            f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but the schedule trains batches "
+            f"spanning {span} model versions (one_step_off_policy: 2, with fill_rollout_tail_at: 3)",
             key="trainer.v1.sampler.max_off_policy_threshold",
-            fix="set it to 2 or more (verl's default is 8), or one_step_off_policy=false",
+            fix=f"set it to {span} or more (verl's default is 8), or change the schedule",
         )
     if select("skip.rollout_tq.enable"):
         raise ConfigError(

@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,7 +78,8 @@ class PPOTrainerPipelined(PPOTrainer):
         _use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
         check_reward_config(config)  # every reward setting, on_failure among them, before any worker
         super().__init__(config)
-        self._ahead: InFlightBatch | None = None
+        self._in_flight: deque[InFlightBatch] = deque()
+        """Batches submitted and not yet trained on, oldest first."""
         self._submitted: dict[int, dict[str, int]] = {}
         # The one line that says which trainer trains, with which schedule.
         print(f"async_reward: {self.start_line()}", flush=True)
@@ -100,7 +103,15 @@ class PPOTrainerPipelined(PPOTrainer):
         self._init_dataloader()
 
     def get_llm_client(self) -> Any:
-        return None if self.pipeline_config.dry_run else super().get_llm_client()
+        if self.pipeline_config.dry_run:
+            return None
+        if self.pipeline_config.fill_rollout_tail_at is not None:
+            # sequences of the batch after next are aborted for training and resumed after it
+            # (partial rollout), as verl's colocate_async does
+            from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+            return self.llm_server_manager.get_client(client_cls=FullyAsyncLLMServerClient)
+        return super().get_llm_client()
 
     def get_teacher_client(self) -> Any:
         return None if self.pipeline_config.dry_run else super().get_teacher_client()
@@ -127,24 +138,37 @@ class PPOTrainerPipelined(PPOTrainer):
     def on_step_end(self) -> None:
         with marked_timer("update_weights", self.timing_raw, color="red"):
             self.checkpoint_manager.update_weights(self.global_steps)
+            if self.pipeline_config.fill_rollout_tail_at is not None:
+                self.checkpoint_manager.resume_generation_replicas()
 
     def on_sample_end(self) -> None:
+        if self.pipeline_config.fill_rollout_tail_at is not None:
+            self.checkpoint_manager.abort_replicas()  # the batch after next, partly generated
         self.checkpoint_manager.sleep_replicas()
 
     def on_train_begin(self) -> None:
-        """A resumed run: the batch that was generating when the checkpoint was saved (restored from
-        TransferQueue, its unfinished prompts re-issued by verl's ``fit``) is trained first, so no
-        batch is skipped or repeated."""
+        """A resumed run: the batches that were generating when the checkpoint was saved (restored
+        from TransferQueue, their unfinished prompts re-issued by verl's ``fit``) are trained first,
+        oldest first, in batches of ``train_batch_size`` prompts, so no prompt is skipped or repeated."""
         listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
-        prompts = {key: tag for key, tag in listing.items() if tag.get("is_prompt", False)}
+        prompts = sorted(
+            (
+                (int(tag.get("global_steps", self.global_steps)), key)
+                for key, tag in listing.items()
+                if tag.get("is_prompt", False)
+            ),
+        )
         if not prompts:
             return
-        n = int(self.config.actor_rollout_ref.rollout.n)
-        first = min(int(tag.get("global_steps", self.global_steps)) for tag in prompts.values())
-        self._ahead = InFlightBatch(
-            step=self.global_steps, version=first - 1, sizes=dict.fromkeys(prompts, n)
-        )
-        logger.info("resumed with %d prompt group(s) of a batch in flight: trained first", len(prompts))
+        n, size = int(self.config.actor_rollout_ref.rollout.n), int(self.config.data.train_batch_size)
+        for start in range(0, len(prompts), size):
+            part = prompts[start : start + size]
+            self._in_flight.append(
+                InFlightBatch(
+                    step=self.global_steps, version=part[0][0] - 1, sizes={key: n for _, key in part}
+                )
+            )
+        logger.info("resumed with %d prompt group(s) in flight: trained first", len(prompts))
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -173,17 +197,33 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         flags = self.pipeline_config
-        is_last = self.global_steps >= self.total_training_steps
+        last = self.total_training_steps
         self.on_sample_begin()
-        current = self._ahead if self._ahead is not None else self._submit_step_batch()
-        self._ahead = None
+        if not self._in_flight:
+            self._in_flight.append(self._submit_step_batch())
+        current = self._in_flight.popleft()
         with marked_timer("gen", timing_raw, color="red"):
-            groups = self._wait(current, lambda groups: current.generated(groups), "generated")
-        if flags.one_step_off_policy and not is_last:
-            # Generated by the pre-update policy while batch k's rewards are in flight.
-            self._ahead = self._submit_step_batch()
+            groups = self._wait(current.uids, current.generated, current.step, "generated")
+        if flags.one_step_off_policy and self.global_steps + 1 <= last:
+            # Batch k+1, generated by the pre-update policy while batch k's rewards are in flight.
+            if not self._in_flight:
+                self._in_flight.append(self._submit_step_batch())
+            upcoming = self._in_flight[0]
+
+            def generated_and_tail_filled(groups: dict[str, GroupState]) -> bool:
+                # fill_rollout_tail_at: once batch k+1 is that far generated, batch k+2 starts too
+                fill = flags.fill_rollout_tail_at
+                if (
+                    fill is not None
+                    and len(self._in_flight) == 1
+                    and self.global_steps + 2 <= last
+                    and upcoming.generated_share(groups) >= fill
+                ):
+                    self._in_flight.append(self._submit_step_batch())
+                return upcoming.generated(groups)
+
             with marked_timer("gen_next", timing_raw, color="red"):
-                self._wait(self._ahead, lambda groups: self._ahead.generated(groups), "generated")
+                self._wait(upcoming.uids, generated_and_tail_filled, upcoming.step, "generated")
         self.on_sample_end()
         with marked_timer("prepare", timing_raw, color="blue"):
             prepared = self._prepare(_meta(groups, current.uids), metrics, timing_raw)
@@ -237,7 +277,7 @@ class PPOTrainerPipelined(PPOTrainer):
                 return current.settled or (not last and len(pending) >= per_chunk)
 
             start = time.perf_counter()
-            groups = self._wait(current, ready, "scored")
+            groups = self._wait(current.uids, ready, current.step, "scored")
             self._reward_blocked(start, time.perf_counter(), chunk_index)
             timing_raw["reward_blocked"] = timing_raw.get("reward_blocked", 0.0) + time.perf_counter() - start
             take = list(pending) if last_chunk else pending[:per_chunk]
@@ -330,19 +370,21 @@ class PPOTrainerPipelined(PPOTrainer):
         keys = [*failed, *(key for uid in failed for key in groups[uid].keys)]
         self._tq.kv_clear(keys=keys, partition_id=PARTITION)
 
-    def _wait(self, batch: InFlightBatch, done: Any, what: str) -> dict[str, GroupState]:
-        """Poll TransferQueue's tags until ``done(groups)``; bounded by ``chunk_timeout_s``."""
+    def _wait(
+        self, uids: set[str], done: Callable[[dict[str, GroupState]], bool], step: int, what: str
+    ) -> dict[str, GroupState]:
+        """Poll TransferQueue's tags until ``done(groups of uids)``; bounded by ``chunk_timeout_s``."""
         limit = self.pipeline_config.chunk_timeout_s
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
-            groups = read_groups(listing, batch.uids)
+            groups = read_groups(listing, uids)
             if done(groups):
                 return groups
             if deadline is not None and time.monotonic() > deadline:
                 missing = sum(not state.scored for state in groups.values())
                 raise RewardWaitTimeout(
-                    f"step {batch.step}: {missing} group(s) of the batch not {what} after "
+                    f"the batch of step {step}: {missing} group(s) not {what} after "
                     f"{PIPELINED_MODE_PATH}.chunk_timeout_s={limit}"
                 )
             time.sleep(self.pipeline_config.poll_interval_s)
