@@ -127,6 +127,11 @@ BYPASS_LOSS = {"policy_loss": {"loss_mode": "bypass_mode"}}
             "algorithm.rollout_correction.bypass_mode",
         ),
         ({**V1_OURS, "algorithm": {"rollout_correction": {"bypass_mode": True}}}, None),
+        # a critic updating in other sizes than the actor could get an update of excluded rows only
+        (
+            {**OURS, "critic": {"enable": True, "ppo_mini_batch_size": 3}},
+            "critic.ppo_mini_batch_size",
+        ),
     ],
 )
 def test_check_failure_policy(verl_config_factory, settings, refused_key):

@@ -83,10 +83,11 @@ def train(
     steps: int = 1,
     mode: str = "sync",
     validate_first: bool = False,
+    mini_batch: int | None = None,
 ) -> TrainingRun:
     dataset = write_dataset(tmp_path / "train.parquet", rows)
     overrides = [
-        *base_overrides(model_dir, dataset, steps=steps, prompts=prompts, n=n),
+        *base_overrides(model_dir, dataset, steps=steps, prompts=prompts, n=n, mini_batch=mini_batch),
         f"trainer.v1.trainer_mode={mode}",
         *V1_OVERRIDES,
         *reward_lines,
@@ -411,6 +412,44 @@ def test_a_mini_batch_with_nothing_to_train_is_skipped_and_its_prompts_generated
     assert (
         warning.startswith("step 1: all 2 sessions") and "skipped, and 1 prompt(s) generated again" in warning
     )
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_no_optimizer_update_of_verls_trains_on_excluded_rows_only(
+    tmp_path, model_dir, rollout, transfer_queue, mode
+):
+    """3 prompts x 2 sessions, ``ppo_mini_batch_size=1``: verl's actor makes three AdamW updates of 2
+    rows each from the sampled batch. Two prompts' sessions are all excluded: the batch as a whole
+    trains, but 4 rows without a loss token in 3 updates of 2 leave at least one update with none,
+    whatever verl's order, and AdamW (momentum, weight decay) would still move the weights on it. Our
+    replay buffer hands verl only the rows that keep every update trained, so every AdamW step the
+    actor takes has loss tokens."""
+    rows = [*ROWS, ("What is 7+1?", "8")]
+    script = {
+        "What is 2+3?": ["fail", "fail"],
+        "What is 4*4?": ["The answer is 16", "The answer is 3"],
+        "What is 7+1?": ["fail", "fail"],
+    }
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        rows,
+        script,
+        excluding_reward(tmp_path),
+        n=2,
+        prompts=3,
+        mini_batch=1,
+        mode=mode,
+    )
+    assert run.steps, "the actor took no optimizer step"
+    assert all(step.weight_change > 0 for step in run.steps)  # AdamW steps move the weights...
+    assert [step.loss_tokens > 0 for step in run.steps] == [True] * len(run.steps)  # ...only on tokens
+    (update,) = run.updates
+    assert sorted(row.score for row in update) == [0.0, 1.0] and all(row.mask_tokens > 0 for row in update)
+    (metrics,) = step_logs(run)
+    assert metrics["reward/excluded"] == 4.0 and metrics["reward/untrained"] == 4.0  # still counted
+    assert metrics["reward/status_error"] == 4.0 and metrics["reward/skipped_batches"] == 0.0
 
 
 @pytest.mark.parametrize(("mode", "skips"), [("sync", 1), ("colocate_async", 2)])

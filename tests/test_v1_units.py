@@ -24,7 +24,7 @@ from async_reward.v1 import (
 )
 from async_reward.v1.agent_loop import RewardAgentLoopManager, is_excluded
 from async_reward.v1.groups import GroupGate
-from async_reward.v1.replay_buffer import RewardReplayBuffer, StepRewardMetrics
+from async_reward.v1.replay_buffer import RewardReplayBuffer, StepRewardMetrics, merge_sampler_metrics
 from tests.conftest import compose_verl_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -419,3 +419,37 @@ def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it
 
     config = declare_pipelined_trainer(compose_verl_config(["reward.reward_manager.name=llm_judge"]))
     assert config.trainer.use_v1 is False and config.async_reward.pipeline == {}
+
+
+def test_sampler_metrics_of_a_skip_merge_by_meaning():
+    """Two ``sample`` results of one mini-batch (the second after a skip), with the metrics verl's
+    replay buffer reports: counts add, the staleness mean is re-weighted by its counts, max / min stay
+    max / min, and DAPO's dict of counts adds per entry (it used to be replaced, the rest summed)."""
+    from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY as DAPO
+
+    prefix = "train/replay_buffer"
+    first = {
+        f"{prefix}/off_policy/evicted_samples": 1,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": 2.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 2.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.0,
+        f"{prefix}/filter_groups/evicted_samples": 2,
+        DAPO: {"0.0": 1, "1.0": 1},
+    }
+    second = {
+        f"{prefix}/off_policy/evicted_samples": 3,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": 3.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 4.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.5,
+        DAPO: {"1.0": 2},
+    }
+    merged = merge_sampler_metrics(first, second)
+    assert merged == {
+        f"{prefix}/off_policy/evicted_samples": 4,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": (2.0 * 1 + 3.0 * 3) / 4,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 4.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.0,
+        f"{prefix}/filter_groups/evicted_samples": 2,
+        DAPO: {"0.0": 1, "1.0": 3},
+    }
+    assert merge_sampler_metrics({}, second) == second and merge_sampler_metrics(first, {}) == first

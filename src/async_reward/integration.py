@@ -292,7 +292,9 @@ def check_failure_policy(verl_config: Any) -> None:
     :data:`EXCLUDE_POLICY_LOSSES` (actor, and critic when one trains), rollout-correction weights
     normalised over the whole batch (``rollout_is_batch_normalize``: computed before rewards exist),
     ``rollout_correction.bypass_mode`` on the legacy trainer (it switches the loss to ``bypass_mode``
-    at run time, which stops on a micro-batch without a loss token), PF-PPO's reward-weighted resampling (``use_pf_ppo``), and an adaptive in-reward KL controller.
+    at run time, which stops on a micro-batch without a loss token), a critic whose
+    ``ppo_mini_batch_size`` differs from the actor's, PF-PPO's reward-weighted resampling
+    (``use_pf_ppo``), and an adaptive in-reward KL controller.
 
     Raises:
         ConfigError: naming the setting, why, and where ``exclude`` works.
@@ -342,6 +344,19 @@ def check_failure_policy(verl_config: Any) -> None:
         )
     if _trains_critic(verl_config):
         _check_exclude_setting("critic.loss_agg_mode", _select(verl_config, "critic.loss_agg_mode"))
+        actor_mini = _select(verl_config, f"{actor}.ppo_mini_batch_size")
+        critic_mini = _select(verl_config, "critic.ppo_mini_batch_size")
+        if critic_mini is not None and actor_mini is not None and critic_mini != actor_mini:
+            # The trainers hand verl whole updates' worth of rows that are not excluded (fewer excluded
+            # rows than one update holds); with two update sizes that holds only for the smaller.
+            raise bad_value(
+                "critic.ppo_mini_batch_size",
+                critic_mini,
+                f"differs from {actor}.ppo_mini_batch_size ({actor_mini}): with on_failure=exclude one "
+                "of the two optimizers could get an update made only of excluded samples, and AdamW "
+                "moves weights on it (momentum, weight decay)",
+                f"set critic.ppo_mini_batch_size={actor_mini} with on_failure=exclude",
+            )
     kl_controller = _select(verl_config, "algorithm.kl_ctrl.type")
     if _select(verl_config, "algorithm.use_kl_in_reward") and kl_controller == "adaptive":
         raise bad_value(
