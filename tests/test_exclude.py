@@ -610,3 +610,40 @@ def test_schedule_skips_an_update_with_nothing_left_to_train(failing_rewards, ch
     expected = (scores - scores.mean()) / (scores.std() + 1e-6)  # GRPO over the three scored members
     assert torch.allclose(updated.batch["advantages"].sum(1)[[0, 1, 3]], expected, atol=1e-5)
     assert record.batch is not None and len(record.batch) == 8  # the record still holds every sample
+
+
+PROMPT_FAILING = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if extra_info["index"] % 2:
+        raise RuntimeError("judge unavailable for this prompt")
+    return (sum(map(ord, solution_str)) % 7) / 6
+"""
+
+
+@pytest.mark.parametrize("mode", [[], ["+async_reward.pipeline.one_step_off_policy=true"]])
+def test_no_optimizer_step_of_the_actor_is_made_of_excluded_samples_only(
+    ray_cluster, char_tokenizer, char_tokenizer_dir, tmp_path, logged, mode
+):
+    """The pipelined trainer's baseline and one-step-off modes hand verl's actor the whole batch,
+    which verl splits into ``ppo_mini_batch_size x n`` optimizer updates (here 1 prompt x 4 samples).
+    The reward fails every sample of odd-indexed prompts, so such an update would hold excluded
+    samples only: no loss token, yet AdamW (momentum, weight decay) would still move the weights.
+    The actor gets only the rows that leave none of its updates without a loss token."""
+    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+
+    path = write_module(tmp_path, PROMPT_FAILING, "prompt_failing.py")
+    config = exclude_config(
+        char_tokenizer_dir, path, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=1", *mode
+    )
+    rewards = PipelinedRewardLoopManager(config)
+    try:
+        standins = build_standins(config, char_tokenizer, adamw_weight_decay=0.1)
+        build_trainer(PipelinedRayPPOTrainer, config, char_tokenizer, standins, reward_source=rewards).fit()
+    finally:
+        rewards.close()
+    steps = train_steps(logged)
+    assert sum(m["reward/excluded"] for m in steps) >= GROUP  # some prompt failed whole
+    updates = standins.actor.updates
+    assert updates and all(update.weight_change > 0 for update in updates)  # AdamW steps move weights...
+    assert [update.loss_tokens > 0 for update in updates] == [True] * len(updates)  # ...only on tokens
