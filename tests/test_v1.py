@@ -452,6 +452,45 @@ def test_no_optimizer_update_of_verls_trains_on_excluded_rows_only(
     assert metrics["reward/status_error"] == 4.0 and metrics["reward/skipped_batches"] == 0.0
 
 
+def test_sampler_metrics_after_a_skip_are_merged_by_meaning(tmp_path, model_dir, rollout, transfer_queue):
+    """colocate_async, one prompt per step, ``max_off_policy_threshold=1`` (a group submitted in an
+    earlier step is stale). Step 1 submits three groups (two warm-up, one for the step) and trains on
+    one; at step 2 the sampler evicts the other fast one as stale (staleness 2), hands out step 2's
+    group, whose sessions are all excluded, so our replay buffer skips it and samples again; meanwhile
+    step 1's slow group finishes and is evicted as stale too (staleness 2). The step logs verl's
+    staleness metrics of both ``sample`` calls merged by meaning: 2 evicted, mean / max / min 2
+    (summed, they read 4)."""
+    slow = "@@sleep:20@@The answer is {}"
+    rows = [(f"What is {i}+1?", str(i + 1)) for i in range(9)]
+    script = {question: [slow.format(truth)] for question, truth in rows}
+    script["What is 0+1?"] = ["The answer is 1", "The answer is 0"]  # warm-up, fast
+    script["What is 1+1?"] = ["The answer is 2", "The answer is 0"]  # warm-up, fast
+    script["What is 3+1?"] = ["fail", "fail"]  # step 2's own group: every session excluded
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        rows,
+        script,
+        [
+            *excluding_reward(tmp_path),
+            "trainer.v1.colocate_async.num_warmup_batches=2",
+            "trainer.v1.sampler.max_off_policy_threshold=1",
+        ],
+        n=2,
+        prompts=1,
+        steps=2,
+        mode="colocate_async",
+    )
+    first, second = step_logs(run)
+    assert "training/off_policy/evicted_samples" not in first
+    assert second["reward/skipped_batches"] == 1.0
+    assert second["training/off_policy/evicted_samples"] == 2
+    for stat in ("mean", "max", "min"):
+        assert second[f"training/off_policy/evicted_samples_staleness/{stat}"] == 2.0, stat
+    assert all(row.mask_tokens > 0 for update in run.updates for row in update)
+
+
 @pytest.mark.parametrize(("mode", "skips"), [("sync", 1), ("colocate_async", 2)])
 def test_a_reward_service_that_stays_down_stops_the_run_saying_so(
     tmp_path, model_dir, rollout, transfer_queue, caplog, mode, skips

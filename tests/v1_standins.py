@@ -4,7 +4,8 @@ buffer, with small stand-ins only for what needs GPUs.
 Stand-ins (each honest about what it does not do):
 
 * :class:`ScriptedLLMServer` (a Ray actor) replaces a vLLM replica behind verl's real load balancer
-  and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt.
+  and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt
+  (after a delay, for a response marked :data:`SLOW`).
 * :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
   ``update_actor`` records exactly what the actor would train on (the batch's advantages,
   ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward extras, read from
@@ -23,8 +24,10 @@ picked by ``TaskRunnerV1.init_agent_loop_manager`` from the config, and ``PPOTra
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,6 +42,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import compose_verl_config, shutdown_reward_loop
 
+#: A scripted response starting ``@@sleep:<seconds>@@`` is answered that much later, without the marker.
+SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
@@ -114,6 +119,10 @@ class ScriptedLLMServer:
         responses = self.script[question]
         text = responses[self.calls[question] % len(responses)]
         self.calls[question] += 1
+        delay = SLOW.match(text)
+        if delay:  # a slow generation: the test needs it to finish after a given point of the run
+            await asyncio.sleep(float(delay.group(1)))
+            text = text[delay.end() :]
         token_ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
         log_probs = [-1.0] * len(token_ids) if sampling_params.get("logprobs") else None
         return TokenOutput(
