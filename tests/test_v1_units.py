@@ -384,13 +384,21 @@ def test_exclude_under_v1_needs_our_replay_buffer_too():
 
 
 def test_exclude_in_sync_needs_mini_batches_verl_can_generate_again():
+    """Suspicion 1 of issue 16, confirmed by reading verl: ``PPOTrainerSync.on_sample_end`` puts the
+    replicas to sleep after each ``sample``, so with ``parameter_sync_step > 1`` a later mini-batch's
+    skip would send its prompts to sleeping replicas. Refused where v1 starts, as is a train batch
+    verl cannot fetch again in whole ``gen_batch_size`` chunks."""
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     split = ("data.train_batch_size=8", "+trainer.v1.sync.parameter_sync_step=2")
     for build in (prepare_v1_config, verl_builds_replay_buffer):
-        with pytest.raises(ConfigError, match=r"mini-batch of 4 prompts .*Set data.gen_batch_size=1"):
-            build(v1_config(judge, EXCLUDE, *split))
-        build(v1_config(judge, EXCLUDE, *split, "+data.gen_batch_size=1"))  # one prompt per fetch
-        build(v1_config(judge, EXCLUDE, *split, "trainer.v1.sampler.sync_refill_failed_groups=true"))
+        with pytest.raises(
+            ConfigError, match=r"parameter_sync_step=2: sync puts the rollout replicas to sleep"
+        ):
+            build(v1_config(judge, EXCLUDE, *split, "+data.gen_batch_size=1"))
+        with pytest.raises(ConfigError, match=r"sleeping replicas"):
+            build(v1_config(judge, EXCLUDE, *split, "trainer.v1.sampler.sync_refill_failed_groups=true"))
+        with pytest.raises(ConfigError, match=r"data.gen_batch_size=3: .*Set data.gen_batch_size=1"):
+            build(v1_config(judge, EXCLUDE, "data.train_batch_size=8", "+data.gen_batch_size=3"))
         build(v1_config(judge, EXCLUDE, "data.train_batch_size=8"))  # one mini-batch per step
         build(v1_config(judge, *split))  # nothing excluded, nothing to generate again
         build(v1_config(judge, EXCLUDE, *split, "trainer.v1.trainer_mode=colocate_async"))
