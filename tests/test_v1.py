@@ -32,6 +32,7 @@ from tests.v1_standins import (
     TrainingRun,
     base_overrides,
     build_tiny_model_dir,
+    clear_partition,
     compose_v1_config,
     group_by_index,
     run_v1_training,
@@ -602,3 +603,47 @@ def test_session_extras_count_each_session_once_by_its_last_output(transfer_queu
         assert untrained_sessions(batch) == (2, 3)  # u1_0 trains (one output has loss tokens)
     finally:
         tq.kv_clear(keys=keys, partition_id="dedup")
+
+
+def test_a_lone_scored_member_beside_excluded_ones_trains_on_nothing(transfer_queue):
+    """Suspicion 3 of issue 16, confirmed: in ``sync`` (no ``sync_refill_failed_groups``) verl hands out
+    a group tagged ``failure`` with whatever its sessions wrote. If a session fails after its group's
+    gate opened, a group of three can reach the sampler as one excluded session and one scored one, and
+    the scored one would train on verl's GRPO advantage of a group of one (its raw score). Our replay
+    buffer gives it no loss token; a complete group, and a group of one that lost nobody, keep theirs."""
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from tests.test_v1_units import EXCLUDE, v1_config, verl_builds_replay_buffer
+
+    tokens = {"g_0_0": 0, "g_1_0": 3, "h_0_0": 2, "h_1_0": 2, "h_2_0": 0, "k_0_0": 2}
+    fields = [
+        {
+            "loss_mask": torch.tensor([1] * n + [0] * (4 - n), dtype=torch.int64),
+            "response_mask": torch.tensor([1] * n + [0] * (4 - n), dtype=torch.int64),
+            "extra_fields": {"reward_extra_info": {"status": "ok" if n else "error", "excluded": not n}},
+        }
+        for n in tokens.values()
+    ]
+    keys = list(tokens)
+    tq.kv_batch_put(
+        keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=[{}] * len(keys)
+    )
+    for uid, status in (("g", "failure"), ("h", "finished"), ("k", "failure")):
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": status, "global_steps": 1})
+    try:
+        buffer = verl_builds_replay_buffer(
+            v1_config(
+                "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1",
+                EXCLUDE,
+                "data.train_batch_size=3",
+            )
+        )
+        batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=3)
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["loss_mask", "response_mask"])
+        for name in ("loss_mask", "response_mask"):
+            counts = dict(zip(keys, data[name].to_padded_tensor(0).sum(dim=1).tolist(), strict=True))
+            assert counts == {**tokens, "g_1_0": 0}, name
+        assert sorted(batch.keys) == sorted(keys)  # handed out as verl sampled it, masks changed
+    finally:
+        clear_partition("train")

@@ -29,12 +29,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeGuard, cast
 
+import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
+from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from async_reward.integration import _trains_critic
+from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, check_v1_start_up, max_untrained_skips
 
@@ -44,6 +47,7 @@ __all__ = [
     "merge_sampler_metrics",
     "row_loss_tokens",
     "session_reward_extras",
+    "starve_lone_scored",
     "untrained_sessions",
 ]
 
@@ -73,6 +77,7 @@ class RewardReplayBuffer:
         self.max_untrained_skips = max_untrained_skips(sampler_kwargs)
         self._builtin = build_builtin_replay_buffer(trainer_mode, sampler_kwargs, refill_fn)
         self._refill = refill_fn
+        self._excluding = OmegaConf.select(self._config, "reward.async_reward.on_failure") == "exclude"
         sync_steps = (trainer_config or {}).get("parameter_sync_step", 1)
         self._step_metrics = StepRewardMetrics(int(sync_steps))
 
@@ -86,6 +91,8 @@ class RewardReplayBuffer:
             return batch, metrics
         skipped = 0
         while True:
+            if self._excluding:
+                starve_lone_scored(batch)
             untrained, sessions = untrained_sessions(batch)
             extras = session_reward_extras(batch)
             if not sessions or untrained < sessions:
@@ -322,6 +329,48 @@ def untrained_sessions(batch: KVBatchMeta) -> tuple[int, int]:
             session = key.rpartition("_")[0]
             trained[session] = trained.get(session, False) or count > 0
     return sum(not value for value in trained.values()), len(trained)
+
+
+def starve_lone_scored(batch: KVBatchMeta) -> list[str]:
+    """Give no loss token to a group's only trained session when the group has untrained ones
+    (``on_failure: exclude``); returns the keys masked.
+
+    Our agent loop already does this when the group is complete (:class:`~async_reward.v1.groups.
+    GroupGate`), but a session can still fail after its gate opened (its write, verl's teacher
+    log-probs): verl tags the group ``failure`` and, in ``sync`` without
+    ``sync_refill_failed_groups``, still hands out what was written. Its lone scored member would then
+    train with verl's GRPO advantage of a group of one, its raw score. As in the pipelined trainer,
+    a group left with fewer than two trained sessions trains on nothing.
+    """
+    tokens = row_loss_tokens(batch)
+    groups: dict[str, dict[str, list[int]]] = {}
+    for position, (key, tag) in enumerate(zip(batch.keys, batch.tags, strict=True)):
+        if not tag.get("is_padding", False):
+            session = key.rpartition("_")[0]
+            groups.setdefault(session.rpartition("_")[0], {}).setdefault(session, []).append(position)
+    lone: list[str] = []
+    for members in groups.values():
+        trained = [rows for rows in members.values() if any(tokens[row] > 0 for row in rows)]
+        if 0 < len(trained) < min(MIN_SCORED_PER_GROUP, len(members)):
+            lone.extend(batch.keys[row] for rows in trained for row in rows)
+    if lone:
+        logger.warning(
+            "%d output(s) of groups left with one trained session beside excluded ones get no loss "
+            "token (a session failed after its group was scored)",
+            len(lone),
+        )
+        data = tq.kv_batch_get(keys=lone, partition_id=batch.partition_id, select_fields=["loss_mask"])
+        zeros = [torch.zeros_like(row) for row in data["loss_mask"].unbind()]
+        fields = {name: torch.nested.as_nested_tensor(zeros, layout=torch.jagged) for name in MASK_FIELDS}
+        tq.kv_batch_put(
+            keys=lone, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(lone))
+        )
+    return lone
+
+
+#: The fields verl's loss reads a sample's loss tokens from (engines ``loss_mask``, losses
+#: ``response_mask``); our agent loop writes both equal.
+MASK_FIELDS = ("loss_mask", "response_mask")
 
 
 def row_loss_tokens(batch: KVBatchMeta) -> list[int]:
