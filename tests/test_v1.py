@@ -425,12 +425,11 @@ def test_no_optimizer_update_of_verls_trains_on_excluded_rows_only(
     whatever verl's order, and AdamW (momentum, weight decay) would still move the weights on it. Our
     replay buffer hands verl only the rows that keep every update trained, so every AdamW step the
     actor takes has loss tokens."""
-    rows = [*ROWS, ("What is 7+1?", "8")]
-    script = {
-        "What is 2+3?": ["fail", "fail"],
-        "What is 4*4?": ["The answer is 16", "The answer is 3"],
-        "What is 7+1?": ["fail", "fail"],
-    }
+    rows = [*ROWS, ("What is 7+1?", "8"), ("What is 9-4?", "5"), ("What is 3*3?", "9"), ("What is 6+1?", "7")]
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in rows}
+    # sync trains on rows 0-2 (two of them fail whole); colocate_async on 3 of its 6 warm-up and step
+    # prompts, which ones is verl's choice, so at least one of them is scored.
+    script["What is 2+3?"] = script["What is 7+1?"] = ["fail", "fail"]
     run = train(
         tmp_path,
         model_dir,
@@ -447,49 +446,12 @@ def test_no_optimizer_update_of_verls_trains_on_excluded_rows_only(
     assert all(step.weight_change > 0 for step in run.steps)  # AdamW steps move the weights...
     assert [step.loss_tokens > 0 for step in run.steps] == [True] * len(run.steps)  # ...only on tokens
     (update,) = run.updates
-    assert sorted(row.score for row in update) == [0.0, 1.0] and all(row.mask_tokens > 0 for row in update)
+    assert update and all(row.mask_tokens > 0 for row in update)  # 2 sessions per group: no filler
     (metrics,) = step_logs(run)
-    assert metrics["reward/excluded"] == 4.0 and metrics["reward/untrained"] == 4.0  # still counted
-    assert metrics["reward/status_error"] == 4.0 and metrics["reward/skipped_batches"] == 0.0
-
-
-def test_sampler_metrics_after_a_skip_are_merged_by_meaning(tmp_path, model_dir, rollout, transfer_queue):
-    """colocate_async, one prompt per step, ``max_off_policy_threshold=1`` (a group submitted in an
-    earlier step is stale). Step 1 submits three groups (two warm-up, one for the step) and trains on
-    one; at step 2 the sampler evicts the other fast one as stale (staleness 2), hands out step 2's
-    group, whose sessions are all excluded, so our replay buffer skips it and samples again; meanwhile
-    step 1's slow group finishes and is evicted as stale too (staleness 2). The step logs verl's
-    staleness metrics of both ``sample`` calls merged by meaning: 2 evicted, mean / max / min 2
-    (summed, they read 4)."""
-    slow = "@@sleep:20@@The answer is {}"
-    rows = [(f"What is {i}+1?", str(i + 1)) for i in range(9)]
-    script = {question: [slow.format(truth)] for question, truth in rows}
-    script["What is 0+1?"] = ["The answer is 1", "The answer is 0"]  # warm-up, fast
-    script["What is 1+1?"] = ["The answer is 2", "The answer is 0"]  # warm-up, fast
-    script["What is 3+1?"] = ["fail", "fail"]  # step 2's own group: every session excluded
-    run = train(
-        tmp_path,
-        model_dir,
-        rollout,
-        rows,
-        script,
-        [
-            *excluding_reward(tmp_path),
-            "trainer.v1.colocate_async.num_warmup_batches=2",
-            "trainer.v1.sampler.max_off_policy_threshold=1",
-        ],
-        n=2,
-        prompts=1,
-        steps=2,
-        mode="colocate_async",
-    )
-    first, second = step_logs(run)
-    assert "training/off_policy/evicted_samples" not in first
-    assert second["reward/skipped_batches"] == 1.0
-    assert second["training/off_policy/evicted_samples"] == 2
-    for stat in ("mean", "max", "min"):
-        assert second[f"training/off_policy/evicted_samples_staleness/{stat}"] == 2.0, stat
-    assert all(row.mask_tokens > 0 for update in run.updates for row in update)
+    assert metrics["reward/excluded"] == metrics["reward/untrained"] == 6 - len(update)  # still counted
+    assert metrics["reward/status_error"] == 6 - len(update) and metrics["reward/skipped_batches"] == 0.0
+    if mode == "sync":
+        assert metrics["reward/excluded"] == 4  # 4 rows without a loss token, 3 updates of 2 rows
 
 
 @pytest.mark.parametrize(("mode", "skips"), [("sync", 1), ("colocate_async", 2)])
@@ -645,5 +607,40 @@ def test_a_lone_scored_member_beside_excluded_ones_trains_on_nothing(transfer_qu
             counts = dict(zip(keys, data[name].to_padded_tensor(0).sum(dim=1).tolist(), strict=True))
             assert counts == {**tokens, "g_1_0": 0}, name
         assert sorted(batch.keys) == sorted(keys)  # handed out as verl sampled it, masks changed
+    finally:
+        clear_partition("train")
+
+
+async def test_an_excluded_session_without_a_group_gate_is_still_masked(transfer_queue):
+    """Suspicion 2 of issue 16. A session reaches ``_agent_loop_postprocess`` without a gate only if its
+    group's size could not be read, and verl's ``_run_prompt`` then fails the group before starting a
+    session (it reads the same size), so no such session is written. Should one arrive anyway, it
+    fails closed: an excluded session is written with no loss token and a uid of its own, through
+    verl's own TransferQueue write (the worker built without its Ray actor and servers)."""
+    import transfer_queue as tq
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from async_reward.v1.agent_loop import RewardAgentLoopWorker
+
+    worker = RewardAgentLoopWorker.__new__(RewardAgentLoopWorker)
+    worker._gates = {}  # no gate for this group
+    worker.reward_loop_worker_handles = None  # the score is already set: verl's reward call is a no-op
+    worker.distillation_enabled = False
+    worker.processor = None
+    output = AgentLoopOutput(
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9],
+        response_mask=[1, 1],
+        reward_score=0.5,
+        metrics=AgentLoopMetrics(),
+        extra_fields={"reward_extra_info": {"status": "error", "excluded": True}},
+    )
+    await worker._agent_loop_postprocess(output, False, uid="gateless", session_id=0, global_steps=1)
+    try:
+        data = tq.kv_batch_get(
+            keys=["gateless_0_0"], partition_id="train", select_fields=["loss_mask", "uid"]
+        )
+        assert data["loss_mask"].to_padded_tensor(0).sum() == 0
+        assert list(data["uid"]) == [excluded_uid("gateless", 0)]
     finally:
         clear_partition("train")
