@@ -161,6 +161,39 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(asse
     assert "tok-secret-in-runtime-env" not in printed and "hdr-secret-in-config" not in printed
 
 
+@pytest.mark.timeout(600)
+def test_no_key_is_printed_by_the_entry_point_verls_prints_included(assets, tmp_path):
+    """``python -m async_reward.pipeline.main_ppo`` (one run, as a user starts it) with keys in the three
+    places a config holds them: ``runtime_env.env_vars`` (named by ``api_key_env``, and a secret-looking
+    name) and a header. verl's ``run_ppo`` prints the Ray init kwargs, ``env_vars`` values included,
+    before ``ray.init``; nothing the process writes to stdout or stderr may hold a key."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    keys = ["tok-secret-in-runtime-env", "hf-secret-in-runtime-env", "hdr-secret-in-config"]
+    command = [
+        sys.executable,
+        "-m",
+        "async_reward.pipeline.main_ppo",
+        *overrides(assets),
+        *mode_flags("baseline"),
+        "+async_reward.pipeline.dry_run=true",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "+reward.async_reward.judge.api_key_env=JUDGE_TOKEN",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN={keys[0]}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={keys[1]}",
+        f"+reward.async_reward.remote.headers.X-Api-Key={keys[2]}",
+    ]
+    process = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
+    output = process.stdout + process.stderr
+    assert process.returncode == 0, output[-6000:]
+    assert DRY_RUN_LINE.search(process.stdout), output[-6000:]
+    (init_line,) = [line for line in process.stdout.splitlines() if line.startswith("ray init kwargs:")]
+    assert "'JUDGE_TOKEN': '<hidden>'" in init_line and "'HF_TOKEN': '<hidden>'" in init_line  # verl's
+    for key in keys:
+        assert key not in process.stdout and key not in process.stderr, key
+
+
 def test_run_in_process_builds_our_trainer_in_the_actor(assets):
     """``async_reward.pipeline.main_ppo.run(config)`` from a Python program with Ray already up."""
     from async_reward.pipeline.main_ppo import run

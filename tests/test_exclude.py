@@ -77,6 +77,7 @@ V1_AGENT = {"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_clas
 V1_SAMPLER = {"path": REPLAY_BUFFER_PATH, "name": REPLAY_BUFFER_NAME}
 V1_OURS = {"trainer": {"use_v1": True, "v1": {"sampler": {"custom_sampler": V1_SAMPLER}}}, **V1_AGENT}
 SEQ_MEAN = {"loss_agg_mode": "seq-mean-token-mean"}
+BYPASS_LOSS = {"policy_loss": {"loss_mode": "bypass_mode"}}
 
 
 @pytest.mark.parametrize(
@@ -111,6 +112,26 @@ SEQ_MEAN = {"loss_agg_mode": "seq-mean-token-mean"}
             "algorithm.rollout_correction.rollout_is_batch_normalize",
         ),
         ({**OURS, "algorithm": {"use_pf_ppo": True}}, "algorithm.use_pf_ppo"),
+        # bypass: its loss stops on a micro-batch without a loss token (one excluded sample suffices)
+        (
+            {**OURS, "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "bypass_mode"}}}},
+            "actor_rollout_ref.actor.policy_loss.loss_mode",
+        ),
+        (
+            {**V1_OURS, "actor_rollout_ref": {**V1_AGENT["actor_rollout_ref"], "actor": BYPASS_LOSS}},
+            "actor_rollout_ref.actor.policy_loss.loss_mode",
+        ),
+        # the legacy trainer switches the loss to bypass_mode at run time; v1 keeps the configured one
+        (
+            {**OURS, "algorithm": {"rollout_correction": {"bypass_mode": True}}},
+            "algorithm.rollout_correction.bypass_mode",
+        ),
+        ({**V1_OURS, "algorithm": {"rollout_correction": {"bypass_mode": True}}}, None),
+        # a critic updating in other sizes than the actor could get an update of excluded rows only
+        (
+            {**OURS, "critic": {"enable": True, "ppo_mini_batch_size": 3}},
+            "critic.ppo_mini_batch_size",
+        ),
     ],
 )
 def test_check_failure_policy(verl_config_factory, settings, refused_key):
@@ -161,9 +182,16 @@ def test_users_launcher_is_refused_and_our_entry_point_is_not(verl_config_factor
 # -- why: verl's loss on a mini-batch with zero-mask rows vs the same mini-batch without them ------------
 
 
-def _policy_loss(name: str, agg: str, rows: torch.Tensor, data: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+def _policy_loss(
+    name: str,
+    agg: str,
+    rows: torch.Tensor,
+    data: dict[str, torch.Tensor],
+    mini_batch: torch.Tensor | None = None,
+) -> tuple[Any, Any]:
     """verl's registered policy loss ``name`` with the global normalisers verl 0.9's actor passes
-    (``losses.ppo_loss``: dp_size, valid tokens, sequences of the mini-batch), on ``rows``."""
+    (``losses.ppo_loss``: dp_size, valid tokens, sequences of the mini-batch), on the micro-batch
+    ``rows`` of the mini-batch ``mini_batch`` (default: ``rows`` themselves)."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
@@ -176,8 +204,12 @@ def _policy_loss(name: str, agg: str, rows: torch.Tensor, data: dict[str, torch.
         policy_loss=PolicyLossConfig(loss_mode=name, dro_beta=0.1, clip_cov_ratio=0.2, kl_cov_ratio=0.2),
     )
     mask = data["mask"][rows]
+    whole = rows if mini_batch is None else mini_batch
     config.global_batch_info.update(
-        dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=len(rows), loss_scale_factor=None
+        dp_size=1,
+        batch_num_tokens=int(data["mask"][whole].sum()),
+        global_batch_size=len(whole),
+        loss_scale_factor=None,
     )
     log_prob = data["log_prob"][rows].clone().requires_grad_(True)
     loss, _ = get_policy_loss_fn(name)(
@@ -211,7 +243,9 @@ def _registered_policy_losses() -> list[str]:
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
 def test_allowed_losses_are_exactly_those_that_ignore_excluded_rows(agg):
     """For every policy loss verl registers: a mini-batch whose excluded rows have a zero mask gives the
-    loss and gradient of the mini-batch without them, exactly when check_failure_policy allows it."""
+    loss and gradient of the mini-batch without them, and a micro-batch made of excluded rows only (one
+    excluded sample with ppo_micro_batch_size_per_gpu=1) a finite zero loss and gradient, exactly when
+    check_failure_policy allows it."""
     generator = torch.Generator().manual_seed(0)
     rows, width = 8, 6
     old = -1 - 0.1 * torch.rand(rows, width, generator=generator)
@@ -233,9 +267,22 @@ def test_allowed_losses_are_exactly_those_that_ignore_excluded_rows(agg):
             torch.allclose(loss_masked, loss_absent, rtol=1e-6, atol=1e-7)
             and torch.allclose(grad_masked[~excluded], grad_absent, rtol=1e-6, atol=1e-7)
             and not grad_masked[excluded].any()
+            and _tolerates_an_empty_micro_batch(name, agg, everything[excluded], masked, everything)
         )
         allowed = agg in EXCLUDE_LOSS_AGG_MODES and name in EXCLUDE_POLICY_LOSSES
         assert exact == allowed, (name, agg, float(loss_masked), float(loss_absent))
+
+
+def _tolerates_an_empty_micro_batch(
+    name: str, agg: str, rows: torch.Tensor, data: dict[str, torch.Tensor], mini_batch: torch.Tensor
+) -> bool:
+    """Whether the loss on a micro-batch of zero-mask rows (inside a mini-batch that has loss tokens)
+    is exactly zero, with an exactly zero gradient, rather than an error or NaN."""
+    try:
+        loss, grad = _policy_loss(name, agg, rows, data, mini_batch)
+    except (ValueError, AssertionError):  # bypass_mode: "response_mask must contain at least one valid token"
+        return False
+    return bool(loss == 0 and torch.isfinite(grad).all() and not grad.any())
 
 
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
@@ -563,3 +610,40 @@ def test_schedule_skips_an_update_with_nothing_left_to_train(failing_rewards, ch
     expected = (scores - scores.mean()) / (scores.std() + 1e-6)  # GRPO over the three scored members
     assert torch.allclose(updated.batch["advantages"].sum(1)[[0, 1, 3]], expected, atol=1e-5)
     assert record.batch is not None and len(record.batch) == 8  # the record still holds every sample
+
+
+PROMPT_FAILING = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if extra_info["index"] % 2:
+        raise RuntimeError("judge unavailable for this prompt")
+    return (sum(map(ord, solution_str)) % 7) / 6
+"""
+
+
+@pytest.mark.parametrize("mode", [[], ["+async_reward.pipeline.one_step_off_policy=true"]])
+def test_no_optimizer_step_of_the_actor_is_made_of_excluded_samples_only(
+    ray_cluster, char_tokenizer, char_tokenizer_dir, tmp_path, logged, mode
+):
+    """The pipelined trainer's baseline and one-step-off modes hand verl's actor the whole batch,
+    which verl splits into ``ppo_mini_batch_size x n`` optimizer updates (here 1 prompt x 4 samples).
+    The reward fails every sample of odd-indexed prompts, so such an update would hold excluded
+    samples only: no loss token, yet AdamW (momentum, weight decay) would still move the weights.
+    The actor gets only the rows that leave none of its updates without a loss token."""
+    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+
+    path = write_module(tmp_path, PROMPT_FAILING, "prompt_failing.py")
+    config = exclude_config(
+        char_tokenizer_dir, path, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=1", *mode
+    )
+    rewards = PipelinedRewardLoopManager(config)
+    try:
+        standins = build_standins(config, char_tokenizer, adamw_weight_decay=0.1)
+        build_trainer(PipelinedRayPPOTrainer, config, char_tokenizer, standins, reward_source=rewards).fit()
+    finally:
+        rewards.close()
+    steps = train_steps(logged)
+    assert sum(m["reward/excluded"] for m in steps) >= GROUP  # some prompt failed whole
+    updates = standins.actor.updates
+    assert updates and all(update.weight_change > 0 for update in updates)  # AdamW steps move weights...
+    assert [update.loss_tokens > 0 for update in updates] == [True] * len(updates)  # ...only on tokens

@@ -188,3 +188,26 @@ def test_redact_config_hides_values_of_keys_that_name_a_secret(verl_config_facto
 )
 def test_secret_field_names(name, secret):
     assert is_secret_field(name) is secret
+
+
+def test_redacted_output_hides_a_key_written_in_pieces_and_restores_the_streams(verl_config_factory, capsys):
+    """What ``python -m async_reward.pipeline.main_ppo`` prints runs through ``redacted_output``: a key
+    split across writes (print writes text and newline apart; Ray relays lines from a thread) is
+    still hidden, a partial line is written on flush, and the streams are given back afterwards."""
+    import sys
+
+    from async_reward.redaction import redacted_output
+
+    config = verl_config_factory("async_naive", {})
+    config.ray_kwargs = {"ray_init": {"runtime_env": {"env_vars": {"OPENAI_API_KEY": WORKER_KEY}}}}
+    before = sys.stdout
+    with redacted_output(config):
+        sys.stdout.write(f"kwargs: {WORKER_KEY[:5]}")
+        sys.stdout.write(f"{WORKER_KEY[5:]} end\n")
+        print(f"again {WORKER_KEY}", file=sys.stderr)
+        sys.stdout.write(f"progress {WORKER_KEY}")
+        sys.stdout.flush()
+    assert sys.stdout is before
+    captured = capsys.readouterr()
+    assert captured.out == "kwargs: <hidden> end\nprogress <hidden>"
+    assert captured.err == "again <hidden>\n"

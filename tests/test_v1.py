@@ -32,6 +32,7 @@ from tests.v1_standins import (
     TrainingRun,
     base_overrides,
     build_tiny_model_dir,
+    clear_partition,
     compose_v1_config,
     group_by_index,
     run_v1_training,
@@ -83,10 +84,11 @@ def train(
     steps: int = 1,
     mode: str = "sync",
     validate_first: bool = False,
+    mini_batch: int | None = None,
 ) -> TrainingRun:
     dataset = write_dataset(tmp_path / "train.parquet", rows)
     overrides = [
-        *base_overrides(model_dir, dataset, steps=steps, prompts=prompts, n=n),
+        *base_overrides(model_dir, dataset, steps=steps, prompts=prompts, n=n, mini_batch=mini_batch),
         f"trainer.v1.trainer_mode={mode}",
         *V1_OVERRIDES,
         *reward_lines,
@@ -413,6 +415,45 @@ def test_a_mini_batch_with_nothing_to_train_is_skipped_and_its_prompts_generated
     )
 
 
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_no_optimizer_update_of_verls_trains_on_excluded_rows_only(
+    tmp_path, model_dir, rollout, transfer_queue, mode
+):
+    """3 prompts x 2 sessions, ``ppo_mini_batch_size=1``: verl's actor makes three AdamW updates of 2
+    rows each from the sampled batch. Two prompts' sessions are all excluded: the batch as a whole
+    trains, but 4 rows without a loss token in 3 updates of 2 leave at least one update with none,
+    whatever verl's order, and AdamW (momentum, weight decay) would still move the weights on it. Our
+    replay buffer hands verl only the rows that keep every update trained, so every AdamW step the
+    actor takes has loss tokens."""
+    rows = [*ROWS, ("What is 7+1?", "8"), ("What is 9-4?", "5"), ("What is 3*3?", "9"), ("What is 6+1?", "7")]
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in rows}
+    # sync trains on rows 0-2 (two of them fail whole); colocate_async on 3 of its 6 warm-up and step
+    # prompts, which ones is verl's choice, so at least one of them is scored.
+    script["What is 2+3?"] = script["What is 7+1?"] = ["fail", "fail"]
+    run = train(
+        tmp_path,
+        model_dir,
+        rollout,
+        rows,
+        script,
+        excluding_reward(tmp_path),
+        n=2,
+        prompts=3,
+        mini_batch=1,
+        mode=mode,
+    )
+    assert run.steps, "the actor took no optimizer step"
+    assert all(step.weight_change > 0 for step in run.steps)  # AdamW steps move the weights...
+    assert [step.loss_tokens > 0 for step in run.steps] == [True] * len(run.steps)  # ...only on tokens
+    (update,) = run.updates
+    assert update and all(row.mask_tokens > 0 for row in update)  # 2 sessions per group: no filler
+    (metrics,) = step_logs(run)
+    assert metrics["reward/excluded"] == metrics["reward/untrained"] == 6 - len(update)  # still counted
+    assert metrics["reward/status_error"] == 6 - len(update) and metrics["reward/skipped_batches"] == 0.0
+    if mode == "sync":
+        assert metrics["reward/excluded"] == 4  # 4 rows without a loss token, 3 updates of 2 rows
+
+
 @pytest.mark.parametrize(("mode", "skips"), [("sync", 1), ("colocate_async", 2)])
 def test_a_reward_service_that_stays_down_stops_the_run_saying_so(
     tmp_path, model_dir, rollout, transfer_queue, caplog, mode, skips
@@ -524,3 +565,82 @@ def test_session_extras_count_each_session_once_by_its_last_output(transfer_queu
         assert untrained_sessions(batch) == (2, 3)  # u1_0 trains (one output has loss tokens)
     finally:
         tq.kv_clear(keys=keys, partition_id="dedup")
+
+
+def test_a_lone_scored_member_beside_excluded_ones_trains_on_nothing(transfer_queue):
+    """Suspicion 3 of issue 16, confirmed: in ``sync`` (no ``sync_refill_failed_groups``) verl hands out
+    a group tagged ``failure`` with whatever its sessions wrote. If a session fails after its group's
+    gate opened, a group of three can reach the sampler as one excluded session and one scored one, and
+    the scored one would train on verl's GRPO advantage of a group of one (its raw score). Our replay
+    buffer gives it no loss token; a complete group, and a group of one that lost nobody, keep theirs."""
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from tests.test_v1_units import EXCLUDE, v1_config, verl_builds_replay_buffer
+
+    tokens = {"g_0_0": 0, "g_1_0": 3, "h_0_0": 2, "h_1_0": 2, "h_2_0": 0, "k_0_0": 2}
+    fields = [
+        {
+            "loss_mask": torch.tensor([1] * n + [0] * (4 - n), dtype=torch.int64),
+            "response_mask": torch.tensor([1] * n + [0] * (4 - n), dtype=torch.int64),
+            "extra_fields": {"reward_extra_info": {"status": "ok" if n else "error", "excluded": not n}},
+        }
+        for n in tokens.values()
+    ]
+    keys = list(tokens)
+    tq.kv_batch_put(
+        keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=[{}] * len(keys)
+    )
+    for uid, status in (("g", "failure"), ("h", "finished"), ("k", "failure")):
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": status, "global_steps": 1})
+    try:
+        buffer = verl_builds_replay_buffer(
+            v1_config(
+                "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1",
+                EXCLUDE,
+                "data.train_batch_size=3",
+            )
+        )
+        batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=3)
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["loss_mask", "response_mask"])
+        for name in ("loss_mask", "response_mask"):
+            counts = dict(zip(keys, data[name].to_padded_tensor(0).sum(dim=1).tolist(), strict=True))
+            assert counts == {**tokens, "g_1_0": 0}, name
+        assert sorted(batch.keys) == sorted(keys)  # handed out as verl sampled it, masks changed
+    finally:
+        clear_partition("train")
+
+
+async def test_an_excluded_session_without_a_group_gate_is_still_masked(transfer_queue):
+    """Suspicion 2 of issue 16. A session reaches ``_agent_loop_postprocess`` without a gate only if its
+    group's size could not be read, and verl's ``_run_prompt`` then fails the group before starting a
+    session (it reads the same size), so no such session is written. Should one arrive anyway, it
+    fails closed: an excluded session is written with no loss token and a uid of its own, through
+    verl's own TransferQueue write (the worker built without its Ray actor and servers)."""
+    import transfer_queue as tq
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from async_reward.v1.agent_loop import RewardAgentLoopWorker
+
+    worker = RewardAgentLoopWorker.__new__(RewardAgentLoopWorker)
+    worker._gates = {}  # no gate for this group
+    worker.reward_loop_worker_handles = None  # the score is already set: verl's reward call is a no-op
+    worker.distillation_enabled = False
+    worker.processor = None
+    output = AgentLoopOutput(
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9],
+        response_mask=[1, 1],
+        reward_score=0.5,
+        metrics=AgentLoopMetrics(),
+        extra_fields={"reward_extra_info": {"status": "error", "excluded": True}},
+    )
+    await worker._agent_loop_postprocess(output, False, uid="gateless", session_id=0, global_steps=1)
+    try:
+        data = tq.kv_batch_get(
+            keys=["gateless_0_0"], partition_id="train", select_fields=["loss_mask", "uid"]
+        )
+        assert data["loss_mask"].to_padded_tensor(0).sum() == 0
+        assert list(data["uid"]) == [excluded_uid("gateless", 0)]
+    finally:
+        clear_partition("train")

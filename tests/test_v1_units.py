@@ -24,7 +24,7 @@ from async_reward.v1 import (
 )
 from async_reward.v1.agent_loop import RewardAgentLoopManager, is_excluded
 from async_reward.v1.groups import GroupGate
-from async_reward.v1.replay_buffer import RewardReplayBuffer, StepRewardMetrics
+from async_reward.v1.replay_buffer import RewardReplayBuffer, StepRewardMetrics, merge_sampler_metrics
 from tests.conftest import compose_verl_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -384,13 +384,21 @@ def test_exclude_under_v1_needs_our_replay_buffer_too():
 
 
 def test_exclude_in_sync_needs_mini_batches_verl_can_generate_again():
+    """Suspicion 1 of issue 16, confirmed by reading verl: ``PPOTrainerSync.on_sample_end`` puts the
+    replicas to sleep after each ``sample``, so with ``parameter_sync_step > 1`` a later mini-batch's
+    skip would send its prompts to sleeping replicas. Refused where v1 starts, as is a train batch
+    verl cannot fetch again in whole ``gen_batch_size`` chunks."""
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     split = ("data.train_batch_size=8", "+trainer.v1.sync.parameter_sync_step=2")
     for build in (prepare_v1_config, verl_builds_replay_buffer):
-        with pytest.raises(ConfigError, match=r"mini-batch of 4 prompts .*Set data.gen_batch_size=1"):
-            build(v1_config(judge, EXCLUDE, *split))
-        build(v1_config(judge, EXCLUDE, *split, "+data.gen_batch_size=1"))  # one prompt per fetch
-        build(v1_config(judge, EXCLUDE, *split, "trainer.v1.sampler.sync_refill_failed_groups=true"))
+        with pytest.raises(
+            ConfigError, match=r"parameter_sync_step=2: sync puts the rollout replicas to sleep"
+        ):
+            build(v1_config(judge, EXCLUDE, *split, "+data.gen_batch_size=1"))
+        with pytest.raises(ConfigError, match=r"sleeping replicas"):
+            build(v1_config(judge, EXCLUDE, *split, "trainer.v1.sampler.sync_refill_failed_groups=true"))
+        with pytest.raises(ConfigError, match=r"data.gen_batch_size=3: .*Set data.gen_batch_size=1"):
+            build(v1_config(judge, EXCLUDE, "data.train_batch_size=8", "+data.gen_batch_size=3"))
         build(v1_config(judge, EXCLUDE, "data.train_batch_size=8"))  # one mini-batch per step
         build(v1_config(judge, *split))  # nothing excluded, nothing to generate again
         build(v1_config(judge, EXCLUDE, *split, "trainer.v1.trainer_mode=colocate_async"))
@@ -419,3 +427,37 @@ def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it
 
     config = declare_pipelined_trainer(compose_verl_config(["reward.reward_manager.name=llm_judge"]))
     assert config.trainer.use_v1 is False and config.async_reward.pipeline == {}
+
+
+def test_sampler_metrics_of_a_skip_merge_by_meaning():
+    """Two ``sample`` results of one mini-batch (the second after a skip), with the metrics verl's
+    replay buffer reports: counts add, the staleness mean is re-weighted by its counts, max / min stay
+    max / min, and DAPO's dict of counts adds per entry (it used to be replaced, the rest summed)."""
+    from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY as DAPO
+
+    prefix = "train/replay_buffer"
+    first = {
+        f"{prefix}/off_policy/evicted_samples": 1,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": 2.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 2.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.0,
+        f"{prefix}/filter_groups/evicted_samples": 2,
+        DAPO: {"0.0": 1, "1.0": 1},
+    }
+    second = {
+        f"{prefix}/off_policy/evicted_samples": 3,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": 3.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 4.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.5,
+        DAPO: {"1.0": 2},
+    }
+    merged = merge_sampler_metrics(first, second)
+    assert merged == {
+        f"{prefix}/off_policy/evicted_samples": 4,
+        f"{prefix}/off_policy/evicted_samples_staleness/mean": (2.0 * 1 + 3.0 * 3) / 4,
+        f"{prefix}/off_policy/evicted_samples_staleness/max": 4.0,
+        f"{prefix}/off_policy/evicted_samples_staleness/min": 2.0,
+        f"{prefix}/filter_groups/evicted_samples": 2,
+        DAPO: {"0.0": 1, "1.0": 3},
+    }
+    assert merge_sampler_metrics({}, second) == second and merge_sampler_metrics(first, {}) == first

@@ -108,6 +108,10 @@ class UpdateRecord:
     sample_ids: list[str]
     prompt_indices: list[int]
     metrics: dict[str, float]
+    loss_tokens: int = 0
+    """Loss tokens (``response_mask``) of the step's mini-batch."""
+    weight_change: float = 0.0
+    """Largest absolute change of a policy weight in this step."""
 
 
 @dataclass
@@ -229,6 +233,7 @@ class ActorStandIn(_LogProbs):
         for mini in _mini_batches(td):
             start = time.perf_counter()
             batch = _as_batch(mini, old_log_probs=mini["old_log_probs"], advantages=mini["advantages"])
+            before = torch.cat([p.detach().flatten() for p in self.policy.parameters()])
             step = ppo_update(
                 self.policy,
                 self.optimizer,
@@ -243,6 +248,10 @@ class ActorStandIn(_LogProbs):
                 [str(s) for s in mini["sample_id"]],
                 [int(e["index"]) for e in mini["extra_info"]],
                 step,
+                int(mini["response_mask"].sum()),
+                float(
+                    (torch.cat([p.detach().flatten() for p in self.policy.parameters()]) - before).abs().max()
+                ),
             )
             call.append(record)
             for key, value in step.items():
@@ -496,14 +505,20 @@ def build_standins(
     lr: float = 0.05,
     delays: StageDelays | None = None,
     score_with: Any = None,
+    adamw_weight_decay: float | None = None,
 ) -> StandIns:
-    """Stand-ins with identical initial weights for a given ``seed`` (for comparing two trainers)."""
+    """Stand-ins with identical initial weights for a given ``seed`` (for comparing two trainers).
+    The actor trains with Adam, or with AdamW when ``adamw_weight_decay`` is given (verl's default
+    actor optimizer: its decay moves weights on every step, even on a zero gradient)."""
     delays = delays or StageDelays()
     vocab = len(tokenizer)
     policy = TinyPolicy(vocab, hidden_size, seed=seed)
-    actor = ActorStandIn(
-        policy, torch.optim.Adam(policy.parameters(), lr=lr), config.actor_rollout_ref.actor, delays
+    optimizer = (
+        torch.optim.Adam(policy.parameters(), lr=lr)
+        if adamw_weight_decay is None
+        else torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=adamw_weight_decay)
     )
+    actor = ActorStandIn(policy, optimizer, config.actor_rollout_ref.actor, delays)
     rollout = RolloutStandIn(
         TinyPolicy(vocab, hidden_size, seed=seed),
         tokenizer,

@@ -4,11 +4,15 @@ buffer, with small stand-ins only for what needs GPUs.
 Stand-ins (each honest about what it does not do):
 
 * :class:`ScriptedLLMServer` (a Ray actor) replaces a vLLM replica behind verl's real load balancer
-  and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt.
+  and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt
+  (after a delay, for a response marked :data:`SLOW`).
 * :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
-  ``update_actor`` takes no optimizer step but records exactly what the actor would train on (the
-  batch's advantages, ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward
-  extras, read from TransferQueue).
+  ``update_actor`` records exactly what the actor would train on (the batch's advantages,
+  ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward extras, read from
+  TransferQueue), splits it into optimizer updates as verl's engine worker does (verl's own
+  ``tu.make_iterator`` with the ``mini_batch_size``, ``epochs``, ``seed`` and ``shuffle`` the trainer
+  passes) and takes one AdamW step (momentum and weight decay on) per update on a small weight vector
+  with a token-mean loss over the update's loss tokens, recording each step (:class:`OptimizerStep`).
 * :class:`StandInCheckpointManager` replaces the weight sync: it only tells the server the version.
 * :class:`StandInServerManager` hands out verl's own client classes over the load balancer.
 
@@ -20,8 +24,10 @@ picked by ``TaskRunnerV1.init_agent_loop_manager`` from the config, and ``PPOTra
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -36,6 +42,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import compose_verl_config, shutdown_reward_loop
 
+#: A scripted response starting ``@@sleep:<seconds>@@`` is answered that much later, without the marker.
+SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
@@ -111,6 +119,10 @@ class ScriptedLLMServer:
         responses = self.script[question]
         text = responses[self.calls[question] % len(responses)]
         self.calls[question] += 1
+        delay = SLOW.match(text)
+        if delay:  # a slow generation: the test needs it to finish after a given point of the run
+            await asyncio.sleep(float(delay.group(1)))
+            text = text[delay.end() :]
         token_ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
         log_probs = [-1.0] * len(token_ids) if sampling_params.get("logprobs") else None
         return TokenOutput(
@@ -185,12 +197,28 @@ class TrainedSample:
     reward_extra_info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class OptimizerStep:
+    """One AdamW step of :class:`StandInActor`: one of verl's updates (mini-batch x epoch)."""
+
+    keys: list[str]
+    loss_tokens: int
+    """Loss tokens (``loss_mask``) of the update's rows: what verl's token-mean divides by."""
+    weight_change: float
+    """Largest absolute change of a weight in this step."""
+
+
 class StandInActor:
     """The actor worker group of a single data-parallel rank, without a model."""
 
     def __init__(self) -> None:
         self._dispatch_info = {"actor": [0]}
         self.updates: list[list[TrainedSample]] = []
+        self.weights = torch.nn.Parameter(torch.ones(4))
+        # verl's default actor optimizer is AdamW; weight decay on, so a step moves weights whatever
+        # the gradient (and momentum carries earlier steps into it).
+        self.optimizer = torch.optim.AdamW([self.weights], lr=0.1, weight_decay=0.1)
+        self.steps: list[OptimizerStep] = []
 
     def _query_dispatch_info(self, role: str) -> list[int]:
         return self._dispatch_info[role]
@@ -245,15 +273,53 @@ class StandInActor:
                 )
             )
         self.updates.append(rows)
-        return {"metrics": {"mfu": [0.0], "pg_loss": [0.0]}}
+        losses = [self._optimizer_step(batch, rows, index) for index in _verl_updates(batch)]
+        return {"metrics": {"mfu": [0.0], "pg_loss": losses}}
+
+    def _optimizer_step(self, batch: Any, rows: list[TrainedSample], index: list[int]) -> float:
+        """One AdamW step on the rows ``index``: a token-mean loss (verl's default aggregation) of
+        ``advantage x weights.sum()`` over their loss tokens. With no loss token verl's loss is 0/0
+        with an exactly zero gradient (issue 16); the step is still taken, as verl takes it."""
+        tokens = sum(rows[i].mask_tokens for i in index)
+        signal = sum(rows[i].advantage * rows[i].mask_tokens for i in index)
+        before = self.weights.detach().clone()
+        self.optimizer.zero_grad()
+        loss = signal * self.weights.sum() / max(tokens, 1)
+        loss.backward()
+        self.optimizer.step()
+        change = float((self.weights.detach() - before).abs().max())
+        self.steps.append(OptimizerStep([batch.keys[i] for i in index], tokens, change))
+        return float(loss.detach()) if tokens else float("nan")
+
+
+def _verl_updates(batch: Any) -> list[list[int]]:
+    """The row indices of each optimizer update verl's engine worker makes of ``batch``
+    (``TrainingWorker.train_mini_batch``: ``tu.make_iterator`` over the trainer's ``mini_batch_size``,
+    ``epochs``, ``seed`` and ``dataloader_kwargs``; one data-parallel rank)."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    info = batch.extra_info
+    rows = TensorDict({"row": torch.arange(len(batch.keys))}, batch_size=[len(batch.keys)])
+    iterator = tu.make_iterator(
+        rows,
+        mini_batch_size=int(info["mini_batch_size"]),
+        epochs=int(info.get("epochs", 1)),
+        seed=int(info.get("seed", 42)),
+        dataloader_kwargs=dict(info.get("dataloader_kwargs") or {}),
+    )
+    return [mini["row"].tolist() for mini in iterator]
 
 
 def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def base_overrides(model_dir: Path, dataset: str, *, steps: int, prompts: int, n: int) -> list[str]:
-    """verl config for a tiny GRPO run on one stand-in rank (everything not a reward setting)."""
+def base_overrides(
+    model_dir: Path, dataset: str, *, steps: int, prompts: int, n: int, mini_batch: int | None = None
+) -> list[str]:
+    """verl config for a tiny GRPO run on one stand-in rank (everything not a reward setting); one
+    optimizer update per step unless ``mini_batch`` (``ppo_mini_batch_size``, prompts) is smaller."""
     return [
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.rollout.name=vllm",
@@ -261,7 +327,7 @@ def base_overrides(model_dir: Path, dataset: str, *, steps: int, prompts: int, n
         "actor_rollout_ref.rollout.prompt_length=64",
         "actor_rollout_ref.rollout.response_length=32",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch or prompts}",
         "algorithm.adv_estimator=grpo",
         f"data.train_files={dataset}",
         f"data.val_files={dataset}",
@@ -293,6 +359,8 @@ class TrainingRun:
     """Each ``Tracking.log`` call of the run (verl's ``file`` logger): ``{"step": n, "data": metrics}``."""
     updates: list[list[TrainedSample]]
     """The batch of each ``update_actor`` call."""
+    steps: list[OptimizerStep]
+    """Each AdamW step the stand-in actor took (one per verl update)."""
     wall_s: float
 
 
@@ -358,7 +426,9 @@ def run_v1_training(
             shutdown_reward_loop(reward_loop)
         clear_partition("train")
     logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    return TrainingRun(logged=logged, updates=actor.updates, wall_s=time.monotonic() - started)
+    return TrainingRun(
+        logged=logged, updates=actor.updates, steps=actor.steps, wall_s=time.monotonic() - started
+    )
 
 
 def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> None:

@@ -58,12 +58,13 @@ PIPELINED_TRAINER_KEY = "async_reward.pipeline"
 #: ones included), so an excluded sample would shrink the update instead of being absent.
 EXCLUDE_LOSS_AGG_MODES = ("token-mean", "token-sum")
 #: verl policy losses (``actor.policy_loss.loss_mode``) verified to ignore zero-mask rows exactly under
-#: those aggregations (tests/test_exclude.py checks every registered loss). ``geo_mean`` and ``sapo``
-#: normalise per sequence by the global batch size, so they do not; losses registered later are
-#: refused until verified.
+#: those aggregations, and to give a zero loss and gradient on a micro-batch with no loss token at all
+#: (tests/test_exclude.py checks every registered loss). ``geo_mean`` and ``sapo`` normalise per
+#: sequence by the global batch size, so they do not ignore the rows; ``bypass_mode`` raises on an
+#: empty micro-batch (its rollout correction demands a valid token), which one excluded session makes
+#: with ``ppo_micro_batch_size_per_gpu=1``. Losses registered later are refused until verified.
 EXCLUDE_POLICY_LOSSES = (
     "vanilla",
-    "bypass_mode",
     "cispo",
     "clip_cov",
     "dppo_kl",
@@ -295,7 +296,10 @@ def check_failure_policy(verl_config: Any) -> None:
     still move the weights: a loss aggregation or policy loss outside :data:`EXCLUDE_LOSS_AGG_MODES` /
     :data:`EXCLUDE_POLICY_LOSSES` (actor, and critic when one trains), rollout-correction weights
     normalised over the whole batch (``rollout_is_batch_normalize``: computed before rewards exist),
-    PF-PPO's reward-weighted resampling (``use_pf_ppo``), and an adaptive in-reward KL controller.
+    ``rollout_correction.bypass_mode`` on the legacy trainer (it switches the loss to ``bypass_mode``
+    at run time, which stops on a micro-batch without a loss token), a critic whose
+    ``ppo_mini_batch_size`` differs from the actor's, PF-PPO's reward-weighted resampling
+    (``use_pf_ppo``), and an adaptive in-reward KL controller.
 
     Raises:
         ConfigError: naming the setting, why, and where ``exclude`` works.
@@ -324,11 +328,40 @@ def check_failure_policy(verl_config: Any) -> None:
             f"{actor}.policy_loss.loss_mode",
             loss_mode,
             "does not ignore excluded samples exactly (it normalises per sequence by the global batch "
-            "size, or is not verified)",
+            "size, raises on a micro-batch whose every sample is excluded, or is not verified)",
             f"with on_failure=exclude use one of {list(EXCLUDE_POLICY_LOSSES)}, or on_failure=fallback",
+        )
+    legacy_trainer = _select(verl_config, PIPELINED_TRAINER_KEY) is not None or not _select(
+        verl_config, "trainer.use_v1"
+    )
+    if legacy_trainer and _select(verl_config, "algorithm.rollout_correction.bypass_mode"):
+        # verl's legacy trainer (ours builds on it) switches the policy loss to bypass_mode at run time
+        # (rollout_corr_helper.apply_bypass_mode), whatever policy_loss.loss_mode says. v1 only takes
+        # old_log_probs from the rollout and keeps the configured loss, checked above.
+        raise bad_value(
+            "algorithm.rollout_correction.bypass_mode",
+            True,
+            "makes verl's legacy trainer (the pipelined trainer's base) train with the bypass_mode "
+            "policy loss whatever policy_loss.loss_mode says, and that loss stops the run on a "
+            "micro-batch without a loss token, which excluded samples make during an outage",
+            "set it to false (verl then recomputes old_log_probs) with on_failure=exclude, train under "
+            "verl v1 (where bypass_mode=true keeps the configured loss), or use on_failure=fallback",
         )
     if _trains_critic(verl_config):
         _check_exclude_setting("critic.loss_agg_mode", _select(verl_config, "critic.loss_agg_mode"))
+        actor_mini = _select(verl_config, f"{actor}.ppo_mini_batch_size")
+        critic_mini = _select(verl_config, "critic.ppo_mini_batch_size")
+        if critic_mini is not None and actor_mini is not None and critic_mini != actor_mini:
+            # The trainers hand verl whole updates' worth of rows that are not excluded (fewer excluded
+            # rows than one update holds); with two update sizes that holds only for the smaller.
+            raise bad_value(
+                "critic.ppo_mini_batch_size",
+                critic_mini,
+                f"differs from {actor}.ppo_mini_batch_size ({actor_mini}): with on_failure=exclude one "
+                "of the two optimizers could get an update made only of excluded samples, and AdamW "
+                "moves weights on it (momentum, weight decay)",
+                f"set critic.ppo_mini_batch_size={actor_mini} with on_failure=exclude",
+            )
     kl_controller = _select(verl_config, "algorithm.kl_ctrl.type")
     if _select(verl_config, "algorithm.use_kl_in_reward") and kl_controller == "adaptive":
         raise bad_value(

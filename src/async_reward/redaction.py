@@ -10,15 +10,22 @@ messages refuse to echo a value that is a secret of this environment (``timeout_
 ${oc.env:JUDGE_API_KEY}``).
 
 verl's own task runners print the whole resolved config too (``pprint`` in its ``TaskRunner.run``),
-which this module cannot change: prefer the workers' real environment to ``runtime_env.env_vars`` for
-keys.
+and its ``run_ppo`` prints the Ray ``runtime_env`` with every ``env_vars`` value before starting Ray.
+Our entry point runs them under :func:`redacted_output`, which hides every value
+:func:`redact_config` would hide in all this process writes to stdout and stderr (the Ray workers'
+lines it relays included). Under verl's own entry points prefer the workers' real environment to
+``runtime_env.env_vars`` for keys.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
+import logging
 import os
 import re
+import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -33,6 +40,7 @@ __all__ = [
     "is_secret_field",
     "is_secret_name",
     "redact_config",
+    "redacted_output",
     "secret_values",
     "secrets_of",
 ]
@@ -225,3 +233,122 @@ def _redacted(node: Any, path: tuple[str, ...], secrets: set[str], hidden_vars: 
     if isinstance(node, str) and any(secret in node for secret in secrets):
         return HIDDEN
     return node
+
+
+def hidden_values(config: Any) -> set[str]:
+    """Every value :func:`redact_config` hides for ``config`` (headers, secret fields, worker keys,
+    this process's secret variables), long enough to be searched for in text."""
+    plain = _plain(config)
+    found = {
+        value
+        for value in secret_values()
+        | {os.environ.get(name) or "" for name in _api_key_env_names(plain)}
+        | set(_worker_secrets(plain).values())
+    }
+    found |= set(_hidden_strings(plain, redact_config(plain)))
+    return {value for value in found if len(value) >= _MIN_SECRET_CHARS}
+
+
+def _hidden_strings(plain: Any, shown: Any) -> Iterator[str]:
+    if shown == HIDDEN and isinstance(plain, str | int | float) and not isinstance(plain, bool):
+        yield str(plain)
+    elif isinstance(plain, Mapping) and isinstance(shown, Mapping):
+        for key, value in plain.items():
+            yield from _hidden_strings(value, shown.get(key))
+    elif isinstance(plain, list) and isinstance(shown, list):
+        for value, redacted in zip(plain, shown, strict=False):
+            yield from _hidden_strings(value, redacted)
+
+
+class _RedactingStream(io.TextIOBase):
+    """A text stream that writes whole lines to ``target`` with every secret replaced by ``<hidden>``.
+
+    Line-buffered so that a secret written in pieces is still whole when searched for (secrets hold
+    no newline); :meth:`flush` writes a pending partial line (a progress bar) as it is. Thread-safe:
+    Ray relays its workers' output from a thread of its own.
+    """
+
+    def __init__(self, target: Any, secrets: set[str]) -> None:
+        super().__init__()
+        self.target = target
+        self._secrets = sorted(secrets, key=len, reverse=True)  # a longer secret may contain a shorter
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            lines = (self._pending + text).split("\n")
+            self._pending = lines.pop()
+            if lines:
+                self.target.write("".join(self._redact(line) + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self.target.write(self._redact(self._pending))
+                self._pending = ""
+            self.target.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.target, "encoding", "utf-8"))
+
+    def fileno(self) -> int:
+        return int(self.target.fileno())
+
+    def _redact(self, line: str) -> str:
+        for secret in self._secrets:
+            line = line.replace(secret, HIDDEN)
+        return line
+
+
+@contextmanager
+def redacted_output(config: Any) -> Iterator[None]:
+    """Everything this process writes to ``sys.stdout`` / ``sys.stderr`` meanwhile (prints, logging
+    handlers on those streams, the Ray worker lines Ray relays) with the values
+    :func:`redact_config` hides for ``config`` replaced by ``<hidden>``.
+
+    For code we do not own that prints a config: verl's ``run_ppo`` prints the Ray ``runtime_env``,
+    ``env_vars`` values included, before starting Ray. A no-op when there is nothing to hide.
+    """
+    secrets = hidden_values(config)
+    if not secrets:
+        yield
+        return
+    original = {"stdout": sys.stdout, "stderr": sys.stderr}
+    wrapped = {name: _RedactingStream(stream, secrets) for name, stream in original.items()}
+    handlers = [
+        (handler, handler.stream)
+        for handler in _stream_handlers()
+        if handler.stream in (original["stdout"], original["stderr"])
+    ]
+    sys.stdout, sys.stderr = wrapped["stdout"], wrapped["stderr"]
+    for handler, stream in handlers:
+        handler.setStream(wrapped["stdout"] if stream is original["stdout"] else wrapped["stderr"])
+    try:
+        yield
+    finally:
+        for stream in wrapped.values():
+            stream.flush()
+        sys.stdout, sys.stderr = original["stdout"], original["stderr"]
+        for handler, stream in handlers:
+            handler.setStream(stream)
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    """The stream handlers of the root logger and of every logger that has its own."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]
+    return [
+        handler
+        for log in loggers
+        if isinstance(log, logging.Logger)
+        for handler in log.handlers
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+    ]

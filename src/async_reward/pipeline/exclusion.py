@@ -16,6 +16,11 @@ kept). Here, engine-agnostic, the schedule turns the flags into training inputs 
   are refused at start-up (``async_reward.integration.check_failure_policy``).
 
 A (mini-)batch with no trainable row is not updated at all (an empty update would divide by zero).
+verl's actor may split what it is given into several optimizer updates (``ppo_mini_batch_size x
+rollout.n`` rows each, after its own order and optional shuffle); one made only of untrained rows would
+still step AdamW (momentum, weight decay). So an update gets only the untrained rows that fill its
+trainable ones up to a whole number of optimizer updates (:func:`rows_for_update`): fewer rows without
+a loss token than one optimizer update holds, so none is without one, whatever the order.
 Tensors the advantage step adds are zero on rows that do not train, so the step's data metrics
 (``critic/score/*``, ``critic/advantages/*``) count those rows as zeros; ``reward/excluded`` and
 ``reward/untrained`` say how many there were.
@@ -37,6 +42,7 @@ __all__ = [
     "MIN_SCORED_PER_GROUP",
     "ExclusionOutcome",
     "advantage_without_excluded",
+    "rows_for_update",
     "trainable_rows",
 ]
 
@@ -59,6 +65,24 @@ def trainable_rows(excluded: np.ndarray, group_keys: np.ndarray | None = None) -
         if int(keep[members].sum()) < MIN_SCORED_PER_GROUP:
             keep[members] = False
     return keep
+
+
+def rows_for_update(keep: np.ndarray, optimizer_rows: int | None) -> np.ndarray | None:
+    """The rows (indices, in order) of a (mini-)batch to hand the actor's update, or None for all.
+
+    ``keep`` says which rows train; ``optimizer_rows`` is how many rows one of the actor's optimizer
+    updates takes (verl: ``ppo_mini_batch_size x rollout.n``; None: the update call is one optimizer
+    update). Every trainable row is kept, and only as many untrained rows as fill the last optimizer
+    update: then fewer untrained rows than one update holds reach the actor, so none of its updates
+    is made of untrained rows only, in any order, shuffle or data-parallel split.
+    """
+    keep = np.asarray(keep, dtype=bool)
+    if optimizer_rows is None or keep.all():
+        return None
+    fill = -int(keep.sum()) % optimizer_rows
+    untrained = np.flatnonzero(~keep)
+    chosen = np.sort(np.concatenate([np.flatnonzero(keep), untrained[:fill]]))
+    return None if len(chosen) == len(keep) else chosen
 
 
 @dataclass(frozen=True)

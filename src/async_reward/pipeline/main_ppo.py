@@ -17,6 +17,10 @@ which builds :class:`~async_reward.pipeline.trainer.PipelinedRayPPOTrainer` expl
 depends on how Ray ships classes to the task-runner actor (this module is ``__main__`` under
 ``python -m``): the runner class lives in its own module.
 
+Nothing it or verl prints shows a key: verl's ``run_ppo`` prints the Ray ``runtime_env`` (with
+``env_vars``) and its task runner the config, so ``run`` writes through
+:func:`~async_reward.redaction.redacted_output`.
+
 ``+async_reward.pipeline.dry_run=true`` builds the trainer inside the task-runner actor, prints what
 was built (class, mode, actor) and exits 0 without starting workers.
 """
@@ -37,6 +41,7 @@ from async_reward.pipeline import task_runner as _task_runner
 from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
 from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunnerActor, TrainerReport
 from async_reward.pipeline.trainer_config import load_pipeline_config
+from async_reward.redaction import redacted_output
 
 __all__ = ["PipelinedTaskRunner", "main", "prepare_config", "run"]
 
@@ -93,12 +98,17 @@ def run(config: DictConfig, task_runner_class: Any = PipelinedTaskRunnerActor) -
         import ray
 
         task_runner_class = ray.remote(plain)
-    config = prepare_config(config)
-    try:
-        run_ppo(config, task_runner_class=task_runner_class)
-    except DryRunComplete as stop:  # from the actor; Ray's wrapper of it passes ``report`` through
-        print(f"async_reward: dry run: built {stop.report}; no workers started, nothing trained", flush=True)
-        return stop.report
+    # verl's run_ppo prints the Ray runtime_env, every env_vars value included, before ray.init: a
+    # key passed to the workers there would be on the console. All we and verl print is redacted.
+    with redacted_output(config):
+        config = prepare_config(config)
+        try:
+            run_ppo(config, task_runner_class=task_runner_class)
+        except DryRunComplete as stop:  # from the actor; Ray's wrapper of it passes ``report`` through
+            print(
+                f"async_reward: dry run: built {stop.report}; no workers started, nothing trained", flush=True
+            )
+            return stop.report
     return None
 
 

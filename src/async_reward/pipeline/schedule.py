@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from async_reward.pipeline.exclusion import ExclusionOutcome, advantage_without_excluded
+from async_reward.pipeline.exclusion import ExclusionOutcome, advantage_without_excluded, rows_for_update
 from async_reward.result import extras_key_for
 
 if TYPE_CHECKING:
@@ -255,6 +255,11 @@ class StepSchedule:
         group_key: the ``non_tensor_batch`` key naming each sample's group.
         keep_batches: keep each step's trained batch on its :class:`StepRecord`.
         clock: monotonic seconds; timeline events and step bounds use it.
+        optimizer_rows: rows of one optimizer update of the backend's actor (verl: ``ppo_mini_batch_size
+            x rollout.n``), which may split an ``update`` call into several. With samples that train
+            on nothing, each call then gets only the rows that leave none of those updates without
+            a loss token (:func:`~async_reward.pipeline.exclusion.rows_for_update`). None: each
+            ``update`` call is one optimizer update.
     """
 
     def __init__(
@@ -270,6 +275,7 @@ class StepSchedule:
         group_key: str = "uid",
         keep_batches: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        optimizer_rows: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -288,6 +294,7 @@ class StepSchedule:
         self.group_key = group_key
         self.keep_batches = keep_batches
         self.clock = clock
+        self.optimizer_rows = optimizer_rows
 
     @property
     def off_policy(self) -> bool:
@@ -369,9 +376,11 @@ class StepSchedule:
             trainable = outcome.keep
             for i in range(self.mini_batches):
                 part = outcome.batch[i * per_update : (i + 1) * per_update]
-                if trainable is None or trainable[i * per_update : (i + 1) * per_update].any():
-                    metrics.append(self._timed(events, "update", step, i, self.backend.update, part, step))
-                    sizes.append(len(part))
+                keep = None if trainable is None else trainable[i * per_update : (i + 1) * per_update]
+                if keep is None or keep.any():
+                    rows = self._update_rows(part, keep)
+                    metrics.append(self._timed(events, "update", step, i, self.backend.update, rows, step))
+                    sizes.append(len(rows))
                 trained.append(part)
             return trained, metrics, sizes, outcome.untrained
         delivered = untrained = 0
@@ -386,14 +395,19 @@ class StepSchedule:
             outcome = self._advantage(events, step, i, _with_rewards(batch, chunk))
             untrained += outcome.untrained
             if outcome.trainable:  # a chunk of excluded samples only is absent: no update at all
-                metrics.append(
-                    self._timed(events, "update", step, i, self.backend.update, outcome.batch, step)
-                )
-                sizes.append(len(outcome.batch))
+                rows = self._update_rows(outcome.batch, outcome.keep)
+                metrics.append(self._timed(events, "update", step, i, self.backend.update, rows, step))
+                sizes.append(len(rows))
             trained.append(outcome.batch)
         if delivered != total:
             raise RuntimeError(f"reward source delivered {delivered} of {total} samples of step {step}")
         return trained, metrics, sizes, untrained
+
+    def _update_rows(self, part: DataProto, keep: np.ndarray | None) -> DataProto:
+        """``part`` as the actor's update gets it: without the untrained rows that could leave one of
+        its optimizer updates with nothing to train on (:func:`rows_for_update`)."""
+        chosen = None if keep is None else rows_for_update(keep, self.optimizer_rows)
+        return part if chosen is None else part[chosen]
 
     def _advantage(
         self, events: list[TimelineEvent], step: int, chunk: int | None, part: DataProto

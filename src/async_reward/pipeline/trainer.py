@@ -154,6 +154,8 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
                 chunk_timeout_s=self.pipeline_config.chunk_timeout_s,
                 adv_estimator=str(config.algorithm.adv_estimator),
                 assume_group_local=self.pipeline_config.assume_group_local,
+                # verl's actor splits each update call into these; exclude must leave none empty
+                optimizer_rows=actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n,
             )
             progress = progress_bar(self.total_training_steps, initial=first, desc="Training Progress")
             self.global_steps, self.max_steps_duration = first + 1, 0

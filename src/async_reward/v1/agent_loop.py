@@ -106,15 +106,19 @@ class RewardAgentLoopWorker(_VerlWorker):
         outputs = output if isinstance(output, list) else [output]
         uid, session_id = str(kwargs["uid"]), int(kwargs["session_id"])
         gate = self._gates.get(uid)
-        if gate is None or not outputs:
+        if not outputs:
             await super()._agent_loop_postprocess(output, validate, **kwargs)
             return
         await self._compute_score(outputs, kwargs=kwargs)  # verl's streaming reward call; a no-op later
         final = outputs[-1]
         flagged = is_excluded(final.extra_fields.get("reward_extra_info"))
-        final.reward_score = await gate.arrive(session_id, final.reward_score, excluded=flagged)
+        # No gate only when the group's size could not be read, and then verl's _run_prompt fails the
+        # group before any session starts; were one to get here anyway, an excluded session is still
+        # masked (fail closed), it only misses group post-processing.
+        if gate is not None:
+            final.reward_score = await gate.arrive(session_id, final.reward_score, excluded=flagged)
         # A group left with fewer than two scored members trains on nothing, as in the pipeline.
-        exclude = not validate and (flagged or gate.starved)
+        exclude = not validate and (flagged or (gate is not None and gate.starved))
         if exclude:
             for item in outputs:  # verl writes loss_mask = response_mask
                 item.response_mask = [0] * len(item.response_mask)

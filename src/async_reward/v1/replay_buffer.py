@@ -11,30 +11,43 @@ without us), wrapped so that ``sample`` adds the ``reward/*`` metrics of the bat
 ``parameter_sync_step > 1`` a training step samples several mini-batches; the metrics cover the whole
 step and are reported with its last mini-batch (verl would average per-mini-batch counts).
 
-It also keeps from verl the one mini-batch verl cannot train: one in which no session has a loss token
-(every session excluded by ``on_failure: exclude``). Such a batch is dropped and its prompts are
-generated again (:meth:`RewardReplayBuffer._skip_untrained`).
+It also keeps from verl what verl cannot train on (``on_failure: exclude``): a mini-batch in which no
+session has a loss token is dropped and its prompts are generated again
+(:meth:`RewardReplayBuffer._skip_untrained`); from one that trains, the rows without a loss token that
+could leave one of verl's optimizer updates (``ppo_mini_batch_size x rollout.n`` rows, after verl's
+re-ordering, shuffle and padding) without any are dropped, so verl receives fewer rows than sampled
+(:meth:`RewardReplayBuffer._drop_surplus_untrained`). The sampler metrics of a skip's two ``sample``
+calls are merged by meaning (:func:`merge_sampler_metrics`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
+from collections import Counter
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
+import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
+from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
+from async_reward.integration import _trains_critic
+from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, check_v1_start_up, max_untrained_skips
 
 __all__ = [
     "RewardReplayBuffer",
     "StepRewardMetrics",
+    "merge_sampler_metrics",
+    "row_loss_tokens",
     "session_reward_extras",
+    "starve_lone_scored",
     "untrained_sessions",
 ]
 
@@ -64,6 +77,7 @@ class RewardReplayBuffer:
         self.max_untrained_skips = max_untrained_skips(sampler_kwargs)
         self._builtin = build_builtin_replay_buffer(trainer_mode, sampler_kwargs, refill_fn)
         self._refill = refill_fn
+        self._excluding = OmegaConf.select(self._config, "reward.async_reward.on_failure") == "exclude"
         sync_steps = (trainer_config or {}).get("parameter_sync_step", 1)
         self._step_metrics = StepRewardMetrics(int(sync_steps))
 
@@ -77,6 +91,8 @@ class RewardReplayBuffer:
             return batch, metrics
         skipped = 0
         while True:
+            if self._excluding:
+                starve_lone_scored(batch)
             untrained, sessions = untrained_sessions(batch)
             extras = session_reward_extras(batch)
             if not sessions or untrained < sessions:
@@ -87,9 +103,57 @@ class RewardReplayBuffer:
             batch, more = self._builtin.sample(
                 global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
             )
-            metrics = _merge_counts(metrics, more)
+            metrics = merge_sampler_metrics(metrics, more)
         step = self._step_metrics.add(global_steps, extras, untrained)
+        if untrained:
+            batch = self._drop_surplus_untrained(batch, global_steps)
         return batch, {**metrics, **step}
+
+    def _drop_surplus_untrained(self, batch: KVBatchMeta, global_steps: int) -> KVBatchMeta:
+        """The batch without the rows (sessions' outputs without a loss token) that could make one of
+        verl's optimizer updates train on nothing.
+
+        verl's actor splits what it gets into updates of ``ppo_mini_batch_size x rollout.n`` rows (per
+        epoch, after its own re-ordering and optional shuffle, across data-parallel ranks), and pads
+        the batch to a multiple of that (and of the critic's) with rows that have no loss token
+        either. An update made only of such rows still steps AdamW: momentum and weight decay move the
+        weights on a zero gradient. Whatever the order, no update is without a loss token when fewer
+        such rows than one update holds are in the padded batch, so only the untrained rows that fill
+        the trained ones up to a whole number of updates are handed out (in batch order); the others
+        are cleared from TransferQueue. They trained on nothing, so nothing is lost; the step's
+        ``reward/*`` metrics counted them already.
+        """
+        tokens = row_loss_tokens(batch)
+        trained = sum(count > 0 for count in tokens)
+        unit = _update_rows(self._config)
+        keep_untrained = -trained % unit  # untrained rows that fill the last update, verl pads the same
+        kept: list[int] = []
+        dropped: list[str] = []
+        for position, count in enumerate(tokens):
+            if count > 0 or keep_untrained > 0:
+                keep_untrained -= count == 0
+                kept.append(position)
+            else:
+                dropped.append(batch.keys[position])
+        if not dropped:
+            return batch
+        logger.info(
+            "step %d: %d of %d rows handed to verl have no loss token; %d of them dropped so that none of "
+            "verl's optimizer updates (%d rows each) trains on nothing",
+            global_steps,
+            len(tokens) - trained,
+            len(tokens),
+            len(dropped),
+            unit,
+        )
+        tq.kv_clear(keys=dropped, partition_id=batch.partition_id)
+        return KVBatchMeta(
+            partition_id=batch.partition_id,
+            keys=[batch.keys[i] for i in kept],
+            tags=[batch.tags[i] for i in kept],
+            fields=batch.fields,
+            extra_info=batch.extra_info,
+        )
 
     def _skip_untrained(
         self, batch: KVBatchMeta, prompts: int, global_steps: int, sessions: int, skipped: int
@@ -191,18 +255,66 @@ class StepRewardMetrics:
         self._pending_extras, self._pending_untrained, self._pending_skipped = [], 0, 0
 
 
+def _update_rows(config: DictConfig) -> int:
+    """Rows of one of verl's optimizer updates, and the multiple verl pads a batch to: the actor's
+    ``ppo_mini_batch_size x rollout.n``, and its least common multiple with the critic's when a critic
+    trains (``PPOTrainer._get_required_batch_multiple``; data-parallel sizes divide both)."""
+    n = int(config.actor_rollout_ref.rollout.n)
+    rows = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * n
+    if _trains_critic(config):
+        rows = math.lcm(rows, int(config.critic.ppo_mini_batch_size) * n)
+    return rows
+
+
 def _gen_batch_size(config: DictConfig) -> int:
     """Prompts per dataloader fetch, read when needed: verl's trainer sets it after building us."""
     data = config.get("data") or {}
     return int(data.get("gen_batch_size") or data.get("train_batch_size") or 1)
 
 
-def _merge_counts(first: dict, second: dict) -> dict:
-    """Sampler metrics of two ``sample`` calls of one mini-batch: counts add up."""
+def merge_sampler_metrics(first: dict, second: dict) -> dict:
+    """The sampler metrics of two ``sample`` calls that make one mini-batch (after a skip), merged by
+    what each means, as verl merges its own across poll iterations: counts add up, a mean is
+    re-weighted by the count of what it averages (``.../evicted_samples_staleness/mean`` by
+    ``.../evicted_samples``; equal weights when that count is missing), ``/max`` takes the larger,
+    ``/min`` the smaller, and a dict of counts (DAPO's filtered reward counts) adds per entry.
+    Anything else (not a number) keeps the later value."""
     merged = dict(first)
     for key, value in second.items():
-        merged[key] = merged[key] + value if isinstance(merged.get(key), int | float) else value
+        if key not in merged:
+            merged[key] = value
+            continue
+        before = merged[key]
+        if isinstance(before, dict) and isinstance(value, dict):
+            counts = Counter(before)
+            counts.update(value)
+            merged[key] = dict(counts)
+        elif not (_is_number(before) and _is_number(value)):
+            merged[key] = value
+        elif key.endswith("/max"):
+            merged[key] = max(before, value)
+        elif key.endswith("/min"):
+            merged[key] = min(before, value)
+        elif key.endswith("/mean"):
+            count_key = _averaged_count_key(key)
+            w1, w2 = first.get(count_key), second.get(count_key)
+            if _is_number(w1) and _is_number(w2) and w1 + w2 > 0:
+                merged[key] = (before * w1 + value * w2) / (w1 + w2)
+            else:
+                merged[key] = (before + value) / 2
+        else:
+            merged[key] = before + value
     return merged
+
+
+def _averaged_count_key(mean_key: str) -> str:
+    """``<prefix>/<group>/<what>/mean`` -> ``<prefix>/<group>/evicted_samples``: the count of samples
+    verl's mean metrics average over (``ReplayBuffer._evict_terminal_groups``)."""
+    return mean_key.rsplit("/", 2)[0] + "/evicted_samples"
+
+
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def untrained_sessions(batch: KVBatchMeta) -> tuple[int, int]:
@@ -211,16 +323,65 @@ def untrained_sessions(batch: KVBatchMeta) -> tuple[int, int]:
 
     Counted from ``loss_mask``, the field verl's engines count loss tokens from (``batch_num_tokens``).
     """
-    real = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
-    if not real:
-        return 0, 0
-    data = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["loss_mask"])
-    tokens = data["loss_mask"].to_padded_tensor(0).sum(dim=1).tolist()
     trained: dict[str, bool] = {}
-    for key, count in zip(real, tokens, strict=True):
-        session = key.rpartition("_")[0]
-        trained[session] = trained.get(session, False) or count > 0
+    for key, tag, count in zip(batch.keys, batch.tags, row_loss_tokens(batch), strict=True):
+        if not tag.get("is_padding", False):
+            session = key.rpartition("_")[0]
+            trained[session] = trained.get(session, False) or count > 0
     return sum(not value for value in trained.values()), len(trained)
+
+
+def starve_lone_scored(batch: KVBatchMeta) -> list[str]:
+    """Give no loss token to a group's only trained session when the group has untrained ones
+    (``on_failure: exclude``); returns the keys masked.
+
+    Our agent loop already does this when the group is complete (:class:`~async_reward.v1.groups.
+    GroupGate`), but a session can still fail after its gate opened (its write, verl's teacher
+    log-probs): verl tags the group ``failure`` and, in ``sync`` without
+    ``sync_refill_failed_groups``, still hands out what was written. Its lone scored member would then
+    train with verl's GRPO advantage of a group of one, its raw score. As in the pipelined trainer,
+    a group left with fewer than two trained sessions trains on nothing.
+    """
+    tokens = row_loss_tokens(batch)
+    groups: dict[str, dict[str, list[int]]] = {}
+    for position, (key, tag) in enumerate(zip(batch.keys, batch.tags, strict=True)):
+        if not tag.get("is_padding", False):
+            session = key.rpartition("_")[0]
+            groups.setdefault(session.rpartition("_")[0], {}).setdefault(session, []).append(position)
+    lone: list[str] = []
+    for members in groups.values():
+        trained = [rows for rows in members.values() if any(tokens[row] > 0 for row in rows)]
+        if 0 < len(trained) < min(MIN_SCORED_PER_GROUP, len(members)):
+            lone.extend(batch.keys[row] for rows in trained for row in rows)
+    if lone:
+        logger.warning(
+            "%d output(s) of groups left with one trained session beside excluded ones get no loss "
+            "token (a session failed after its group was scored)",
+            len(lone),
+        )
+        data = tq.kv_batch_get(keys=lone, partition_id=batch.partition_id, select_fields=["loss_mask"])
+        zeros = [torch.zeros_like(row) for row in data["loss_mask"].unbind()]
+        fields = {name: torch.nested.as_nested_tensor(zeros, layout=torch.jagged) for name in MASK_FIELDS}
+        tq.kv_batch_put(
+            keys=lone, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(lone))
+        )
+    return lone
+
+
+#: The fields verl's loss reads a sample's loss tokens from (engines ``loss_mask``, losses
+#: ``response_mask``); our agent loop writes both equal.
+MASK_FIELDS = ("loss_mask", "response_mask")
+
+
+def row_loss_tokens(batch: KVBatchMeta) -> list[int]:
+    """Loss tokens (``loss_mask``) of each row of a sampled batch, in batch order; 0 for padding."""
+    real = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+    counts: dict[str, int] = {}
+    if real:
+        data = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["loss_mask"])
+        tokens = data["loss_mask"].to_padded_tensor(0).sum(dim=1).tolist()
+        counts = {key: int(count) for key, count in zip(real, tokens, strict=True)}
+    return [counts.get(key, 0) for key in batch.keys]
 
 
 def session_reward_extras(batch: KVBatchMeta) -> list[dict[str, Any]]:

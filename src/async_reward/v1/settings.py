@@ -125,7 +125,8 @@ def check_v1_start_up(verl_config: Any) -> None:
       member's score, excluded ones' ``fallback_score`` (and NaN extras) included, so it would keep or
       drop groups on scores that are not rewards.
     * ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` that is not an integer >= 0, and
-      ``exclude`` in ``sync`` with mini-batches that verl cannot generate again in whole
+      ``exclude`` in ``sync`` with ``parameter_sync_step > 1`` (a later mini-batch would be generated
+      again on sleeping replicas) or with mini-batches that verl cannot generate again in whole
       ``data.gen_batch_size`` fetches.
 
     Raises:
@@ -158,27 +159,40 @@ def check_v1_start_up(verl_config: Any) -> None:
 
 def _check_untrained_batches_can_be_regenerated(verl_config: Any) -> None:
     """With ``exclude``, a mini-batch that trains on nothing is dropped and its prompts generated again,
-    which verl does in whole ``data.gen_batch_size`` fetches. Async modes fetch one prompt at a time;
-    ``sync`` fetches a whole train batch unless told otherwise, which fits its mini-batch only when
-    ``parameter_sync_step`` is 1. Refused here rather than in the middle of an outage."""
+    which verl does in whole ``data.gen_batch_size`` fetches, on the rollout replicas as they are.
+    Async modes fetch one prompt at a time and keep the replicas generating while they sample.
+    ``sync`` puts the replicas to sleep after each mini-batch it samples (``on_sample_end``), so with
+    ``parameter_sync_step > 1`` the prompts of a later mini-batch would be sent to sleeping replicas;
+    and it fetches a whole train batch unless told otherwise. Refused here rather than in the middle
+    of an outage."""
     if _select(verl_config, "reward.async_reward.on_failure") != "exclude":
         return
     if (_select(verl_config, "trainer.v1.trainer_mode") or "sync") != "sync":
         return
+    steps = _select(verl_config, "trainer.v1.sync.parameter_sync_step") or 1
+    if isinstance(steps, int) and steps > 1:
+        raise ConfigError(
+            f"reward.async_reward.on_failure=exclude under verl v1 sync with "
+            f"trainer.v1.sync.parameter_sync_step={steps}: sync puts the rollout replicas to sleep after "
+            "sampling each mini-batch, so a later mini-batch whose every session is excluded could only "
+            "be generated again on sleeping replicas. Use parameter_sync_step=1 (one mini-batch per "
+            "step; ppo_mini_batch_size still splits the update), an async trainer_mode, or "
+            "on_failure=fallback",
+            key="trainer.v1.sync.parameter_sync_step",
+            fix="set trainer.v1.sync.parameter_sync_step=1",
+        )
     if _select(verl_config, "trainer.v1.sampler.sync_refill_failed_groups"):
         return  # verl then fetches one prompt at a time
     train_batch = _select(verl_config, "data.train_batch_size")
-    steps = _select(verl_config, "trainer.v1.sync.parameter_sync_step") or 1
     fetch = _select(verl_config, "data.gen_batch_size") or train_batch
-    if not all(isinstance(value, int) and value > 0 for value in (train_batch, steps, fetch)):
+    if not all(isinstance(value, int) and value > 0 for value in (train_batch, fetch)):
         return  # verl refuses these itself
-    if (train_batch // steps) % fetch:
+    if train_batch % fetch:
         raise ConfigError(
-            f"reward.async_reward.on_failure=exclude under verl v1 sync with a mini-batch of "
-            f"{train_batch // steps} prompts (data.train_batch_size={train_batch} / "
-            f"trainer.v1.sync.parameter_sync_step={steps}) and data.gen_batch_size={fetch}: a mini-batch "
-            "whose every session is excluded could not be generated again (verl fetches whole "
-            "gen_batch_size chunks). Set data.gen_batch_size=1",
+            f"reward.async_reward.on_failure=exclude under verl v1 sync with data.train_batch_size="
+            f"{train_batch} and data.gen_batch_size={fetch}: a mini-batch whose every session is excluded "
+            "could not be generated again (verl fetches whole gen_batch_size chunks). Set "
+            "data.gen_batch_size=1",
             key="data.gen_batch_size",
             fix="set data.gen_batch_size=1",
         )
