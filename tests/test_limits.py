@@ -314,3 +314,32 @@ async def test_fifo_slots_serve_in_arrival_order_and_survive_cancellation() -> N
     await asyncio.gather(*tasks, return_exceptions=True)
     assert order == [0, 1, 3, 4]
     await asyncio.wait_for(slots.acquire(), timeout=1)  # the slot came back
+
+
+async def test_slots_go_to_the_oldest_batch_first_then_in_arrival_order() -> None:
+    """Waiters of a later training step (priority 3) queued before those of an earlier one (priority
+    2): every freed slot goes to the earlier step's waiters first, each step's in arrival order."""
+    admission = Admission(LimitsConfig(max_concurrency=1))
+    order: list[tuple[int, int]] = []
+    hold = asyncio.Event()
+
+    async def first() -> None:
+        async with admission.admit(priority=1):
+            await hold.wait()
+
+    async def call(step: int, n: int) -> None:
+        async with admission.admit(priority=step):
+            order.append((step, n))
+            await asyncio.sleep(0)
+
+    holder = asyncio.create_task(first())
+    await asyncio.sleep(0)
+    tasks = [asyncio.create_task(call(3, n)) for n in range(3)]
+    await asyncio.sleep(0)
+    tasks += [asyncio.create_task(call(2, n)) for n in range(3)]
+    await asyncio.sleep(0)
+    assert admission.waiting == 6 and admission.in_flight == 1
+    hold.set()
+    await asyncio.gather(holder, *tasks)
+    assert order == [(2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
+    assert admission.max_in_flight == 1

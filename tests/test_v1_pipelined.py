@@ -368,9 +368,14 @@ def failing_reward(tmp_path: Path, policy: str) -> list[str]:
 
 
 def run_with_failures(
-    tmp_path: Path, model_dir: Path, rollout: ScriptedRollout, script: dict[str, list[str]], policy: str
+    tmp_path: Path,
+    model_dir: Path,
+    rollout: ScriptedRollout,
+    script: dict[str, list[str]],
+    policy: str,
+    schedule: str = "both",
 ) -> TrainingRun:
-    """One step of 4 prompts x 2 sessions in schedule ``both`` (4 chunks of one group each)."""
+    """One step of 4 prompts x 2 sessions, updates of one group (``both``: 4 chunks of one group)."""
     rows = [(q, str(i + 1)) for i, q in enumerate(QUESTIONS[:4])]
     dataset = write_dataset(tmp_path / "train.parquet", rows)
     config = compose_v1_config(
@@ -378,7 +383,7 @@ def run_with_failures(
             *base_overrides(model_dir, dataset, steps=1, prompts=4, n=2),
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "trainer.v1.trainer_mode=pipelined",
-            *schedule_flags("both"),
+            *schedule_flags(schedule),
             "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "trainer.val_before_train=false",
@@ -410,6 +415,27 @@ def test_exclude_moves_no_weight_and_a_chunk_with_nothing_to_train_never_reaches
     assert metrics["reward/excluded"] == 3.0 and metrics["reward/status_error"] == 3.0
     assert metrics["reward/untrained"] == 4.0  # three excluded and the starved group's scored one
     assert metrics["reward/status_ok"] == 5.0  # every session counted, trained or not
+    assert run.steps and all(step.loss_tokens > 0 for step in run.steps)  # every AdamW step trained
+
+
+@pytest.mark.timeout(600)
+def test_exclude_in_one_update_call_hands_verl_no_update_without_a_loss_token(
+    tmp_path, model_dir, rollout, transfer_queue
+) -> None:
+    """Schedule ``baseline``: one update call for the batch, which verl's actor splits into updates
+    of one group (2 rows) in its own order. The 4 rows without a loss token (an all-excluded group
+    and a starved one) are not handed to it, so neither of its 2 AdamW steps trains on nothing."""
+    script = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS[:4])}
+    script[QUESTIONS[0]] = ["fail", "fail"]
+    script[QUESTIONS[1]] = ["The answer is 2", "fail"]
+    run = run_with_failures(tmp_path, model_dir, rollout, script, "exclude", schedule="baseline")
+    (update,) = run.updates
+    assert Counter(row.index for row in sessions(update)) == {2: 2, 3: 2}
+    assert len(run.steps) == 2 and all(step.loss_tokens > 0 for step in run.steps)
+    assert all(step.weight_change > 0 for step in run.steps)
+    (metrics,) = step_logs(run)
+    assert metrics["reward/untrained"] == 4.0 and metrics["reward/excluded"] == 3.0
+    assert metrics["pipeline/num_updates"] == 2.0
 
 
 @pytest.mark.timeout(600)

@@ -229,8 +229,10 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
     trainer.bench = harness
     if mode == "pipelined":
         trainer._tq = harness.store
-        # its poll of TransferQueue's tags, time-scaled like verl's replay-buffer poll below
-        trainer.pipeline_config.poll_interval_s = min(0.005, trainer.pipeline_config.poll_interval_s)
+        # Its poll of TransferQueue's tags, time-scaled as verl's replay-buffer poll below is: each poll
+        # lists every tag of the store (a few ms of CPU with two batches in flight), so polling faster
+        # than verl's 2 s would starve this 2-core machine's judge and reward workers.
+        trainer.pipeline_config.poll_interval_s = 2.0 * harness.time_scale
     trainer.reward_loop_manager = harness.reward_loop_manager
     trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
     trainer.curr_step_profile = False

@@ -300,8 +300,12 @@ class PPOTrainerPipelined(PPOTrainer):
     def _update_on(
         self, chunk: KVBatchMeta, counts: dict[str, Any], metrics: dict, timing_raw: dict
     ) -> KVBatchMeta:
-        """Advantages of one chunk of scored groups and its update(s); a chunk with no loss token is
-        never sent to verl (its advantage and update would divide by zero tokens)."""
+        """Advantages of one chunk of scored groups and its update. A chunk with no loss token is never
+        sent to verl (its advantage and update would divide by zero tokens), and of the rows without a
+        loss token only those that fill the trained ones up to whole optimizer updates are: verl's
+        actor splits what it gets into updates of ``ppo_mini_batch_size x rollout.n`` rows (after its
+        own shuffle), and one made only of such rows would still step AdamW (momentum, weight decay).
+        Fewer of them than one update holds cannot fill an update, whatever the order."""
         tokens = self._loss_tokens(chunk)
         counts["untrained"] += _untrained_sessions(chunk.keys, tokens)
         if sum(tokens) == 0:
@@ -311,6 +315,10 @@ class PPOTrainerPipelined(PPOTrainer):
             )
             self._tq.kv_clear(keys=list(chunk.keys), partition_id=PARTITION)
             return KVBatchMeta(partition_id=PARTITION, keys=[], tags=[])
+        mini_rows = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(
+            self.config.actor_rollout_ref.rollout.n
+        )
+        chunk = self._without_surplus_untrained(chunk, tokens, mini_rows)
         chunk = self._balance_batch(chunk, metrics=metrics)
         with marked_timer("adv", timing_raw, color="brown"):
             chunk = self._compute_advantage(chunk, metrics=metrics)
@@ -319,29 +327,34 @@ class PPOTrainerPipelined(PPOTrainer):
                 chunk = self._update_critic(chunk, metrics=metrics)
         if self.config.trainer.critic_warmup > self.global_steps:
             return chunk
-        mini_rows = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(
-            self.config.actor_rollout_ref.rollout.n
-        )
-        if self.pipeline_config.mini_batch or _min_per_slice(self._loss_tokens(chunk), mini_rows) > 0:
-            with marked_timer("update_actor", timing_raw, color="red"):
-                chunk = self._update_actor(chunk, metrics=metrics)
-            counts["updates"] += max(1, len(chunk) // mini_rows)
-            return chunk
-        # Baseline with an update that would have no loss token: update slice by slice, skip it.
-        for start in range(0, len(chunk), mini_rows):
-            part = KVBatchMeta(
-                partition_id=PARTITION,
-                keys=chunk.keys[start : start + mini_rows],
-                tags=chunk.tags[start : start + mini_rows],
-                extra_info=dict(chunk.extra_info or {}),
-            )
-            if sum(self._loss_tokens(part)) == 0:
-                counts["skipped"] += 1
-                continue
-            with marked_timer("update_actor", timing_raw, color="red"):
-                self._update_actor(part, metrics=metrics)
-            counts["updates"] += 1
+        with marked_timer("update_actor", timing_raw, color="red"):
+            chunk = self._update_actor(chunk, metrics=metrics)
+        counts["updates"] += max(1, len(chunk) // mini_rows)
         return chunk
+
+    def _without_surplus_untrained(self, chunk: KVBatchMeta, tokens: list[int], unit: int) -> KVBatchMeta:
+        """``chunk`` without the untrained rows beyond those that fill its trained ones to whole
+        updates of ``unit`` rows (cleared from TransferQueue: they would train on nothing anyway, and
+        group advantages ignore them: an excluded row has a ``uid`` of its own, a starved group has
+        no trained row)."""
+        keep_untrained = -sum(count > 0 for count in tokens) % unit
+        kept: list[int] = []
+        dropped: list[str] = []
+        for position, count in enumerate(tokens):
+            if count > 0 or keep_untrained > 0:
+                keep_untrained -= count == 0
+                kept.append(position)
+            else:
+                dropped.append(chunk.keys[position])
+        if not dropped:
+            return chunk
+        self._tq.kv_clear(keys=dropped, partition_id=PARTITION)
+        return KVBatchMeta(
+            partition_id=PARTITION,
+            keys=[chunk.keys[i] for i in kept],
+            tags=[chunk.tags[i] for i in kept],
+            extra_info=dict(chunk.extra_info or {}),
+        )
 
     def _loss_tokens(self, meta: KVBatchMeta) -> list[int]:
         """Loss tokens of each row (``loss_mask``, which verl's engines count), padding rows as 0."""
@@ -452,11 +465,6 @@ def _meta(groups: dict[str, GroupState], uids: set[str]) -> KVBatchMeta:
             keys.append(key)
             tags.append(tag)
     return KVBatchMeta(partition_id=PARTITION, keys=keys, tags=tags)
-
-
-def _min_per_slice(tokens: list[int], rows: int) -> int:
-    """The fewest loss tokens in any slice of ``rows`` rows (verl's mini-batches, in order)."""
-    return min(sum(tokens[start : start + rows]) for start in range(0, len(tokens), rows)) if tokens else 0
 
 
 def _untrained_sessions(keys: list[str], tokens: list[int]) -> int:
