@@ -55,6 +55,7 @@ from async_reward.result import (
     normalize_user_result,
 )
 from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward.verl_settings import check_verl_settings
 
 __all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
 
@@ -85,6 +86,11 @@ class AsyncRewardManager(RewardManagerBase):
     uses_rate_budgets: ClassVar[bool] = True
     #: Set by the pipeline's reward worker on the manager it drives (``PipelineRewardWorker``).
     driven_by_pipeline: bool = False
+    #: Whether this manager calls ``reward.custom_reward_function`` (None: not known, e.g. a user's
+    #: subclass; False refuses a function, a reward model or sandbox_fusion that would go unused).
+    runs_custom_function: ClassVar[bool | None] = None
+    #: Whether, without a custom function, it scores with verl's default scorer (``sandbox_fusion``'s).
+    uses_default_scorer: ClassVar[bool] = False
     #: Sections of ``reward.async_reward`` this manager cannot run without (e.g. ``("judge",)``): their
     #: ``require`` runs at start-up, on the driver and in every worker.
     required_sections: ClassVar[tuple[str, ...]] = ()
@@ -139,6 +145,13 @@ class AsyncRewardManager(RewardManagerBase):
             ConfigError: naming the key, the bad value and the fix.
         """
         settings = load_config(config)
+        check_verl_settings(
+            config,
+            _manager_name(config, cls),
+            uses_rate_budgets=cls.uses_rate_budgets,
+            runs_custom_function=cls.runs_custom_function,
+            uses_default_scorer=cls.uses_default_scorer,
+        )
         for section in cls.required_sections:
             getattr(settings, section).require(env)
         check_failure_policy(config)
@@ -277,6 +290,17 @@ class AsyncRewardManager(RewardManagerBase):
         """Score ``sample`` with a user reward function called as verl calls ``compute_score``
         (``data_source, solution_str, ground_truth, extra_info``), under the manager's policy."""
 
+        # As verl's managers do: with a reward model (reward.reward_model.enable), the function gets
+        # its router address and tokenizer.
+        router: dict[str, Any] = (
+            {
+                "reward_router_address": self.reward_router_address,
+                "reward_model_tokenizer": self.reward_model_tokenizer,
+            }
+            if self.reward_router_address is not None
+            else {}
+        )
+
         async def attempt(_reservation: TokenReservation) -> Any:
             return await self.run_user_function(
                 fn,
@@ -284,6 +308,7 @@ class AsyncRewardManager(RewardManagerBase):
                 solution_str=sample.response,
                 ground_truth=sample.ground_truth,
                 extra_info=sample.extra_info,
+                **router,
             )
 
         is_async = _is_async(fn)
@@ -345,6 +370,15 @@ class AsyncRewardManager(RewardManagerBase):
         reward_model = non_tensor.get("reward_model") or {}
         extra_info = non_tensor.get("extra_info")
         uid = non_tensor.get("uid")
+        extra = dict(extra_info) if isinstance(extra_info, dict) else {}
+        if self.runs_custom_function:
+            # What verl's naive / rate_limited managers add to a function's extra_info (multi-turn
+            # rollouts): the tool fields, the turn count and the rollout's own reward scores.
+            tool_fields = non_tensor.get("tool_extra_fields")
+            if hasattr(tool_fields, "items"):
+                extra.update(tool_fields.items())
+            extra["num_turns"] = non_tensor.get("__num_turns__")
+            extra["rollout_reward_scores"] = non_tensor.get("reward_scores", {})
         return RewardSample(
             index=_as_index(extra_info.get("index") if isinstance(extra_info, dict) else None),
             uid=None if uid is None else str(uid),
@@ -352,7 +386,7 @@ class AsyncRewardManager(RewardManagerBase):
             prompt=prompt,
             response=response,
             ground_truth=reward_model.get("ground_truth") if hasattr(reward_model, "get") else None,
-            extra_info=dict(extra_info) if isinstance(extra_info, dict) else {},
+            extra_info=extra,
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
@@ -486,3 +520,11 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     if isinstance(root, UserCodeError):
         return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
     return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)
+
+
+def _manager_name(config: Any, cls: type) -> str:
+    """The manager's name as configured (``reward.reward_manager.name``), else its class name."""
+    reward: Any = config.get("reward") if hasattr(config, "get") else None
+    manager: Any = reward.get("reward_manager") if hasattr(reward, "get") else None
+    name = manager.get("name") if hasattr(manager, "get") else None
+    return str(name) if name else cls.__name__

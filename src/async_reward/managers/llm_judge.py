@@ -62,6 +62,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
     """Scores each sample by asking an LLM judge, under admission, deadline and retry."""
 
     required_sections: ClassVar[tuple[str, ...]] = ("judge",)
+    runs_custom_function: ClassVar[bool | None] = False
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,
         "judge_tokens": 0,

@@ -47,6 +47,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
     """POSTs each sample to ``reward.async_reward.remote.url`` under admission, deadline and retry."""
 
     required_sections: ClassVar[tuple[str, ...]] = ("remote",)
+    runs_custom_function: ClassVar[bool | None] = False
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
