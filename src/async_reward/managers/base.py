@@ -32,6 +32,7 @@ from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
+    DeadlineExceeded,
     UserCodeError,
     as_user_code_error,
     being_cancelled,
@@ -251,13 +252,16 @@ class AsyncRewardManager(RewardManagerBase):
 
         async def admitted_attempt() -> _T:
             async with self._admitted(estimated_tokens) as reservation:
-                if own_deadline:
-                    return await attempt(reservation)
-                return await run_with_deadline(
-                    attempt(reservation),
-                    self.settings.timeout_s,
-                    what=f"the scoring call ({type(self).__name__})",
-                )
+                try:
+                    if own_deadline:
+                        return await attempt(reservation)
+                    return await run_with_deadline(
+                        attempt(reservation),
+                        self.settings.timeout_s,
+                        what=f"the attempt against the service ({type(self).__name__})",
+                    )
+                except DeadlineExceeded as exc:  # the sample's reason names the limit and its key
+                    raise DeadlineExceeded(f"{exc} (timeout_s)", exc.timeout_s) from None
 
         def is_transient(exc: BaseException) -> bool:
             if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned)):
@@ -277,7 +281,10 @@ class AsyncRewardManager(RewardManagerBase):
             async with asyncio.timeout(limit):
                 reservation = await context.__aenter__()
         except TimeoutError:
-            raise AdmissionTimeout(f"queued for admission longer than {limit:g} s") from None
+            raise AdmissionTimeout(
+                f"queued for admission (a concurrency slot, the RPM / TPM budget) longer than "
+                f"admission_timeout_s={limit:g} s"
+            ) from None
         try:
             yield reservation
         except BaseException as exc:
@@ -504,13 +511,19 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     """Map an exception to the status contract: timeout / invalid / error."""
     attempts = int(getattr(exc, "attempts", 1) or 1)
     root = exc
+    stopped = ""
     if isinstance(exc, AttemptsExhausted):
         attempts = exc.attempts
         root = exc.last_error
+        if exc.stopped_by:  # retrying ran out of time, not of attempts: say so
+            stopped = f"; retrying stopped after {attempts} attempt(s): {exc.stopped_by}"
     if isinstance(root, (AdmissionTimeout, DeadlineAbandoned)):
-        return RewardResult.failure(Status.TIMEOUT, str(root), attempts=attempts)
+        return RewardResult.failure(Status.TIMEOUT, str(root) + stopped, attempts=attempts)
     if isinstance(root, (TimeoutError, asyncio.TimeoutError)):
-        return RewardResult.failure(Status.TIMEOUT, "deadline exceeded", attempts=attempts)
+        # What timed out and its limit: the attempt (timeout_s), the HTTP exchange, the scoring code's
+        # own timeout; never a bare "deadline exceeded".
+        reason = str(root) or f"{type(root).__name__} raised by the scoring code (no message)"
+        return RewardResult.failure(Status.TIMEOUT, reason + stopped, attempts=attempts)
     if isinstance(root, (MalformedResponseError, VerdictError)):
         return RewardResult.failure(Status.INVALID, str(root), attempts=attempts)
     if isinstance(root, HTTPStatusError):
