@@ -72,3 +72,33 @@ def test_retry_failed_during_a_lasting_outage_keeps_every_row_once(server, tmp_p
     after = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in after) == sorted(r["id"] for r in rows)
     assert {r["status"] for r in after} == {"error"}
+
+
+def test_retry_failed_stopped_by_on_failure_raise_still_writes_each_row_once(server, tmp_path):
+    """The run stops at the first row that fails again: rows it did not reach keep their old row."""
+    rows = make_rows(8)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    server.update_config(fault_rates={"503": 0.5})
+    assert run_score(server, src, out).returncode == 0
+    before = {r["id"]: r for r in read_output(out)}
+    assert any(r["status"] != "ok" for r in before.values())
+    server.update_config(fault_rates={"503": 1.0})  # still down
+    stopped = run_score(server, src, out, "--retry-failed", "--set", "on_failure=raise")
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    after = read_output(out)
+    assert sorted(r["id"] for r in after) == sorted(r["id"] for r in rows)
+    assert {r["id"]: r for r in after} == before  # nothing was scored: every old row is back
+
+
+def test_rows_sharing_an_ok_rows_id_are_kept_and_a_cut_last_line_left_out(tmp_path):
+    from async_reward.offline_rows import read_previous_output
+
+    out = tmp_path / "out.jsonl"
+    ok = {"id": "a", "input_line": 1, "status": "ok", "score": 1.0}
+    duplicate = {"id": "a", "input_line": 2, "status": "invalid", "failure_reason": "duplicate id"}
+    failed = {"id": "b", "input_line": 3, "status": "error", "failure_reason": "HTTP 503"}
+    out.write_text("".join(json.dumps(r) + "\n" for r in (duplicate, ok, failed)) + '{"id": "c", "inp')
+    previous = read_previous_output(out, "id")
+    assert [json.loads(line)["input_line"] for line in previous.ok_lines] == [2, 1]
+    assert list(previous.failed) == ['id:"b"'] and previous.truncated_tail

@@ -194,12 +194,13 @@ class PreviousOutput:
     """An output file read for ``--retry-failed``: its rows split by status, the file untouched."""
 
     ok_lines: list[bytes]
-    """The raw lines of rows whose status is ``ok``, in file order (kept as they are)."""
+    """The raw lines kept as they are, in file order: rows whose status is ``ok``, and any other row
+    sharing an ``ok`` row's key (an input line recorded as a duplicate of that id)."""
     ok_keys: set[str]
-    """Their keys (skipped when scoring)."""
-    failed: dict[str, bytes]
-    """Key -> raw line of each row whose status is not ``ok`` (scored again; a key that also has an
-    ``ok`` row is not here)."""
+    """Keys of the ``ok`` rows (skipped when scoring)."""
+    failed: dict[str, list[bytes]]
+    """Key -> raw lines of the rows whose status is not ``ok`` and whose key has no ``ok`` row: scored
+    again (all lines of a key are replaced by the rows the new run writes for it)."""
     truncated_tail: bool
     """A last line cut short by a crash was left out."""
 
@@ -215,6 +216,7 @@ def read_previous_output(path: Path, id_field: str) -> PreviousOutput:
         return previous
     with open(path, "rb") as f:
         lines = [raw for raw in f if raw.strip()]
+    rows: list[tuple[str, bytes, bool]] = []
     for number, raw in enumerate(lines, start=1):
         row: Any = None
         key = None
@@ -229,12 +231,15 @@ def read_previous_output(path: Path, id_field: str) -> PreviousOutput:
                 previous.truncated_tail = True
                 continue
             raise OutputFileError(f"{path}: row {number} is not a scored row; fix or remove it first")
-        if row.get("status") == Status.OK.value:
-            previous.ok_lines.append(raw)
+        ok = row.get("status") == Status.OK.value
+        rows.append((key, raw, ok))
+        if ok:
             previous.ok_keys.add(key)
-            previous.failed.pop(key, None)
-        elif key not in previous.ok_keys:
-            previous.failed[key] = raw
+    for key, raw, _ok in rows:
+        if key in previous.ok_keys:
+            previous.ok_lines.append(raw)
+        else:
+            previous.failed.setdefault(key, []).append(raw)
     return previous
 
 

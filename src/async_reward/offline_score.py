@@ -286,7 +286,9 @@ async def _score_rows(
             # Failed rows this run did not score again stay as they were: every row once.
             output.flush()
             with open(target, "ab") as rest:
-                rest.writelines(raw for key, raw in previous.failed.items() if key not in written_keys)
+                for key, raws in previous.failed.items():
+                    if key not in written_keys:
+                        rest.writelines(raws)
         output.close()
         if previous is not None:
             os.replace(target, job.output_path)
