@@ -35,7 +35,7 @@ test-verl:
 	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
 	$(VERL_VENV)/bin/pip install --quiet -e "$(VERL_SRC)"
 	$(VERL_VENV)/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-	print('\n'.join([d for d in p['dependencies'] if not d.startswith('verl')] + p['optional-dependencies']['test']))" \
+	print('\n'.join([d for d in p['dependencies'] if not d.startswith('verl')] + p['optional-dependencies']['test'] + p['optional-dependencies']['bench']))" \
 	> $(VERL_VENV)/async-reward-requirements.txt
 	$(VERL_VENV)/bin/pip install --quiet -r $(VERL_VENV)/async-reward-requirements.txt
 	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
