@@ -7,7 +7,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test bench bench-full lint format clean
+# `make test-verl VERL_SRC=/path/to/verl` runs the suite against a verl checkout (e.g. verl's main
+# branch) in its own virtualenv: torch first, then that verl (editable), then this package without
+# its verl pin and its other requirements. VERL_VENV (default .venv-verl) keeps the environment.
+VERL_SRC  ?=
+VERL_VENV ?= .venv-verl
+
+.PHONY: install test test-verl bench bench-full lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +28,19 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-verl:
+	@test -n "$(VERL_SRC)" || { echo "usage: make test-verl VERL_SRC=/path/to/verl/checkout [VERL_VENV=dir]"; exit 2; }
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VERL_VENV)/bin/pip install --quiet -e "$(VERL_SRC)"
+	$(VERL_VENV)/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	print('\n'.join([d for d in p['dependencies'] if not d.startswith('verl')] + p['optional-dependencies']['test'] + p['optional-dependencies']['bench']))" \
+	> $(VERL_VENV)/async-reward-requirements.txt
+	$(VERL_VENV)/bin/pip install --quiet -r $(VERL_VENV)/async-reward-requirements.txt
+	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VERL_VENV)/bin/python -c "import verl; print('verl', verl.__version__, 'from', verl.__file__)"
+	$(VERL_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/async-reward bench --quick

@@ -669,3 +669,47 @@ async def test_admission_deadline_gives_timeout_not_an_endless_queue(
         if output["reward_extra_info"]["status"] == "timeout":
             assert "admission" in output["reward_extra_info"]["failure_reason"]
             assert output["reward_extra_info"]["attempts"] == 1
+
+
+ORDER_RECORDING_FUNCTION = """
+import asyncio
+import itertools
+
+STARTED = itertools.count()
+
+
+async def recorded(data_source, solution_str, ground_truth, extra_info=None):
+    started = next(STARTED)
+    await asyncio.sleep(0.05)
+    return {"score": 1.0, "started": started}
+"""
+
+
+async def test_samples_of_an_earlier_training_step_are_admitted_first(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    """One slot; step 3's samples queue before step 2's arrive (verl's v1 agent loop stamps each
+    sample with its batch's ``global_steps``): every freed slot goes to step 2 first, so the batch the
+    trainer waits for is not delayed by the next one's requests."""
+    import numpy as np
+
+    path = write_module(tmp_path, ORDER_RECORDING_FUNCTION, "recorded.py")
+    config = verl_config_factory(
+        "async_naive",
+        {"limits": {"max_concurrency": 1}, "extra_defaults": {"started": -1}},
+        custom_reward_function={"path": path, "name": "recorded"},
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    responses = ["s3 a", "s3 b", "s3 c", "s2 a", "s2 b"]
+    batch = batch_factory([{"response": r, "ground_truth": "1"} for r in responses])
+    batch.non_tensor_batch["global_steps"] = np.array([3, 3, 3, 2, 2], dtype=object)
+    tasks = []
+    for i in range(len(batch)):
+        tasks.append(asyncio.create_task(manager.run_single(batch[i : i + 1])))
+        await asyncio.sleep(0.005)  # arrival order: all of step 3, then step 2
+    outputs = await asyncio.gather(*tasks)
+    assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
+    started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
+    assert sorted(started, key=started.__getitem__) == ["s3 a", "s2 a", "s2 b", "s3 b", "s3 c"]

@@ -349,7 +349,8 @@ def test_blocked_time_per_step_drops_with_a_slow_judge(
         (["data.train_batch_size=5"], "multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
         (["algorithm.adv_estimator=reinforce_plus_plus"], "group-local advantage estimator"),
         (["actor_rollout_ref.actor.ppo_epochs=2"], "allow_ppo_epochs_per_chunk"),
-        (["reward_model.enable=true"], "cannot overlap"),
+        # llm_judge would never call the reward model: refused before the trainer's own "cannot overlap".
+        (["reward_model.enable=true"], "reward model whose router only a custom_reward_function can call"),
         (["+async_reward.pipeline.chunk_timeout=5"], "valid keys"),
         (["+reward.async_reward.pipeline.mini_batch=true"], "put the trainer's pipeline settings under"),
     ],
@@ -415,6 +416,9 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
         "trainer.n_gpus_per_node=1",
     )
+    # Only the legacy line names the manager (reward.reward_manager.name at verl's default): a legacy
+    # key and a different new one would be a conflict, refused.
+    config.reward.reward_manager.name = "naive"
     captured = {}
     monkeypatch.setattr(
         main_ppo, "run_ppo", lambda cfg, task_runner_class: captured.update(cfg=cfg, cls=task_runner_class)

@@ -387,6 +387,12 @@ def _add_score_parser(subparsers: Any) -> None:
         help="input field holding the row id used for resuming (default: %(default)s)",
     )
     score.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    score.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="score again the rows of --output whose status is not ok (after an outage); ok rows are "
+        "kept, and the output is rewritten in one atomic replace, so each row is in it once",
+    )
     score.set_defaults(handler=_run_score, subparser=score)
 
 
@@ -421,6 +427,7 @@ def _score_job(args: argparse.Namespace) -> Any:
         concurrency=args.concurrency,
         id_field=args.id_field,
         progress=not args.no_progress,
+        retry_failed=args.retry_failed,
     )
 
 
@@ -451,6 +458,8 @@ def _run_score(args: argparse.Namespace) -> int:
         )
         return 1
     skipped = f", skipped {progress.skipped} already in the output" if progress.skipped else ""
+    if job.retry_failed:
+        skipped += f" (retried {progress.retried} rows that were not ok)"
     print(
         f"scored {progress.written} rows into {job.output_path} in {progress.elapsed_s:.1f} s: "
         f"{progress.status_counts()}{skipped}",

@@ -39,6 +39,7 @@ from async_reward._config_rules import (
     rule,
 )
 from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
+from async_reward.verl_settings import apply_verl_reward_keys
 
 __all__ = [
     "CONFIG_PATH",
@@ -532,6 +533,9 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     """Read and validate ``reward.async_reward`` from a full verl config.
 
     ``num_workers`` defaults to ``reward.num_workers`` so that job-wide budgets are split correctly.
+    verl's ``rate_limited`` keys (``reward.max_concurrent``, ``max_rpm``, ``max_tpm``,
+    ``estimated_tokens_per_request``, ``timeout``) are applied to the same settings here
+    (``async_reward.verl_settings``).
     Checks values only; what one manager requires (judge URL, remote URL, API key variables) is
     checked by that manager's ``check_config`` (on the driver by ``integration.check_reward_config``).
 
@@ -548,6 +552,9 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
         fix = "put the trainer's pipeline settings under async_reward.pipeline"
         problem = f"is not read there (reward workers parse {CONFIG_PATH})"
         raise ConfigError(f"{key} {problem}; {fix}", key=key, fix=fix)
+    if raw is None or isinstance(raw, Mapping):
+        # verl's rate_limited keys (reward.max_rpm, ...) with their meaning, or a ConfigError.
+        raw = apply_verl_reward_keys(reward_node, raw)
     config = parse_config(AsyncRewardConfig, raw)
     verl_workers = reward_node.get("num_workers") if hasattr(reward_node, "get") else None
     if verl_workers is not None:

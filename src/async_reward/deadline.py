@@ -26,6 +26,7 @@ __all__ = [
     "GRACE_S",
     "AdmissionTimeout",
     "DeadlineAbandoned",
+    "DeadlineExceeded",
     "UserCodeError",
     "being_cancelled",
     "contained",
@@ -44,6 +45,17 @@ GRACE_S = 1.0
 class AdmissionTimeout(TimeoutError):
     """A call waited longer than allowed for a slot, a worker or a rate budget (status ``timeout``,
     not retried: the queue is what it waited for)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """:func:`run_with_deadline`'s deadline passed (the task stopped); ``timeout_s`` is that deadline."""
+
+    def __init__(self, message: str, timeout_s: float) -> None:
+        super().__init__(message, timeout_s)  # both in args: it pickles through Ray
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class DeadlineAbandoned(TimeoutError):
@@ -108,7 +120,7 @@ async def run_with_deadline(
     at once, without waiting for it either.
 
     Raises:
-        TimeoutError: the deadline passed (the task stopped, or finished during the grace).
+        DeadlineExceeded: the deadline passed (the task stopped, or finished during the grace).
         DeadlineAbandoned: the deadline passed and the task ignored its cancellation.
     """
     task = asyncio.ensure_future(contained(awaitable))
@@ -133,7 +145,7 @@ async def run_with_deadline(
         raise DeadlineAbandoned(
             f"deadline of {timeout_s:g} s exceeded; {what} ignored its cancellation and was abandoned"
         )
-    raise TimeoutError(f"deadline of {timeout_s:g} s exceeded")
+    raise DeadlineExceeded(f"{what} took longer than its deadline of {timeout_s:g} s", timeout_s)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -118,7 +118,9 @@ async def post_json(
         excerpt = _redact(f"{type(exc).__name__}: {exc.message}", secrets)
         raise HTTPStatusError(exc.status, safe_url, None, excerpt) from None
     if not 200 <= status < 300:
-        raise HTTPStatusError(status, safe_url, parse_retry_after(response_headers), _excerpt(body, secrets))
+        raise HTTPStatusError(
+            status, safe_url, parse_retry_after(response_headers, status), _excerpt(body, secrets)
+        )
     try:
         parsed = json.loads(body)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError both derive from it

@@ -9,9 +9,11 @@ import, so ``async_reward`` must be imported in those worker processes too. Ray'
 
 (verl's ``main_ppo`` merges ``ray_kwargs.ray_init.runtime_env`` into its ``ray.init``).
 
-verl's own ``main_ppo`` never calls ``migrate_legacy_reward_impl``, so the legacy
-``reward_model.reward_manager=llm_judge`` key is silently ignored there. ``prepare_verl_config``
-applies verl's migration and adds the hook; our entry point calls it.
+verl's own ``main_ppo`` never calls ``migrate_legacy_reward_impl``, so without our hook the legacy
+``reward_model.reward_manager=llm_judge`` key is silently ignored there. The setup hook applies it
+where verl builds its trainer (before any GPU worker) and its ``RewardLoopManager``; a legacy key
+that verl reads earlier (the reward model's resources) is refused there, naming the new key.
+``prepare_verl_config`` applies verl's whole migration and adds the hook; our entry point calls it.
 
 Start-up checks: :func:`check_reward_config` refuses, before any reward worker starts, every setting a
 worker would refuse (so a missing ``judge.base_url`` is one clear ``ConfigError``, not a Ray
@@ -37,6 +39,8 @@ __all__ = [
     "EXCLUDE_POLICY_LOSSES",
     "PIPELINED_TRAINER_KEY",
     "SETUP_HOOK",
+    "VERL_TRAINERS",
+    "apply_legacy_and_check",
     "check_failure_policy",
     "check_reward_config",
     "declare_pipelined_trainer",
@@ -76,15 +80,70 @@ EXCLUDE_POLICY_LOSSES = (
 )
 
 
+#: verl's trainer classes whose ``__init__`` the setup hook wraps (module, class): built in the task
+#: runner before any GPU worker starts, so the legacy reward keys are migrated and the reward settings
+#: checked there, where verl's own entry point never calls ``migrate_legacy_reward_impl``.
+VERL_TRAINERS = (
+    ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer"),
+    ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer"),
+)
+
+
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook``: registers our managers in this process (on import), our
     ``pipelined`` verl v1 trainer mode once verl's v1 trainer is imported here (verl's task-runner
-    actor), and checks the reward settings where verl's own trainer builds its ``RewardLoopManager``."""
+    actor), applies the legacy ``reward_model.*`` reward keys and checks the reward settings where
+    verl's own trainer is built (before its GPU workers) and where it builds its ``RewardLoopManager``."""
+    import wrapt
+
     import async_reward  # noqa: F401
     from async_reward.v1.registration import register_pipelined_mode_on_verl_import
 
     register_pipelined_mode_on_verl_import()
     _check_before_verl_reward_loop()
+    for module, name in VERL_TRAINERS:
+        # Wrapped when verl imports the module (most worker processes never do; importing it here
+        # would cost every one of them a second of start-up).
+        wrapt.register_post_import_hook(functools.partial(_wrap_trainer_init, name=name), module)
+
+
+def _wrap_trainer_init(module: Any, name: str) -> None:
+    """Make ``module.<name>.__init__`` run :func:`apply_legacy_and_check` on its config first."""
+    trainer_cls = getattr(module, name, None)
+    original = getattr(trainer_cls, "__init__", None)
+    if original is None or getattr(original, "_async_reward_checked", False):
+        return
+
+    @functools.wraps(original)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        config = kwargs.get("config", args[0] if args else None)
+        if config is not None:
+            apply_legacy_and_check(config)
+        original(self, *args, **kwargs)
+
+    checked_init._async_reward_checked = True  # type: ignore[attr-defined]
+    trainer_cls.__init__ = checked_init  # type: ignore[misc]
+
+
+def apply_legacy_and_check(config: Any) -> None:
+    """What the setup hook does where verl builds its trainer or ``RewardLoopManager``: the legacy
+    ``reward_model.reward_manager`` / ``reward_loop_*`` / ``num_workers``, ``custom_reward_function.*``
+    and ``sandbox_fusion.*`` keys applied as verl's ``migrate_legacy_reward_impl`` would (a conflict
+    with the new key, or a legacy key verl has already read, is a ``ConfigError``), then
+    :func:`check_reward_config` and, under verl's v1 trainer, its start-up checks.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    from async_reward.verl_settings import apply_legacy_reward_keys
+
+    if isinstance(config, DictConfig):
+        apply_legacy_reward_keys(config, late=True)
+    check_reward_config(config)
+    if _select(config, "trainer.use_v1"):  # verl's v1 trainer: what it cannot honour, refused
+        from async_reward.v1.settings import check_v1_start_up
+
+        check_v1_start_up(config)
 
 
 def _check_before_verl_reward_loop() -> None:
@@ -105,11 +164,7 @@ def _check_before_verl_reward_loop() -> None:
 
     @functools.wraps(original)
     def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        check_reward_config(config)
-        if _select(config, "trainer.use_v1"):  # verl's v1 trainer: what it cannot honour, refused
-            from async_reward.v1.settings import check_v1_start_up
-
-            check_v1_start_up(config)
+        apply_legacy_and_check(config)
         original(self, config, *args, **kwargs)
 
     checked_init._async_reward_checked = True  # type: ignore[attr-defined]
@@ -161,7 +216,8 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
     """Honour the legacy ``reward_model.*`` reward keys, register our managers in Ray workers, and
     refuse bad reward settings before anything starts.
 
-    Runs verl's own ``migrate_legacy_reward_impl`` (when the legacy section is present), adds our
+    Runs verl's own ``migrate_legacy_reward_impl`` (when the legacy section is present; a legacy key
+    and its new key set to different values is a ``ConfigError``), adds our
     setup hook to ``ray_kwargs.ray_init.runtime_env``, then :func:`check_reward_config`. Returns the
     same (mutated) config.
 
@@ -170,9 +226,9 @@ def prepare_verl_config(config: DictConfig) -> DictConfig:
             that cannot honour it (call :func:`declare_pipelined_trainer` first when ours trains).
     """
     if _has_legacy_reward_keys(config):
-        from verl.experimental.reward_loop.reward_loop import migrate_legacy_reward_impl
+        from async_reward.verl_settings import apply_legacy_reward_keys
 
-        config = migrate_legacy_reward_impl(config)
+        apply_legacy_reward_keys(config, late=False)  # verl's migration, a conflict refused
     with open_dict(config):
         if config.get("ray_kwargs") is None:
             config.ray_kwargs = {}

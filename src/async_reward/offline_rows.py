@@ -14,6 +14,12 @@ Every input line gets exactly one output line: the input's fields, then ``input_
 input fields of the same name). A line that is not a JSON object with a string ``response`` is
 recorded as ``invalid`` with the reason (and the raw line as ``input_text``), never dropped. Rows
 are written whole, one at a time, so a crash can cut only the last output line short.
+
+``--retry-failed`` scores again the rows whose status is not ``ok``: the new output is written to a
+temporary file next to it (the ``ok`` rows first, then each row as it is scored, then any failed row
+the run did not reach) and moved over the output in one ``os.replace``, so every row is in the
+output exactly once, whether the run finishes, stops on ``on_failure: raise`` or is interrupted; a
+hard kill leaves the old output as it was (and the temporary file, rewritten by the next run).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ __all__ = [
     "RESULT_FIELDS",
     "InputRow",
     "OutputFileError",
+    "PreviousOutput",
     "count_rows",
     "invalid_row",
     "iter_input_rows",
     "load_done_keys",
+    "read_previous_output",
     "scored_row",
 ]
 
@@ -179,6 +187,60 @@ def load_done_keys(path: Path, id_field: str) -> tuple[set[str], int, bool]:
     with open(path, "rb+") as f:
         f.truncate(bad_tail)
     return keys, rows, True
+
+
+@dataclass
+class PreviousOutput:
+    """An output file read for ``--retry-failed``: its rows split by status, the file untouched."""
+
+    ok_lines: list[bytes]
+    """The raw lines kept as they are, in file order: rows whose status is ``ok``, and any other row
+    sharing an ``ok`` row's key (an input line recorded as a duplicate of that id)."""
+    ok_keys: set[str]
+    """Keys of the ``ok`` rows (skipped when scoring)."""
+    failed: dict[str, list[bytes]]
+    """Key -> raw lines of the rows whose status is not ``ok`` and whose key has no ``ok`` row: scored
+    again (all lines of a key are replaced by the rows the new run writes for it)."""
+    truncated_tail: bool
+    """A last line cut short by a crash was left out."""
+
+
+def read_previous_output(path: Path, id_field: str) -> PreviousOutput:
+    """The rows of an existing output, split into ``ok`` ones and the rest (see :class:`PreviousOutput`).
+
+    Raises:
+        OutputFileError: a line before the last is not a row written by ``score``.
+    """
+    previous = PreviousOutput([], set(), {}, False)
+    if not path.exists():
+        return previous
+    with open(path, "rb") as f:
+        lines = [raw for raw in f if raw.strip()]
+    rows: list[tuple[str, bytes, bool]] = []
+    for number, raw in enumerate(lines, start=1):
+        row: Any = None
+        key = None
+        if raw.endswith(b"\n"):
+            try:
+                row = json.loads(raw)
+                key = _output_key(row, id_field)
+            except ValueError:
+                key = None
+        if key is None:
+            if number == len(lines):
+                previous.truncated_tail = True
+                continue
+            raise OutputFileError(f"{path}: row {number} is not a scored row; fix or remove it first")
+        ok = row.get("status") == Status.OK.value
+        rows.append((key, raw, ok))
+        if ok:
+            previous.ok_keys.add(key)
+    for key, raw, _ok in rows:
+        if key in previous.ok_keys:
+            previous.ok_lines.append(raw)
+        else:
+            previous.failed.setdefault(key, []).append(raw)
+    return previous
 
 
 def _finite(value: Any) -> Any:

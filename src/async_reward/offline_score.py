@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,10 +29,12 @@ from async_reward.offline_rows import (
     RESULT_FIELDS,
     InputRow,
     OutputFileError,
+    PreviousOutput,
     count_rows,
     invalid_row,
     iter_input_rows,
     load_done_keys,
+    read_previous_output,
     scored_row,
 )
 from async_reward.result import Status
@@ -77,6 +80,9 @@ class ScoreJob:
     """Input field holding the row id; rows without it are identified by line number."""
     progress: bool = True
     """Show progress on stderr (a live bar on a terminal, plain lines otherwise)."""
+    retry_failed: bool = False
+    """Score again the output's rows whose status is not ``ok`` (rewriting the output atomically, each
+    row once: see ``async_reward.offline_rows``); ``ok`` rows are kept, missing rows scored as usual."""
 
 
 @dataclass
@@ -89,6 +95,8 @@ class ScoreProgress:
     """Rows in the output before this run started."""
     repaired_tail: bool = False
     """A truncated last output line was removed."""
+    retried: int = 0
+    """Rows of the output whose status was not ``ok``, scored again (``retry_failed``)."""
     skipped: int = 0
     """Input rows skipped because their id was already in the output."""
     written: int = 0
@@ -188,6 +196,19 @@ def score_file(
         OutputFileError: the output file has a damaged line before its last.
         RewardScoringError: a row failed under ``on_failure: raise`` (rows written so far are kept).
     """
+    if job.retry_failed:
+        previous = read_previous_output(job.output_path, job.id_field)
+        progress.already_done, progress.retried = len(previous.ok_keys), len(previous.failed)
+        progress.repaired_tail = previous.truncated_tail
+        if previous.truncated_tail:
+            notify(f"left out a truncated last line of {job.output_path} (a run stopped mid-write)")
+        notify(
+            f"retrying {progress.retried} rows of {job.output_path} whose status is not ok; "
+            f"keeping {progress.already_done} ok rows"
+        )
+        progress.total_rows = count_rows(job.input_path)
+        asyncio.run(_score_rows(job, progress, previous.ok_keys, previous))
+        return
     done, progress.already_done, progress.repaired_tail = load_done_keys(job.output_path, job.id_field)
     if progress.repaired_tail:
         notify(f"removed a truncated last line from {job.output_path} (a run stopped mid-write)")
@@ -197,18 +218,29 @@ def score_file(
     asyncio.run(_score_rows(job, progress, done))
 
 
-async def _score_rows(job: ScoreJob, progress: ScoreProgress, done: set[str]) -> None:
+async def _score_rows(
+    job: ScoreJob, progress: ScoreProgress, done: set[str], previous: PreviousOutput | None = None
+) -> None:
+    """Score the rows not in ``done``; with ``previous`` (``retry_failed``), into a temporary file that
+    replaces the output at the end (its ok rows first, its failed rows not reached last)."""
     from async_reward.http import close_sessions
     from async_reward.progress import progress_bar
 
     manager = _build_manager(job)
     fallback_score = manager.settings.fallback_score
     first_line: dict[str, int] = {}  # key -> line of its first row in this run
+    written_keys: set[str] = set()
     in_flight: set[asyncio.Task[None]] = set()
     bar = progress_bar(progress.total_rows, unit="row", enabled=job.progress, desc="scoring")
-    output = open(job.output_path, "a", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
+    target = job.output_path
+    if previous is not None:
+        target = job.output_path.with_name(job.output_path.name + ".retry-tmp")
+        with open(target, "wb") as kept:
+            kept.writelines(previous.ok_lines)
+    output = open(target, "a", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
 
-    def emit(row: dict[str, Any]) -> None:
+    def emit(row: dict[str, Any], key: str) -> None:
+        written_keys.add(key)
         # One write and a flush per row: a crash loses no finished row and cuts at most the last line.
         output.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
         output.flush()
@@ -219,7 +251,7 @@ async def _score_rows(job: ScoreJob, progress: ScoreProgress, done: set[str]) ->
 
     async def score_and_emit(item: InputRow) -> None:
         assert item.sample is not None
-        emit(scored_row(item, await manager.score_decoded(item.sample)))
+        emit(scored_row(item, await manager.score_decoded(item.sample)), item.key)
 
     async def wait_for_one() -> None:
         finished, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -238,7 +270,7 @@ async def _score_rows(job: ScoreJob, progress: ScoreProgress, done: set[str]) ->
             if first != item.line:
                 item.sample, item.error = None, f"duplicate {job.id_field} (first on line {first})"
             if item.sample is None:
-                emit(invalid_row(item, fallback_score))
+                emit(invalid_row(item, fallback_score), item.key)
                 continue
             # A bounded set of tasks, not one per row: a million-row file holds `concurrency` rows.
             while len(in_flight) >= job.concurrency:
@@ -250,7 +282,16 @@ async def _score_rows(job: ScoreJob, progress: ScoreProgress, done: set[str]) ->
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
+        if previous is not None:
+            # Failed rows this run did not score again stay as they were: every row once.
+            output.flush()
+            with open(target, "ab") as rest:
+                for key, raws in previous.failed.items():
+                    if key not in written_keys:
+                        rest.writelines(raws)
         output.close()
+        if previous is not None:
+            os.replace(target, job.output_path)
         bar.close()
         await close_sessions()
         progress.elapsed_s = time.monotonic() - started

@@ -126,6 +126,15 @@ class RewardSample:
     """``non_tensor_batch["reward_model"]["ground_truth"]`` (None when absent)."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """``non_tensor_batch["extra_info"]`` (a copy: managers may add keys)."""
+    training_step: int | None = None
+    """The training step whose batch the sample belongs to (``non_tensor_batch["global_steps"]``, set
+    by verl's v1 agent loop), None when unknown. Admission serves earlier steps first: the trainer
+    waits for the oldest batch."""
+
+    @property
+    def admission_priority(self) -> float:
+        """Lower is admitted first: the sample's training step (unknown: 0, served as they come)."""
+        return float(self.training_step) if self.training_step is not None else 0.0
 
     @property
     def prompt_text(self) -> str:

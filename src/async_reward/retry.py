@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from tenacity.wait import wait_base, wait_exponential, wait_random
 from .config import RetryConfig
 
 __all__ = [
+    "RETRY_AFTER_HEADERS",
     "AttemptsExhausted",
     "TransientError",
     "default_is_transient",
@@ -47,15 +49,18 @@ class TransientError(Exception):
 class AttemptsExhausted(Exception):
     """Every attempt failed with a transient error, or the next wait would pass ``max_total_s``."""
 
-    def __init__(self, last_error: BaseException, attempts: int) -> None:
-        # Both in args so the exception pickles (Ray ships exceptions between processes).
-        super().__init__(last_error, attempts)
+    def __init__(self, last_error: BaseException, attempts: int, stopped_by: str | None = None) -> None:
+        # All in args so the exception pickles (Ray ships exceptions between processes).
+        super().__init__(last_error, attempts, stopped_by)
         self.last_error = last_error
         self.attempts = attempts
+        self.stopped_by = stopped_by
+        """Why retrying stopped before ``max_attempts`` (the total time limit), or None."""
 
     def __str__(self) -> str:
         error = self.last_error
-        return f"gave up after {self.attempts} attempt(s); last error: {type(error).__name__}: {error}"
+        why = f" ({self.stopped_by})" if self.stopped_by else ""
+        return f"gave up after {self.attempts} attempt(s){why}; last error: {type(error).__name__}: {error}"
 
 
 def default_is_transient(exc: BaseException) -> bool:
@@ -141,7 +146,13 @@ async def retry_async(
         assert retry_state.outcome is not None
         error = retry_state.outcome.exception()
         assert error is not None
-        raise AttemptsExhausted(error, attempts) from error
+        stopped_by = None
+        if attempts < config.max_attempts:
+            stopped_by = (
+                f"the next attempt would start more than retry.max_total_s={config.max_total_s:g} s after "
+                "the first"
+            )
+        raise AttemptsExhausted(error, attempts, stopped_by) from error
 
     def should_retry(exc: BaseException) -> bool:
         # Guarded here too, so a caller's predicate cannot make us retry a cancellation.
@@ -177,17 +188,59 @@ async def retry_async(
     return result, attempts
 
 
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+#: Headers read for a server's "try again in ...", first found wins (names are case-insensitive):
+#: milliseconds, then seconds or an HTTP-date, LiteLLM's forwarded provider headers, and, on a 429 only,
+#: OpenAI-style reset durations of the limit that ran out (see :func:`parse_retry_after`).
+RETRY_AFTER_HEADERS = (
+    "retry-after-ms",
+    "retry-after",
+    "llm_provider-retry-after-ms",
+    "llm_provider-retry-after",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_retry_after(headers: Mapping[str, str], status: int | None = None) -> float | None:
     """Seconds a server asks us to wait, or None if it did not say (or said something unreadable).
 
-    ``retry-after-ms`` (milliseconds, sent by OpenAI and Azure) takes precedence over ``Retry-After``,
-    which is either seconds or an HTTP-date (read relative to now, never negative).
+    Read in this order, the first readable one wins:
+
+    * ``retry-after-ms``: milliseconds (OpenAI, Azure);
+    * ``Retry-After``: seconds, or an HTTP-date (read relative to now, never negative);
+    * ``llm_provider-retry-after-ms`` / ``llm_provider-retry-after``: the same, as a LiteLLM proxy
+      forwards them from the provider behind it (its own 429 carries no ``Retry-After``);
+    * on a 429 only (``status``; None reads them too): ``x-ratelimit-reset-requests`` /
+      ``x-ratelimit-reset-tokens``, OpenAI-style durations (``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``,
+      or plain seconds) until that limit resets. A limit whose ``x-ratelimit-remaining-*`` is above
+      zero is not what refused the call and is skipped; of the rest, the longest wait is taken.
+
+    Callers cap the result (``retry.max_retry_after_s``).
     """
     lowered = {key.lower(): value for key, value in headers.items()}
-    millis = _non_negative_number(lowered.get("retry-after-ms"))
-    if millis is not None:
-        return millis / 1000.0
-    value = lowered.get("retry-after")
+    for prefix in ("", "llm_provider-"):
+        millis = _non_negative_number(lowered.get(f"{prefix}retry-after-ms"))
+        if millis is not None:
+            return millis / 1000.0
+        seconds = _seconds_or_date(lowered.get(f"{prefix}retry-after"))
+        if seconds is not None:
+            return seconds
+    if status is not None and status != 429:
+        return None  # OpenAI sends the reset headers on every reply; only a 429 is about them
+    resets = []
+    for limit in ("requests", "tokens"):
+        remaining = _non_negative_number(lowered.get(f"x-ratelimit-remaining-{limit}"))
+        if remaining is not None and remaining > 0:
+            continue
+        reset = _duration_s(lowered.get(f"x-ratelimit-reset-{limit}"))
+        if reset is not None:
+            resets.append(reset)
+    return max(resets) if resets else None
+
+
+def _seconds_or_date(value: str | None) -> float | None:
     if value is None:
         return None
     seconds = _non_negative_number(value)
@@ -200,6 +253,21 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     if when.tzinfo is None:  # "-0000" means UTC with no further information (RFC 5322)
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _duration_s(value: str | None) -> float | None:
+    """A Go-style duration (``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds; None if unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    seconds = _non_negative_number(text)
+    if seconds is not None:
+        return seconds
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    total = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    return total if math.isfinite(total) else None
 
 
 def _non_negative_number(value: str | None) -> float | None:

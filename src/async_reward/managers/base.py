@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from verl import DataProto
@@ -32,6 +33,7 @@ from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
+    DeadlineExceeded,
     UserCodeError,
     as_user_code_error,
     being_cancelled,
@@ -55,6 +57,7 @@ from async_reward.result import (
     normalize_user_result,
 )
 from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward.verl_settings import check_verl_settings
 
 __all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
 
@@ -85,6 +88,11 @@ class AsyncRewardManager(RewardManagerBase):
     uses_rate_budgets: ClassVar[bool] = True
     #: Set by the pipeline's reward worker on the manager it drives (``PipelineRewardWorker``).
     driven_by_pipeline: bool = False
+    #: Whether this manager calls ``reward.custom_reward_function`` (None: not known, e.g. a user's
+    #: subclass; False refuses a function, a reward model or sandbox_fusion that would go unused).
+    runs_custom_function: ClassVar[bool | None] = None
+    #: Whether, without a custom function, it scores with verl's default scorer (``sandbox_fusion``'s).
+    uses_default_scorer: ClassVar[bool] = False
     #: Sections of ``reward.async_reward`` this manager cannot run without (e.g. ``("judge",)``): their
     #: ``require`` runs at start-up, on the driver and in every worker.
     required_sections: ClassVar[tuple[str, ...]] = ()
@@ -139,6 +147,13 @@ class AsyncRewardManager(RewardManagerBase):
             ConfigError: naming the key, the bad value and the fix.
         """
         settings = load_config(config)
+        check_verl_settings(
+            config,
+            _manager_name(config, cls),
+            uses_rate_budgets=cls.uses_rate_budgets,
+            runs_custom_function=cls.runs_custom_function,
+            uses_default_scorer=cls.uses_default_scorer,
+        )
         for section in cls.required_sections:
             getattr(settings, section).require(env)
         check_failure_policy(config)
@@ -224,6 +239,7 @@ class AsyncRewardManager(RewardManagerBase):
         estimated_tokens: int | None = None,
         retry_timeouts: bool = True,
         own_deadline: bool = False,
+        priority: float = 0.0,
     ) -> tuple[_T, int]:
         """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
 
@@ -233,18 +249,23 @@ class AsyncRewardManager(RewardManagerBase):
         for an attempt that applies ``timeout_s`` itself, after taking what it must wait for first
         (a free thread). ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a
         thread keeps running after its deadline; starting it again would pile up copies).
+        ``priority``: admission order, lower first (``RewardSample.admission_priority``: a sample of
+        an earlier training step goes before a later one's).
         Returns ``(value, attempts)``; raises the last error (with ``attempts`` attached).
         """
 
         async def admitted_attempt() -> _T:
-            async with self._admitted(estimated_tokens) as reservation:
-                if own_deadline:
-                    return await attempt(reservation)
-                return await run_with_deadline(
-                    attempt(reservation),
-                    self.settings.timeout_s,
-                    what=f"the scoring call ({type(self).__name__})",
-                )
+            async with self._admitted(estimated_tokens, priority) as reservation:
+                try:
+                    if own_deadline:
+                        return await attempt(reservation)
+                    return await run_with_deadline(
+                        attempt(reservation),
+                        self.settings.timeout_s,
+                        what=f"the attempt against the service ({type(self).__name__})",
+                    )
+                except DeadlineExceeded as exc:  # the sample's reason names the limit and its key
+                    raise DeadlineExceeded(f"{exc} (timeout_s)", exc.timeout_s) from None
 
         def is_transient(exc: BaseException) -> bool:
             if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned)):
@@ -256,15 +277,20 @@ class AsyncRewardManager(RewardManagerBase):
         return await retry_async(admitted_attempt, self.settings.retry, is_transient=is_transient)
 
     @contextlib.asynccontextmanager
-    async def _admitted(self, estimated_tokens: int | None) -> AsyncIterator[TokenReservation]:
+    async def _admitted(
+        self, estimated_tokens: int | None, priority: float = 0.0
+    ) -> AsyncIterator[TokenReservation]:
         """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call)."""
         limit = self.settings.admission_timeout_s
-        context = self.admission.admit(estimated_tokens)
+        context = self.admission.admit(estimated_tokens, priority)
         try:
             async with asyncio.timeout(limit):
                 reservation = await context.__aenter__()
         except TimeoutError:
-            raise AdmissionTimeout(f"queued for admission longer than {limit:g} s") from None
+            raise AdmissionTimeout(
+                f"queued for admission (a concurrency slot, the RPM / TPM budget) longer than "
+                f"admission_timeout_s={limit:g} s"
+            ) from None
         try:
             yield reservation
         except BaseException as exc:
@@ -277,6 +303,17 @@ class AsyncRewardManager(RewardManagerBase):
         """Score ``sample`` with a user reward function called as verl calls ``compute_score``
         (``data_source, solution_str, ground_truth, extra_info``), under the manager's policy."""
 
+        # As verl's managers do: with a reward model (reward.reward_model.enable), the function gets
+        # its router address and tokenizer.
+        router: dict[str, Any] = (
+            {
+                "reward_router_address": self.reward_router_address,
+                "reward_model_tokenizer": self.reward_model_tokenizer,
+            }
+            if self.reward_router_address is not None
+            else {}
+        )
+
         async def attempt(_reservation: TokenReservation) -> Any:
             return await self.run_user_function(
                 fn,
@@ -284,11 +321,15 @@ class AsyncRewardManager(RewardManagerBase):
                 solution_str=sample.response,
                 ground_truth=sample.ground_truth,
                 extra_info=sample.extra_info,
+                **router,
             )
 
         is_async = _is_async(fn)
         value, attempts = await self.call_with_policy(
-            attempt, retry_timeouts=is_async, own_deadline=not is_async
+            attempt,
+            retry_timeouts=is_async,
+            own_deadline=not is_async,
+            priority=sample.admission_priority,
         )
         result = normalize_user_result(value)
         result.attempts = attempts
@@ -345,6 +386,15 @@ class AsyncRewardManager(RewardManagerBase):
         reward_model = non_tensor.get("reward_model") or {}
         extra_info = non_tensor.get("extra_info")
         uid = non_tensor.get("uid")
+        extra = dict(extra_info) if isinstance(extra_info, dict) else {}
+        if self.runs_custom_function:
+            # What verl's naive / rate_limited managers add to a function's extra_info (multi-turn
+            # rollouts): the tool fields, the turn count and the rollout's own reward scores.
+            tool_fields = non_tensor.get("tool_extra_fields")
+            if hasattr(tool_fields, "items"):
+                extra.update(tool_fields.items())
+            extra["num_turns"] = non_tensor.get("__num_turns__")
+            extra["rollout_reward_scores"] = non_tensor.get("reward_scores", {})
         return RewardSample(
             index=_as_index(extra_info.get("index") if isinstance(extra_info, dict) else None),
             uid=None if uid is None else str(uid),
@@ -352,7 +402,8 @@ class AsyncRewardManager(RewardManagerBase):
             prompt=prompt,
             response=response,
             ground_truth=reward_model.get("ground_truth") if hasattr(reward_model, "get") else None,
-            extra_info=dict(extra_info) if isinstance(extra_info, dict) else {},
+            extra_info=extra,
+            training_step=_as_step(non_tensor.get("global_steps")),
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
@@ -470,13 +521,19 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     """Map an exception to the status contract: timeout / invalid / error."""
     attempts = int(getattr(exc, "attempts", 1) or 1)
     root = exc
+    stopped = ""
     if isinstance(exc, AttemptsExhausted):
         attempts = exc.attempts
         root = exc.last_error
+        if exc.stopped_by:  # retrying ran out of time, not of attempts: say so
+            stopped = f"; retrying stopped after {attempts} attempt(s): {exc.stopped_by}"
     if isinstance(root, (AdmissionTimeout, DeadlineAbandoned)):
-        return RewardResult.failure(Status.TIMEOUT, str(root), attempts=attempts)
+        return RewardResult.failure(Status.TIMEOUT, str(root) + stopped, attempts=attempts)
     if isinstance(root, (TimeoutError, asyncio.TimeoutError)):
-        return RewardResult.failure(Status.TIMEOUT, "deadline exceeded", attempts=attempts)
+        # What timed out and its limit: the attempt (timeout_s), the HTTP exchange, the scoring code's
+        # own timeout; never a bare "deadline exceeded".
+        reason = str(root) or f"{type(root).__name__} raised by the scoring code (no message)"
+        return RewardResult.failure(Status.TIMEOUT, reason + stopped, attempts=attempts)
     if isinstance(root, (MalformedResponseError, VerdictError)):
         return RewardResult.failure(Status.INVALID, str(root), attempts=attempts)
     if isinstance(root, HTTPStatusError):
@@ -486,3 +543,20 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     if isinstance(root, UserCodeError):
         return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
     return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)
+
+
+def _manager_name(config: Any, cls: type) -> str:
+    """The manager's name as configured (``reward.reward_manager.name``), else its class name."""
+    reward: Any = config.get("reward") if hasattr(config, "get") else None
+    manager: Any = reward.get("reward_manager") if hasattr(reward, "get") else None
+    name = manager.get("name") if hasattr(manager, "get") else None
+    return str(name) if name else cls.__name__
+
+
+def _as_step(value: Any) -> int | None:
+    """A sample's ``global_steps`` (a scalar, or a one-element array as verl stores it), else None."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(-1)[0]
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        return None
+    return int(value)

@@ -62,6 +62,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
     """Scores each sample by asking an LLM judge, under admission, deadline and retry."""
 
     required_sections: ClassVar[tuple[str, ...]] = ("judge",)
+    runs_custom_function: ClassVar[bool | None] = False
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,
         "judge_tokens": 0,
@@ -127,7 +128,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if shared is None:
             # The call runs as its own task so that a cancelled caller does not cancel the callers
             # sharing it; every caller is bounded by the same deadline and retry budget.
-            shared = asyncio.ensure_future(self.guard(self._ask_judge(messages)))
+            shared = asyncio.ensure_future(self.guard(self._ask_judge(messages, sample.admission_priority)))
             self._in_flight[key] = shared
             shared.add_done_callback(lambda done: self._forget_call(key, done))
         self._waiters[key] = self._waiters.get(key, 0) + 1
@@ -154,7 +155,9 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             del self._in_flight[key]
             self._waiters.pop(key, None)
 
-    async def _ask_judge(self, messages: list[dict[str, str]]) -> RewardResult:
+    async def _ask_judge(self, messages: list[dict[str, str]], priority: float = 0.0) -> RewardResult:
+        """One judge call (shared by identical requests in flight), admitted at ``priority``: the
+        first caller's training step."""
         body = {"model": self.judge.model, "messages": messages, **self._params}
 
         async def attempt(reservation: TokenReservation) -> dict[str, Any]:
@@ -170,7 +173,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 reservation.settle(usage["total_tokens"])
             return reply
 
-        reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None)
+        reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None, priority=priority)
         verdict = read_reply_verdict(reply, self.rules)
         score = normalize_score(
             verdict,

@@ -22,6 +22,8 @@ class AsyncNaiveRewardManager(AsyncRewardManager):
     """
 
     uses_rate_budgets: ClassVar[bool] = False
+    runs_custom_function: ClassVar[bool | None] = True
+    uses_default_scorer: ClassVar[bool] = True
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)

@@ -47,6 +47,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
     """POSTs each sample to ``reward.async_reward.remote.url`` under admission, deadline and retry."""
 
     required_sections: ClassVar[tuple[str, ...]] = ("remote",)
+    runs_custom_function: ClassVar[bool | None] = False
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
@@ -69,7 +70,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
             body, _headers = await post_json(url, payload, headers=self._headers)
             return body
 
-        body, attempts = await self.call_with_policy(attempt)
+        body, attempts = await self.call_with_policy(attempt, priority=sample.admission_priority)
         if not isinstance(body, dict):
             raise MalformedResponseError(f"reward service replied with {type(body).__name__}, not an object")
         result = normalize_user_result(body)

@@ -10,7 +10,9 @@ under verl's v1 trainer with ``async_reward.v1.RewardAgentLoopManager``).
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from async_reward._config_rules import bad_value, missing_value
@@ -32,6 +34,7 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
     """Holds one instance of the user's class per worker process and scores with its methods."""
 
     _warned_postprocess_path: ClassVar[bool] = False
+    runs_custom_function: ClassVar[bool | None] = True
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
@@ -39,6 +42,10 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         self._spec = make_postprocess_spec(path, name, self.settings.stateful.init_kwargs)
         # One instance per process, shared by every manager built in it (load_user_instance caches).
         self.instance = load_user_instance(self._spec)
+        # verl's custom_reward_function.reward_kwargs: extra keyword arguments of every compute_score
+        # call, taking precedence over the sample's (as verl's get_custom_reward_fn merges them).
+        fn_config = config.reward.get("custom_reward_function") or {}
+        self._reward_kwargs: dict[str, Any] = dict(fn_config.get("reward_kwargs") or {})
         self._has_postprocess = callable(getattr(self.instance, "post_process_scores", None))
         in_v1_agent_loop = v1_integration_problem(config) is None
         if self._has_postprocess and not in_v1_agent_loop and not type(self)._warned_postprocess_path:
@@ -97,4 +104,23 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         return self._spec if self._has_postprocess else None
 
     async def score(self, sample: RewardSample) -> RewardResult:
-        return await self.score_with_function(self.instance.compute_score, sample)
+        compute_score = self.instance.compute_score
+        if self._reward_kwargs:
+            compute_score = _with_reward_kwargs(compute_score, self._reward_kwargs)
+        return await self.score_with_function(compute_score, sample)
+
+
+def _with_reward_kwargs(fn: Callable[..., Any], reward_kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """``fn`` called with ``reward_kwargs`` merged over the call's own keyword arguments (verl's
+    ``_call_with_kwargs``), keeping it sync or async."""
+    if inspect.iscoroutinefunction(fn):
+
+        async def call_async(**kwargs: Any) -> Any:
+            return await fn(**{**kwargs, **reward_kwargs})
+
+        return call_async
+
+    def call(**kwargs: Any) -> Any:
+        return fn(**{**kwargs, **reward_kwargs})
+
+    return call

@@ -243,7 +243,13 @@ class FunctionPool:
             except TimeoutError:
                 out_of_time = give_up_at is not None and loop.time() >= give_up_at
                 if self.overdue or out_of_time:
-                    raise AdmissionTimeout(self._no_worker_reason(loop.time() - began)) from None
+                    bound = (
+                        f"admission_timeout_s={wait_s:g} s"
+                        if out_of_time and wait_s is not None
+                        else f"timeout_s={round_s:g} s while stuck calls hold workers"
+                    )
+                    reason = self._no_worker_reason(loop.time() - began)
+                    raise AdmissionTimeout(f"{reason}; limit: {bound}") from None
 
     def _no_worker_reason(self, wait_s: float) -> str:
         busy = f"all {self.size} {self.units}"

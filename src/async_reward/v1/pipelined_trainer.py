@@ -41,7 +41,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.debug import marked_timer
 
 from async_reward.config import ConfigError
-from async_reward.integration import check_reward_config
+from async_reward.integration import apply_legacy_and_check
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.pipelined_agent_loop import PIPELINED_AGENT_LOOP_MANAGER
 from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, read_groups
@@ -76,7 +76,7 @@ class PPOTrainerPipelined(PPOTrainer):
     def __init__(self, config: DictConfig) -> None:
         self.pipeline_config = load_pipelined_mode_config(config)
         _use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
-        check_reward_config(config)  # every reward setting, on_failure among them, before any worker
+        apply_legacy_and_check(config)  # legacy reward keys, every reward setting, before any worker
         super().__init__(config)
         self._in_flight: deque[InFlightBatch] = deque()
         """Batches submitted and not yet trained on, oldest first."""
