@@ -87,9 +87,9 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
         assert "scored_during_rollout" not in strategies[name]
     assert strategies["v1_sync"]["staleness"] == [0, 0, 0]
     assert max(strategies["v1_colocate_async"]["staleness"]) >= 1  # it trains on batches rolled out ahead
-    # our v1 trainer mode: one-step off (staleness 1 after the first step), 4 chunk updates a step
+    # our v1 trainer mode, schedule both: one-step off (staleness 1 after the first step); its 4
+    # updates a step are checked with every strategy's above
     assert strategies["v1_pipelined_both"]["staleness"] == [0, 1, 1]
-    assert strategies["v1_pipelined_both"]["reward_waits_per_step"] == [4, 4, 4]
     # How much v1's scoring overlapped its generation tail (at this tiny scale, often nothing: the
     # whole rollout lasts 80 ms; test_bench_v1_model shows the per-sample scoring itself).
     assert 0 <= strategies["v1_sync"]["scored_during_rollout"] <= 1

@@ -1,0 +1,89 @@
+"""verl v1 trainer mode ``pipelined`` started the way a user starts it: ``python -m
+verl.trainer.main_ppo`` in a subprocess on the session's Ray cluster.
+
+Kept apart from tests/test_v1_pipelined.py: verl's task runner starts and closes TransferQueue's
+named actors on the cluster, which would pull them from under a module that holds TransferQueue
+open for its own training runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_reward.integration import SETUP_HOOK
+from tests.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
+from tests.test_v1_pipelined import SCHEDULES
+
+START_LINE = re.compile(
+    r"async_reward: trainer (?P<cls>\S+) \(verl v1 trainer_mode=pipelined\), schedule (?P<schedule>\w+)"
+)
+DRY_RUN_LINE = re.compile(
+    r"async_reward: dry run: built (?P<cls>\S+), schedule (?P<schedule>\w+), in pid (?P<pid>\d+)"
+)
+OURS = "async_reward.v1.pipelined_trainer.PPOTrainerPipelined"
+
+
+def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
+    """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
+    tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *overrides(root), tq_units]
+    process = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    return process.returncode, output, process.pid
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(900)
+def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
+    """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
+    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with each schedule."""
+    code, output, driver_pid = verl_main_ppo(
+        assets,
+        tmp_path,
+        [
+            "--multirun",
+            "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=pipelined",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            "+trainer.v1.pipelined.mini_batch=false,true",
+            "+trainer.v1.pipelined.one_step_off_policy=false,true",
+            "+trainer.v1.pipelined.dry_run=true",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+    )
+    assert code == 0, output[-6000:]
+    started = [m.groupdict() for m in START_LINE.finditer(output)]
+    built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
+    assert sorted(s["schedule"] for s in started) == sorted(SCHEDULES), output[-6000:]
+    assert sorted(b["schedule"] for b in built) == sorted(SCHEDULES), output[-6000:]
+    assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
+    assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
+    assert "TaskRunnerV1 pid=" in output  # verl's own runner printed it
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(600)
+def test_without_the_setup_hook_verl_refuses_the_mode_and_trains_nothing(assets, tmp_path):  # noqa: F811
+    code, output, _ = verl_main_ppo(
+        assets,
+        tmp_path,
+        ["trainer.use_v1=true", "trainer.v1.trainer_mode=pipelined", "+trainer.v1.pipelined.dry_run=true"],
+    )
+    assert code != 0
+    assert "Unknown trainer 'pipelined'" in output
+    assert "async_reward: trainer" not in output and "dry run" not in output
