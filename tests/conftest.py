@@ -202,3 +202,35 @@ def server(judge_server: Any) -> Any:
     )
     judge_server.reset()
     return judge_server
+
+
+# -- verl v1 training on CPU (tests/v1_standins.py): per test module, since each Ray process costs
+# seconds to start and each module's runs share them
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model directory verl's ``HFModelConfig`` accepts (tokenizer, chat template, config)."""
+    from tests.v1_standins import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("v1_model"))
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir: Path, ray_cluster: None) -> Iterator[Any]:
+    """The scripted token server behind verl's real load balancer (``ScriptedRollout``)."""
+    from tests.v1_standins import ScriptedRollout
+
+    scripted = ScriptedRollout(model_dir)
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_cluster: None) -> Iterator[None]:
+    """One TransferQueue (controller + one storage unit) for the module, as ``TaskRunnerV1`` starts it."""
+    import transfer_queue as tq
+
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    yield
+    tq.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ from tests.v1_standins import (
     ScriptedRollout,
     TrainingRun,
     base_overrides,
-    build_tiny_model_dir,
     clear_partition,
     compose_v1_config,
     group_by_index,
@@ -47,28 +45,6 @@ FAST_RETRY = [
     "+reward.async_reward.retry.initial_backoff_s=0.01",
     "+reward.async_reward.retry.jitter_s=0.0",
 ]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("v1_model"))
-
-
-@pytest.fixture(scope="module")
-def rollout(model_dir: Path, ray_cluster: None) -> Iterator[ScriptedRollout]:
-    scripted = ScriptedRollout(model_dir)
-    yield scripted
-    scripted.close()
-
-
-@pytest.fixture(scope="module")
-def transfer_queue(ray_cluster: None) -> Iterator[None]:
-    """One TransferQueue (controller + one storage unit) for the module, as ``TaskRunnerV1`` starts it."""
-    import transfer_queue as tq
-
-    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
-    yield
-    tq.close()
 
 
 def train(

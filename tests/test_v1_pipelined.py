@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,26 +181,7 @@ def test_a_foreign_agent_loop_manager_is_refused(tmp_path) -> None:
 # ----------------------------------------------------------------------------- training on CPU
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("pipelined_model"))
-
-
-@pytest.fixture(scope="module")
-def rollout(model_dir: Path, ray_cluster: None) -> Iterator[ScriptedRollout]:
-    scripted = ScriptedRollout(model_dir)
-    yield scripted
-    scripted.close()
-
-
-@pytest.fixture(scope="module")
-def transfer_queue(ray_cluster: None) -> Iterator[None]:
-    import transfer_queue as tq
-
-    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
-    yield
-    tq.close()
-
+# model_dir, rollout and transfer_queue: tests/conftest.py, one of each per module.
 
 QUESTIONS = [f"What is {i}+1?" for i in range(8)]
 ROWS = [(question, str(i + 1)) for i, question in enumerate(QUESTIONS)]

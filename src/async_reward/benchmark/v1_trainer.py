@@ -199,6 +199,8 @@ class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
     waits run unchanged against the tag store; reads of TransferQueue values it makes come from the
     store's values (every sample has loss tokens here: nothing is excluded)."""
 
+    announce = False
+
     def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
         uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
         self._note_submitted(uids, [int(self.config.actor_rollout_ref.rollout.n)] * len(uids))

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
@@ -42,6 +43,7 @@ from verl.utils.debug import marked_timer
 
 from async_reward.config import ConfigError
 from async_reward.integration import apply_legacy_and_check
+from async_reward.pipeline.exclusion import rows_for_update
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.pipelined_agent_loop import PIPELINED_AGENT_LOOP_MANAGER
 from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, read_groups
@@ -72,6 +74,9 @@ class PPOTrainerPipelined(PPOTrainer):
 
     #: TransferQueue's module (the benchmark hands the trainer its in-memory tag store instead).
     _tq: Any = tq
+    #: Print the start line (the benchmark, which builds the trainer for each of its runs, does not:
+    #: its report starts with its verdict).
+    announce: bool = True
 
     def __init__(self, config: DictConfig) -> None:
         self.pipeline_config = load_pipelined_mode_config(config)
@@ -81,8 +86,8 @@ class PPOTrainerPipelined(PPOTrainer):
         self._in_flight: deque[InFlightBatch] = deque()
         """Batches submitted and not yet trained on, oldest first."""
         self._submitted: dict[int, dict[str, int]] = {}
-        # The one line that says which trainer trains, with which schedule.
-        print(f"async_reward: {self.start_line()}", flush=True)
+        if self.announce:  # the one line that says which trainer trains, with which schedule
+            print(f"async_reward: {self.start_line()}", flush=True)
 
     def start_line(self) -> str:
         """``trainer <module.Class> (verl v1 trainer_mode=pipelined), schedule <mode> (...)``."""
@@ -334,21 +339,16 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def _without_surplus_untrained(self, chunk: KVBatchMeta, tokens: list[int], unit: int) -> KVBatchMeta:
         """``chunk`` without the untrained rows beyond those that fill its trained ones to whole
-        updates of ``unit`` rows (cleared from TransferQueue: they would train on nothing anyway, and
-        group advantages ignore them: an excluded row has a ``uid`` of its own, a starved group has
-        no trained row)."""
-        keep_untrained = -sum(count > 0 for count in tokens) % unit
-        kept: list[int] = []
-        dropped: list[str] = []
-        for position, count in enumerate(tokens):
-            if count > 0 or keep_untrained > 0:
-                keep_untrained -= count == 0
-                kept.append(position)
-            else:
-                dropped.append(chunk.keys[position])
-        if not dropped:
+        updates of ``unit`` rows (:func:`~async_reward.pipeline.exclusion.rows_for_update`; cleared
+        from TransferQueue: they would train on nothing anyway, and group advantages ignore them: an
+        excluded row has a ``uid`` of its own, a starved group has no trained row)."""
+        kept = rows_for_update(np.asarray(tokens) > 0, unit)
+        if kept is None:
             return chunk
-        self._tq.kv_clear(keys=dropped, partition_id=PARTITION)
+        chosen = set(kept.tolist())
+        self._tq.kv_clear(
+            keys=[key for i, key in enumerate(chunk.keys) if i not in chosen], partition_id=PARTITION
+        )
         return KVBatchMeta(
             partition_id=PARTITION,
             keys=[chunk.keys[i] for i in kept],
