@@ -19,9 +19,11 @@ legacy trainer with the same flags (``trainer.v1.pipelined.mini_batch`` / ``one_
    baseline: all groups scored, then verl's advantage and update on the batch.
 
 A group whose session raised (``on_failure: raise``, or a generation error) is dropped from its
-batch (``pipeline/failed_groups``); one left with nothing to train (``on_failure: exclude``) is never
-sent to the actor: a chunk or mini-batch without a loss token is skipped (``reward/skipped_batches``).
-Every step logs ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
+batch (``pipeline/failed_groups``). Under ``on_failure: exclude`` a chunk without a loss token is never
+sent to the actor (``reward/skipped_batches``), and of the rows without one only those that fill whole
+optimizer updates are, so none of verl's updates trains on nothing. ``fill_rollout_tail_at`` starts
+the batch after next in the next one's tail (partial rollout, staleness <= 2). Every step logs
+``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
 """
 
 from __future__ import annotations
