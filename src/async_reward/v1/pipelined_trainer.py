@@ -36,7 +36,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from transfer_queue import KVBatchMeta
@@ -54,7 +53,7 @@ from async_reward.v1.pipelined_config import (
     PIPELINED_MODE_PATH,
     load_pipelined_mode_config,
 )
-from async_reward.v1.replay_buffer import session_reward_extras
+from async_reward.v1.replay_buffer import row_loss_tokens, session_reward_extras
 from async_reward.v1.settings import AGENT_LOOP_MANAGER
 
 __all__ = ["DRY_RUN_AGENT_LOOP_MANAGER", "DryRunAgentLoopManager", "PPOTrainerPipelined"]
@@ -360,15 +359,7 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def _loss_tokens(self, meta: KVBatchMeta) -> list[int]:
         """Loss tokens of each row (``loss_mask``, which verl's engines count), padding rows as 0."""
-        if not meta.keys:
-            return []
-        data = self._tq.kv_batch_get(
-            keys=list(meta.keys), partition_id=PARTITION, select_fields=["loss_mask"]
-        )
-        counts = torch.as_tensor(data["loss_mask"].to_padded_tensor(0).sum(dim=1)).tolist()
-        return [
-            0 if tag.get("is_padding", False) else int(n) for tag, n in zip(meta.tags, counts, strict=True)
-        ]
+        return row_loss_tokens(meta)
 
     def _session_extras(self, meta: KVBatchMeta) -> list[dict[str, Any]]:
         """Each session's ``reward_extra_info`` (for the ``reward/*`` metrics)."""

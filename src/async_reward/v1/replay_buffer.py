@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeGuard, cast
 
+import numpy as np
 import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -37,7 +38,7 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from async_reward.integration import _trains_critic
-from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP
+from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP, rows_for_update
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, check_v1_start_up, max_untrained_skips
 
@@ -126,17 +127,12 @@ class RewardReplayBuffer:
         tokens = row_loss_tokens(batch)
         trained = sum(count > 0 for count in tokens)
         unit = _update_rows(self._config)
-        keep_untrained = -trained % unit  # untrained rows that fill the last update, verl pads the same
-        kept: list[int] = []
-        dropped: list[str] = []
-        for position, count in enumerate(tokens):
-            if count > 0 or keep_untrained > 0:
-                keep_untrained -= count == 0
-                kept.append(position)
-            else:
-                dropped.append(batch.keys[position])
-        if not dropped:
+        rows = rows_for_update(np.asarray(tokens) > 0, unit)  # verl pads the last update the same way
+        if rows is None:
             return batch
+        kept = rows.tolist()
+        chosen = set(kept)
+        dropped = [key for position, key in enumerate(batch.keys) if position not in chosen]
         logger.info(
             "step %d: %d of %d rows handed to verl have no loss token; %d of them dropped so that none of "
             "verl's optimizer updates (%d rows each) trains on nothing",
