@@ -29,6 +29,8 @@ class TagStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._writes = 0
         self._tags: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         self._values: dict[str, dict[str, Any]] = defaultdict(dict)
 
@@ -55,6 +57,7 @@ class TagStore:
                 partition.setdefault(key, {}).update(tags[i] if tags is not None else {})
                 if fields is not None:
                     values[key] = fields[i]
+            self._note_write()
 
     def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
         """``{partition: {key: tag}}``, a snapshot (TransferQueue's ``kv_list`` shape)."""
@@ -67,6 +70,19 @@ class TagStore:
             for key in [keys] if isinstance(keys, str) else keys:
                 self._tags[partition_id].pop(key, None)
                 self._values[partition_id].pop(key, None)
+            self._note_write()
+
+    def _note_write(self) -> None:
+        """Count a write and wake :meth:`wait_for_write`'s callers (the lock is held)."""
+        self._writes += 1
+        self._changed.notify_all()
+
+    def wait_for_write(self, after: int, timeout: float) -> int:
+        """Block until more than ``after`` writes were made (or ``timeout`` seconds pass); return the
+        write count. What TransferQueue lacks and a poller of its tags would otherwise sleep for."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._writes > after, timeout=timeout)
+            return self._writes
 
     def kv_batch_get(self, *args: Any, **kwargs: Any) -> Any:
         """Not served: verl's replay buffer reads values only for DAPO group filtering."""

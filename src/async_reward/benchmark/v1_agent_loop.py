@@ -22,6 +22,7 @@ agent-loop workers are asyncio actors too); the trainer talks to it from its own
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import random
@@ -110,6 +111,8 @@ class V1AgentLoop:
         self._thread = threading.Thread(target=self._loop.run_forever, name="v1-agent-loop", daemon=True)
         self._wake = asyncio.Event()
         self._tasks: list[Any] = []
+        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="v1-batch-sender")
+        self._sends: list[concurrent.futures.Future[Any]] = []
         self._batches = 0
         self._scoring: dict[tuple[str, int], _Session] = {}
         """Samples handed to a reward worker, by (batch key, row)."""
@@ -130,7 +133,7 @@ class V1AgentLoop:
         ``group_key``); row ``i`` needs ``durations_s[i]`` seconds of decoding at full speed.
 
         Each row's reward worker is drawn now (verl draws it when the sample is scored: the same
-        distribution) and receives its rows before generation starts."""
+        distribution) and is sent its rows by a sender thread while generation starts."""
         import ray
 
         self.check()
@@ -141,7 +144,15 @@ class V1AgentLoop:
         self._batches += 1
         workers = [self._rng.randrange(len(self.reward_workers)) for _ in uids]
         rows_of = {w: [row for row, chosen in enumerate(workers) if chosen == w] for w in set(workers)}
-        ray.get([self.reward_workers[w].hold.remote(key, batch[rows], rows) for w, rows in rows_of.items()])
+
+        # Sent from a thread of its own, so generation starts now: slicing and pickling a batch for the
+        # reward workers takes tens of milliseconds, seconds at the time scale, which verl spends on
+        # its agent-loop workers in real time (nothing against a step of minutes). A row enqueued
+        # before its batch arrived waits for it in the worker.
+        def send() -> Any:
+            return ray.get([self.reward_workers[w].hold.remote(key, batch[r], r) for w, r in rows_of.items()])
+
+        self._sends.append(self._sender.submit(send))
         groups: dict[str, _Group] = {}
         sessions: list[tuple[_Session, float]] = []
         for row, uid in enumerate(uids):
@@ -174,11 +185,16 @@ class V1AgentLoop:
         for task in self._tasks:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise RuntimeError("the v1 agent loop stopped") from task.exception()
+        for send in [s for s in self._sends if s.done()]:
+            self._sends.remove(send)
+            if send.exception() is not None:
+                raise RuntimeError("sending a batch to the reward workers failed") from send.exception()
 
     def close(self, timeout: float = 60.0) -> None:
         """Drop what is still generating, cancel the scoring in flight, stop the loop."""
         if not self._thread.is_alive():
             return
+        self._sender.shutdown(wait=True)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout)
         for task in self._tasks:  # each returns once it sees the loop is closed

@@ -34,6 +34,9 @@ class HeldBatchRewardWorker(RewardLoopWorker):
     def __init__(self, config: Any, reward_router_address: Any = None) -> None:
         super().__init__(config, reward_router_address)
         self._held: dict[str, tuple[Any, dict[int, int]]] = {}
+        self._arrived: dict[str, asyncio.Event] = {}
+        """Per batch key, set once it is held: the agent loop sends a batch without waiting, so a
+        row may be enqueued before its batch arrived."""
         self._done: list[Scored] = []
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -41,6 +44,7 @@ class HeldBatchRewardWorker(RewardLoopWorker):
     def hold(self, key: str, data: Any, rows: list[int]) -> int:
         """Keep ``data`` (the batch's ``rows``, in that order) under ``key``; returns the row count."""
         self._held[key] = (data, {row: i for i, row in enumerate(rows)})
+        self._arrived.setdefault(key, asyncio.Event()).set()
         return len(rows)
 
     async def enqueue(self, key: str, rows: list[int]) -> None:
@@ -61,6 +65,7 @@ class HeldBatchRewardWorker(RewardLoopWorker):
 
     def release(self, key: str) -> None:
         self._held.pop(key, None)
+        self._arrived.pop(key, None)
 
     async def cancel_all(self) -> int:
         """Cancel every scoring in flight and forget held batches; returns how many were cancelled."""
@@ -69,10 +74,12 @@ class HeldBatchRewardWorker(RewardLoopWorker):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._held.clear()
+        self._arrived.clear()
         self._done.clear()
         return len(tasks)
 
     async def _score(self, key: str, row: int) -> None:
+        await self._arrived.setdefault(key, asyncio.Event()).wait()
         data, where = self._held[key]
         i = where[row]
         try:

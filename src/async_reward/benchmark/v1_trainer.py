@@ -49,6 +49,9 @@ __all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
 
 #: Benchmark strategy -> verl v1 ``trainer.v1.trainer_mode``.
 V1_MODES: dict[str, str] = {"v1_sync": "sync", "v1_colocate_async": "colocate_async"}
+#: Least time between two polls of our v1 mode's trainer, in scaled (recipe) seconds: at most about
+#: 200 tag listings a second of wall time at the default time scale, each about 1 ms of CPU.
+POLL_GAP_S = 0.5
 
 
 @dataclass
@@ -107,6 +110,9 @@ class _CalibratedStages:
     config: Any
     global_steps: int
     _bench_batches: int
+    _prefetched: dict[int, Any]
+    """Batches built before the run (verl's dataloader prefetches; building one here takes tens of
+    milliseconds, seconds at the time scale, which the legacy backend hides inside its rollout)."""
 
     def _batch_samples(self) -> int:
         return int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
@@ -127,7 +133,8 @@ class _CalibratedStages:
             raise ValueError(f"num_prompts ({wanted}) must be a positive multiple of gen_batch_size ({gen})")
         parts = []
         for _ in range(wanted // self.bench.factory.prompts):
-            parts.append(self.bench.factory.make(self._bench_batches))
+            built = self._prefetched.pop(self._bench_batches, None)
+            parts.append(built if built is not None else self.bench.factory.make(self._bench_batches))
             self._bench_batches += 1
         data = parts[0] if len(parts) == 1 else DataProto.concat(parts)
         return _PromptBatch(data, self.global_steps, self._bench_batches - 1)
@@ -215,6 +222,17 @@ class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
     def _reward_blocked(self, start: float, end: float, chunk: int) -> None:
         self.bench.events.append(TimelineEvent("reward_wait", start, end, self.global_steps - 1, chunk))
 
+    def _pause_between_polls(self) -> None:
+        # The mode's default poll is 0.05 s of wall time, a rounding error against a step of minutes;
+        # time-scaled it would be 0.5 ms here, and each poll lists every tag (about 1 ms of CPU). So
+        # the next poll waits for a write to the store (nothing to see before one), at most the
+        # scaled poll interval, and comes at least ``POLL_GAP`` scaled seconds after the last one:
+        # a coarser poll than the real default, never a finer one.
+        self._writes_seen = self.bench.store.wait_for_write(
+            getattr(self, "_writes_seen", 0), timeout=self.pipeline_config.poll_interval_s
+        )
+        time.sleep(POLL_GAP_S * self.bench.time_scale)
+
 
 def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = None) -> Any:
     """verl's v1 trainer of ``config.trainer.v1.trainer_mode``, wired to ``harness``."""
@@ -231,15 +249,15 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
     trainer.bench = harness
     if mode == "pipelined":
         trainer._tq = harness.store
-        # Its poll of TransferQueue's tags, time-scaled as verl's replay-buffer poll below is: each poll
-        # lists every tag of the store (a few ms of CPU with two batches in flight), so polling faster
-        # than verl's 2 s would starve this 2-core machine's judge and reward workers.
+        # Its poll of TransferQueue's tags: woken by the store's writes (``_pause_between_polls``),
+        # and at the latest after verl's replay-buffer poll interval (2 s), time-scaled.
         trainer.pipeline_config.poll_interval_s = 2.0 * harness.time_scale
     trainer.reward_loop_manager = harness.reward_loop_manager
     trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
     trainer.curr_step_profile = False
     trainer.global_steps = 0
     trainer._bench_batches = 0
+    trainer._prefetched = {}
     # verl polls TransferQueue every poll_interval (2 s) of wall time: scale it like every duration.
     trainer.replay_buffer.poll_interval = trainer.replay_buffer.poll_interval * harness.time_scale
     return trainer
@@ -251,6 +269,9 @@ def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
     The caller wraps it in ``serving_replay_buffer(harness.store)``.
     """
     bench: V1Harness = trainer.bench
+    train = int(trainer.config.data.train_batch_size)
+    parts = (num_steps + 4) * max(1, train // bench.factory.prompts)  # + warm-up and fill batches
+    trainer._prefetched = {i: bench.factory.make(i) for i in range(parts)}
     trainer.on_init_end()  # sync / colocate_async: update_weights, which wakes the engine
     trainer.global_steps = 1  # fit: "we start from step 1"
     trainer.total_training_steps = num_steps  # the pipelined mode generates nothing past the last step
