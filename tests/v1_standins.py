@@ -176,7 +176,7 @@ class StandInCheckpointManager:
     def sleep_replicas(self) -> None:
         pass
 
-    def abort_replicas(self) -> None:
+    def abort_replicas(self, reject_request: bool = False) -> None:
         pass
 
     def resume_generation_replicas(self) -> None:
@@ -219,9 +219,22 @@ class StandInActor:
         # the gradient (and momentum carries earlier steps into it).
         self.optimizer = torch.optim.AdamW([self.weights], lr=0.1, weight_decay=0.1)
         self.steps: list[OptimizerStep] = []
+        self.cpu_snapshots: list[tuple[str, int]] = []
 
     def _query_dispatch_info(self, role: str) -> list[int]:
         return self._dispatch_info[role]
+
+    # verl's separate_async keeps pi_old on the CPU across the mini-batches of a parameter sync
+    # (``DetachActorWorker``: save / restore / clear by slot); the stand-in's log-probs do not depend
+    # on weights, so it only records the protocol.
+    def save_model_to_cpu(self, slot: int) -> None:
+        self.cpu_snapshots.append(("save", slot))
+
+    def restore_model_from_cpu(self, slot: int) -> None:
+        self.cpu_snapshots.append(("restore", slot))
+
+    def clear_cpu_model(self, slot: int) -> None:
+        self.cpu_snapshots.append(("clear", slot))
 
     def compute_log_prob(self, batch: Any) -> Any:
         import transfer_queue as tq
@@ -346,6 +359,31 @@ def base_overrides(
     ]
 
 
+#: What verl's ``separate_async`` needs beyond :func:`base_overrides`: the rollout on a standalone pool
+#: of its own (no hybrid replicas on the trainer's GPUs) and a weight-sync backend other than
+#: ``naive`` (never used: :func:`install_separate_async_standins` replaces the sync).
+SEPARATE_ASYNC_OVERRIDES = [
+    "actor_rollout_ref.hybrid_engine=false",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
+
+
+def install_separate_async_standins(trainer: Any, config: DictConfig, rollout: ScriptedRollout) -> None:
+    """What ``PPOTrainerSeparateAsync._setup`` builds (skipped here, as ``init`` is), with stand-ins:
+    the standalone rollout's server manager over the scripted server's load balancer (verl asks it
+    for its ``FullyAsyncLLMServerClient``), its weight sync, and the trainer-only mode
+    (``hybrid_engine=false``: no colocated replica to lend to generation)."""
+    from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
+
+    if bool(config.actor_rollout_ref.get("hybrid_engine", True)):
+        raise ValueError("the stand-ins run separate_async without hybrid replicas: SEPARATE_ASYNC_OVERRIDES")
+    trainer.standalone_server_manager = StandInServerManager(config, rollout.load_balancer)
+    trainer.standalone_checkpoint_manager = StandInCheckpointManager(rollout.server)
+    trainer.current_mode = HybridEngineMode.TRAINER
+
+
 def compose_v1_config(overrides: list[str]) -> DictConfig:
     """verl's ``ppo_trainer`` config from command-line style overrides, as ``main_ppo`` composes it."""
     return compose_verl_config(overrides)
@@ -408,6 +446,8 @@ def run_v1_training(
         trainer.distillation_config = None
         trainer.llm_server_manager = StandInServerManager(config, rollout.load_balancer)
         trainer.checkpoint_manager = StandInCheckpointManager(rollout.server)
+        if config.trainer.v1.trainer_mode == "separate_async":
+            install_separate_async_standins(trainer, config, rollout)
         trainer._load_checkpoint()
         trainer.on_init_end()
         runner.trainer = trainer
