@@ -171,12 +171,31 @@ def reward_loop(ray_cluster: None) -> Iterator[Callable[[DictConfig], Any]]:
         shutdown_reward_loop(manager)
 
 
+def judge_server_config() -> Any:
+    """The configuration the session's judge server starts with, and is put back to before each test."""
+    from async_reward.devserver import DevServerConfig
+
+    return DevServerConfig(seed=0)
+
+
+def reset_judge_server(server: Any) -> None:
+    """Put every runtime knob (``RUNTIME_CONFIG_KEYS``) back to its start value and zero the counters.
+
+    Every key is reset, not a hand-kept list of them: a knob a test turns (``retry_after_s``,
+    ``api_key``, or one added later) must not leak into the tests after it."""
+    from async_reward.devserver.config import RUNTIME_CONFIG_KEYS
+
+    start = judge_server_config()
+    server.update_config(**{key: getattr(start, key) for key in RUNTIME_CONFIG_KEYS})
+    server.reset()
+
+
 @pytest.fixture(scope="session")
 def judge_server() -> Iterator[Any]:
     """The local OpenAI-compatible judge + reward service, shared by the session (reset per use)."""
-    from async_reward.devserver import DevServerConfig, ThreadedDevServer
+    from async_reward.devserver import ThreadedDevServer
 
-    server = ThreadedDevServer(DevServerConfig(seed=0))
+    server = ThreadedDevServer(judge_server_config())
     server.start()
     yield server
     server.stop()
@@ -184,23 +203,8 @@ def judge_server() -> Iterator[Any]:
 
 @pytest.fixture
 def server(judge_server: Any) -> Any:
-    """The session's server with counters and knobs reset for this test."""
-    judge_server.update_config(
-        latency_ms=[0.0, 0.0],
-        capacity=None,
-        overflow="queue",
-        fault_rates={},
-        verdict_format="brackets",
-        think=False,
-        think_style="inline",
-        echo_response=False,
-        judge_style="verdict-last",
-        fixed_verdict=None,
-        structured_output="honour",
-        unescaped_json=False,
-        honour_max_tokens=True,
-    )
-    judge_server.reset()
+    """The session's server with counters and every runtime knob reset for this test."""
+    reset_judge_server(judge_server)
     return judge_server
 
 
