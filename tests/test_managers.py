@@ -42,6 +42,15 @@ def chat_requests(server: Any) -> int:
     return int(server.stats()["requests_by_path"].get("/v1/chat/completions", 0))
 
 
+async def until_the_server_has(server: Any, requests: int, timeout_s: float = 60.0) -> None:
+    """Wait (generously) until the judge server has received ``requests`` chat requests: a fixed sleep
+    would be too short on a loaded machine and too long on an idle one."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while chat_requests(server) < requests:
+        assert asyncio.get_running_loop().time() < deadline, f"the server got {chat_requests(server)}"
+        await asyncio.sleep(0.01)
+
+
 # ----------------------------------------------------------------------------- judge basics
 
 
@@ -582,15 +591,19 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     server, verl_config_factory, tokenizer, batch_factory
 ):
     """A judge call nobody waits for any more must not keep retrying (and spending) in the background."""
-    settings = judge_settings(server, timeout_s=0.3, retry={"max_attempts": 4})
+    settings = judge_settings(server, timeout_s=5.0, retry={"max_attempts": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     batch = batch_factory([{"response": "@@fault:hang@@ 5", "ground_truth": "5"}] * 2)
     callers = [asyncio.create_task(manager.run_single(batch[i : i + 1])) for i in range(2)]
-    await asyncio.sleep(0.1)
+    await until_the_server_has(server, 1)  # the shared call's first attempt hangs there
+    [shared] = manager._in_flight.values()
     for caller in callers:
         caller.cancel()
     await asyncio.gather(*callers, return_exceptions=True)
-    await asyncio.sleep(1.0)  # the retries would have come by now
+    # The shared call itself is cancelled (not left to time out and retry 3 more times, 20 s): no retry
+    # can follow, whatever the machine's speed.
+    await asyncio.wait([shared], timeout=30)
+    assert shared.cancelled()
     assert chat_requests(server) == 1
     assert not manager._in_flight
 
@@ -605,7 +618,7 @@ async def test_a_request_arriving_while_its_shared_call_is_cancelled_gets_its_ow
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
     batch = batch_factory([{"response": "same answer 5", "ground_truth": "5"}] * 2)
     leaving = asyncio.create_task(manager.run_single(batch[0:1]))
-    await asyncio.sleep(0.1)
+    await until_the_server_has(server, 1)  # its call is being served
     leaving.cancel()
     await asyncio.sleep(0)  # the same loop turn as the cancellation
     output = await manager.run_single(batch[1:2])
