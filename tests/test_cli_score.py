@@ -265,7 +265,7 @@ def test_sigint_to_the_script_loses_no_scored_row(server, tmp_path, capsys):
     argv += ["--set", f"judge.base_url={server.url}/v1", "--concurrency", "2", "--no-progress"]
     proc = subprocess.Popen([*CLI, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # the script imports verl and torch: slow on a loaded machine
         while not (out.exists() and len(out.read_text().splitlines()) >= 4):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)

@@ -544,7 +544,7 @@ def test_cli_serve_subprocess() -> None:
     reader.start()
     output: list[str] = []
     try:
-        deadline = time.monotonic() + 60  # generous: importing the package may pull in verl
+        deadline = time.monotonic() + 240  # generous: importing the package may pull in verl
         url = None
         while url is None and time.monotonic() < deadline and proc.poll() is None:
             try:
