@@ -4,6 +4,8 @@ and the local judge/reward server on loopback."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -24,6 +26,50 @@ def build_tokenizer(directory: Path) -> Any:
     from async_reward.testing import build_tiny_tokenizer
 
     return build_tiny_tokenizer(directory)
+
+
+# -- markers for the inner loop (``make test-fast`` deselects both): ``ray`` is set here on every test
+# that needs the session's Ray cluster, ``subprocess`` by hand on tests that start a Python interpreter,
+# and ``_python_subprocesses_are_marked`` fails an unmarked test that starts one, so the marker stays true.
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+def _starts_python(args: Any) -> bool:
+    """Whether ``subprocess.Popen(args)`` starts a Python interpreter (or our console script)."""
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    if not argv:
+        return False
+    program = os.fsdecode(argv[0]).split()[0] if argv[0] else ""
+    name = os.path.basename(program)
+    return (
+        name.startswith("python")
+        or name == "async-reward"
+        or os.path.realpath(program) == os.path.realpath(sys.executable)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _python_subprocesses_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked ``subprocess`` (or ``ray``) that starts a Python interpreter fails, naming the
+    marker: ``make test-fast`` relies on the markers to leave the slow tests out."""
+    if request.node.get_closest_marker("subprocess") or request.node.get_closest_marker("ray"):
+        return
+    original = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _starts_python(args):
+            raise AssertionError(
+                f"{request.node.nodeid} starts a Python subprocess ({args!r}): mark it "
+                "@pytest.mark.subprocess so that `make test-fast` leaves it out"
+            )
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 @pytest.fixture(autouse=True)

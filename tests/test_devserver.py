@@ -529,6 +529,7 @@ def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
         lines.put(line)
 
 
+@pytest.mark.subprocess
 def test_cli_serve_subprocess() -> None:
     env = {**os.environ, "ASYNC_REWARD_TEST_KEY": "sk-cli-secret", "PYTHONUNBUFFERED": "1"}
     argv = ["serve", "--port", "0", "--api-key-env", "ASYNC_REWARD_TEST_KEY", "--verdict-format", "score"]
