@@ -271,14 +271,18 @@ def test_oldest_ticket_finishes_first_at_the_capacity_bound(
 def test_submit_returns_at_once_for_5120_samples(
     pipeline: PipelinedRewardLoopManager, batch_factory: Callable[..., Any], server: Any
 ) -> None:
-    server.update_config(latency_ms=[200.0, 200.0])  # keep the cancelled work cheap
+    server.update_config(latency_ms=[5000.0, 5000.0])  # no sample can be scored while submit runs
     rows = [{**GOOD, "prompt": f"What is 2+3? #{i // 5}"} for i in range(5120)]
     batch = batch_factory(rows, group_size=5)
     started = time.perf_counter()
     ticket = pipeline.submit(batch)
     elapsed = time.perf_counter() - started
+    scored_by_then = pipeline.ticket_metrics(ticket)["reward/status_ok"]
     pipeline.cancel(ticket)
-    assert elapsed < 1.0, f"submit took {elapsed * 1000:.0f} ms"
+    # Structural: submit waited for no result (none can exist before 5 s). The bound on its own time is
+    # generous (a loaded 2-core machine); serialising the batch sample by sample would take longer.
+    assert scored_by_then == 0
+    assert elapsed < 4.0, f"submit took {elapsed * 1000:.0f} ms"
     assert ticket.num_samples == 5120
     with pytest.raises(TicketError, match="cancelled"):
         pipeline.get_chunk(ticket, 5)
