@@ -19,9 +19,9 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # One intra-op thread for torch (and the subprocesses and Ray workers that inherit the environment):
-# the tests' tensors are tiny, and on a 2-core machine extra threads only spin against the other
-# processes of the test (Ray workers, the judge server). Measured on test_toy.py's GRPO learning test:
-# 18.7 s against 115 s with torch's default threads (a loaded machine; same result, it is seeded).
+# the tests' tensors are tiny, and on a busy 2-core machine torch's extra threads spin against the
+# other processes. Measured on test_toy.py: 207 s against 65 s at a load of 12-17; 27 s either way on
+# a quiet machine, so it costs nothing there.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "config")
