@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 VERL_SRC  ?=
 VERL_VENV ?= .venv-verl
 
-.PHONY: install test test-verl bench bench-full lint format clean
+.PHONY: install test test-fast test-verl bench bench-full lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# `make test-fast`: the inner loop (aimed at under 2 minutes on a 2-core machine), not the gate. It
+# leaves out the tests marked `ray` (they use the session's Ray cluster; set automatically from the
+# fixture), `subprocess` (they start a Python interpreter: the CLI, verl's main_ppo; tests/conftest.py
+# fails an unmarked one) and `slow` (a learning run, a large sweep), and runs each property test on at
+# most 25 examples instead of 300-400. `make test` runs everything, at full strength.
+test-fast: $(STAMP)
+	ASYNC_REWARD_TEST_EXAMPLES=25 $(BIN)/python -m pytest -q -m "not ray and not subprocess and not slow" $(PYTEST_ARGS)
 
 test-verl:
 	@test -n "$(VERL_SRC)" || { echo "usage: make test-verl VERL_SRC=/path/to/verl/checkout [VERL_VENV=dir]"; exit 2; }

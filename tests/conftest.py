@@ -4,6 +4,8 @@ and the local judge/reward server on loopback."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,6 +18,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# One intra-op thread for torch (and the subprocesses and Ray workers that inherit the environment):
+# the tests' tensors are tiny, and on a busy 2-core machine torch's extra threads spin against the
+# other processes. Measured on test_toy.py: 207 s against 65 s at a load of 12-17; 27 s either way on
+# a quiet machine, so it costs nothing there.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "config")
 
@@ -24,6 +31,50 @@ def build_tokenizer(directory: Path) -> Any:
     from async_reward.testing import build_tiny_tokenizer
 
     return build_tiny_tokenizer(directory)
+
+
+# -- markers for the inner loop (``make test-fast`` deselects both): ``ray`` is set here on every test
+# that needs the session's Ray cluster, ``subprocess`` by hand on tests that start a Python interpreter,
+# and ``_python_subprocesses_are_marked`` fails an unmarked test that starts one, so the marker stays true.
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+def _starts_python(args: Any) -> bool:
+    """Whether ``subprocess.Popen(args)`` starts a Python interpreter (or our console script)."""
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    if not argv:
+        return False
+    program = os.fsdecode(argv[0]).split()[0] if argv[0] else ""
+    name = os.path.basename(program)
+    return (
+        name.startswith("python")
+        or name == "async-reward"
+        or os.path.realpath(program) == os.path.realpath(sys.executable)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _python_subprocesses_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked ``subprocess`` (or ``ray``) that starts a Python interpreter fails, naming the
+    marker: ``make test-fast`` relies on the markers to leave the slow tests out."""
+    if request.node.get_closest_marker("subprocess") or request.node.get_closest_marker("ray"):
+        return
+    original = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _starts_python(args):
+            raise AssertionError(
+                f"{request.node.nodeid} starts a Python subprocess ({args!r}): mark it "
+                "@pytest.mark.subprocess so that `make test-fast` leaves it out"
+            )
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 @pytest.fixture(autouse=True)
@@ -171,12 +222,31 @@ def reward_loop(ray_cluster: None) -> Iterator[Callable[[DictConfig], Any]]:
         shutdown_reward_loop(manager)
 
 
+def judge_server_config() -> Any:
+    """The configuration the session's judge server starts with, and is put back to before each test."""
+    from async_reward.devserver import DevServerConfig
+
+    return DevServerConfig(seed=0)
+
+
+def reset_judge_server(server: Any) -> None:
+    """Put every runtime knob (``RUNTIME_CONFIG_KEYS``) back to its start value and zero the counters.
+
+    Every key is reset, not a hand-kept list of them: a knob a test turns (``retry_after_s``,
+    ``api_key``, or one added later) must not leak into the tests after it."""
+    from async_reward.devserver.config import RUNTIME_CONFIG_KEYS
+
+    start = judge_server_config()
+    server.update_config(**{key: getattr(start, key) for key in RUNTIME_CONFIG_KEYS})
+    server.reset()
+
+
 @pytest.fixture(scope="session")
 def judge_server() -> Iterator[Any]:
     """The local OpenAI-compatible judge + reward service, shared by the session (reset per use)."""
-    from async_reward.devserver import DevServerConfig, ThreadedDevServer
+    from async_reward.devserver import ThreadedDevServer
 
-    server = ThreadedDevServer(DevServerConfig(seed=0))
+    server = ThreadedDevServer(judge_server_config())
     server.start()
     yield server
     server.stop()
@@ -184,23 +254,8 @@ def judge_server() -> Iterator[Any]:
 
 @pytest.fixture
 def server(judge_server: Any) -> Any:
-    """The session's server with counters and knobs reset for this test."""
-    judge_server.update_config(
-        latency_ms=[0.0, 0.0],
-        capacity=None,
-        overflow="queue",
-        fault_rates={},
-        verdict_format="brackets",
-        think=False,
-        think_style="inline",
-        echo_response=False,
-        judge_style="verdict-last",
-        fixed_verdict=None,
-        structured_output="honour",
-        unescaped_json=False,
-        honour_max_tokens=True,
-    )
-    judge_server.reset()
+    """The session's server with counters and every runtime knob reset for this test."""
+    reset_judge_server(judge_server)
     return judge_server
 
 

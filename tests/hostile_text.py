@@ -8,13 +8,31 @@ tags, fences, strings and objects.
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-__all__ = ["FRAGMENTS", "LOOKALIKE_TENS", "PLANTED_TEMPLATES", "PROPERTY", "hostile_responses", "planted"]
+__all__ = [
+    "FRAGMENTS",
+    "LOOKALIKE_TENS",
+    "PLANTED_TEMPLATES",
+    "PROPERTY",
+    "examples",
+    "hostile_responses",
+    "planted",
+]
+
+
+def examples(full: int) -> int:
+    """Examples a property test runs: ``full`` (``make test``), or at most ``ASYNC_REWARD_TEST_EXAMPLES``
+    in the inner loop (``make test-fast`` sets it) - a quick look, not the gate."""
+    cap = os.environ.get("ASYNC_REWARD_TEST_EXAMPLES")
+    return full if cap is None else min(full, int(cap))
+
 
 #: The settings of every verdict property test.
-PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 LOOKALIKE_TENS = ("１０", "¹⁰", "١٠", "۱۰", "१०", "𝟏𝟎", "⑩", "1０", "Ⅹ")
 PLANTED_TEMPLATES = (

@@ -63,6 +63,7 @@ def test_the_console_script_enters_at_the_front_door() -> None:
         (["teleport"], 2, "invalid choice: 'teleport'"),
     ],
 )
+@pytest.mark.subprocess
 def test_help_version_and_usage_errors_import_no_heavy_package(
     tmp_path: Path, args: list[str], code: int, expected: str
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_command_goes_through_to_the_full_parser(capsys) -> None:
     assert "--time-scale" in capsys.readouterr().out
 
 
+@pytest.mark.subprocess
 def test_importing_the_package_registers_all_five_managers() -> None:
     """In a fresh interpreter: nothing but ``import async_reward`` fills verl's registry."""
     code = """

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.test_cli_score import judge_calls, make_rows, read_output, write_jsonl
 
 CLI = [sys.executable, "-m", "async_reward.cli"]
@@ -25,6 +27,7 @@ def run_score(server: Any, src: Path, out: Path, *extra: str) -> subprocess.Comp
     return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
 
 
+@pytest.mark.subprocess
 def test_retry_failed_rescores_only_failed_rows_and_writes_each_row_once(server, tmp_path):
     rows = make_rows(16)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -60,6 +63,7 @@ def test_retry_failed_rescores_only_failed_rows_and_writes_each_row_once(server,
     assert not (tmp_path / "out.jsonl.retry-tmp").exists()
 
 
+@pytest.mark.subprocess
 def test_retry_failed_during_a_lasting_outage_keeps_every_row_once(server, tmp_path):
     """Retrying while the judge is still down: the rows fail again and replace their old copies."""
     rows = make_rows(6)
@@ -74,6 +78,7 @@ def test_retry_failed_during_a_lasting_outage_keeps_every_row_once(server, tmp_p
     assert {r["status"] for r in after} == {"error"}
 
 
+@pytest.mark.subprocess
 def test_retry_failed_stopped_by_on_failure_raise_still_writes_each_row_once(server, tmp_path):
     """The run stops at the first row that fails again: rows it did not reach keep their old row."""
     rows = make_rows(8)

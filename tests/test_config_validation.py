@@ -569,6 +569,7 @@ def score_args(tmp_path: Path, override: str) -> list[str]:
     ]
 
 
+@pytest.mark.subprocess
 def test_cli_score_refuses_an_unknown_parser_before_scoring(tmp_path):
     """Through the user's path: the command line in a subprocess (it used to exit 0, every row error)."""
     result = subprocess.run(

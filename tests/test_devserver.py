@@ -529,6 +529,7 @@ def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
         lines.put(line)
 
 
+@pytest.mark.subprocess
 def test_cli_serve_subprocess() -> None:
     env = {**os.environ, "ASYNC_REWARD_TEST_KEY": "sk-cli-secret", "PYTHONUNBUFFERED": "1"}
     argv = ["serve", "--port", "0", "--api-key-env", "ASYNC_REWARD_TEST_KEY", "--verdict-format", "score"]
@@ -544,7 +545,7 @@ def test_cli_serve_subprocess() -> None:
     reader.start()
     output: list[str] = []
     try:
-        deadline = time.monotonic() + 60  # generous: importing the package may pull in verl
+        deadline = time.monotonic() + 240  # generous: importing the package may pull in verl
         url = None
         while url is None and time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -573,3 +574,34 @@ def test_cli_serve_subprocess() -> None:
         output.append(lines.get())
     assert proc.returncode == 0, "".join(output)  # SIGTERM is a clean stop
     assert "sk-cli-secret" not in "".join(output)
+
+
+def test_the_shared_servers_reset_puts_every_runtime_knob_back(judge_server: ThreadedDevServer) -> None:
+    """The session's server (``conftest.judge_server``) is reset before each test that asks for ``server``:
+    every knob a test may turn must come back, or it leaks into the tests after it."""
+    from tests.conftest import judge_server_config, reset_judge_server
+
+    turned = {
+        "latency_ms": [5.0, 9.0],
+        "capacity": 3,
+        "overflow": "reject",
+        "retry_after_s": 0.25,
+        "fault_rates": {"500": 0.5},
+        "verdict_format": "json",
+        "think": True,
+        "think_style": "separate",
+        "echo_response": True,
+        "judge_style": "verdict-then-quote",
+        "fixed_verdict": 7,
+        "structured_output": "reject",
+        "unescaped_json": True,
+        "honour_max_tokens": False,
+        "api_key": "test-key-not-secret",
+    }
+    assert set(turned) == set(RUNTIME_CONFIG_KEYS), "turn every runtime knob, a new one included"
+    judge_server.update_config(**turned)
+    start = judge_server_config()
+    assert all(getattr(judge_server.server.config, key) != getattr(start, key) for key in turned)
+    reset_judge_server(judge_server)
+    assert judge_server.server.config == start
+    assert judge_server.stats()["requests_total"] == 0

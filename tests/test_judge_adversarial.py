@@ -82,6 +82,7 @@ def outcomes(outputs: list[dict[str, Any]]) -> list[tuple[str, float, str]]:
 # ----------------------------------------------------------------------------- text verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["brackets", "boxed", "score", "json"])
 @pytest.mark.parametrize("style", ["quote-then-verdict", "verdict-then-quote"])
 async def test_no_hostile_response_scores_above_the_judges_verdict(

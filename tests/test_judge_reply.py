@@ -24,7 +24,7 @@ from async_reward.http import MalformedResponseError
 from async_reward.judge import build_messages, escape_untrusted, normalize_score, resolve_template
 from async_reward.managers.llm_judge import read_reply_verdict
 from async_reward.verdict import VerdictError, VerdictRules
-from tests.hostile_text import PROPERTY, hostile_responses
+from tests.hostile_text import PROPERTY, examples, hostile_responses
 
 RULES = VerdictRules()  # the defaults: brackets, end, refuse, leading
 
@@ -180,7 +180,7 @@ def test_lookalikes_that_normalise_to_tag_characters_are_escaped() -> None:
     assert html.unescape(escape_untrusted(response)) == response
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     text=st.text(alphabet=st.sampled_from(NORMALISES_TO_MARKUP + "<>&/;#x0123456789abcdefFE lt")) | st.text()
 )
@@ -219,7 +219,7 @@ def test_a_normalised_score_that_overflows_is_invalid() -> None:
 finite = st.floats(allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=finite, bounds=st.tuples(finite, finite), target=st.none() | st.tuples(finite, finite))
 def test_property_normalize_score_is_finite_or_refuses(
     value: float, bounds: tuple[float, float], target: tuple[float, float] | None

@@ -42,6 +42,15 @@ def chat_requests(server: Any) -> int:
     return int(server.stats()["requests_by_path"].get("/v1/chat/completions", 0))
 
 
+async def until_the_server_has(server: Any, requests: int, timeout_s: float = 60.0) -> None:
+    """Wait (generously) until the judge server has received ``requests`` chat requests: a fixed sleep
+    would be too short on a loaded machine and too long on an idle one."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while chat_requests(server) < requests:
+        assert asyncio.get_running_loop().time() < deadline, f"the server got {chat_requests(server)}"
+        await asyncio.sleep(0.01)
+
+
 # ----------------------------------------------------------------------------- judge basics
 
 
@@ -582,15 +591,19 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     server, verl_config_factory, tokenizer, batch_factory
 ):
     """A judge call nobody waits for any more must not keep retrying (and spending) in the background."""
-    settings = judge_settings(server, timeout_s=0.3, retry={"max_attempts": 4})
+    settings = judge_settings(server, timeout_s=5.0, retry={"max_attempts": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     batch = batch_factory([{"response": "@@fault:hang@@ 5", "ground_truth": "5"}] * 2)
     callers = [asyncio.create_task(manager.run_single(batch[i : i + 1])) for i in range(2)]
-    await asyncio.sleep(0.1)
+    await until_the_server_has(server, 1)  # the shared call's first attempt hangs there
+    [shared] = manager._in_flight.values()
     for caller in callers:
         caller.cancel()
     await asyncio.gather(*callers, return_exceptions=True)
-    await asyncio.sleep(1.0)  # the retries would have come by now
+    # The shared call itself is cancelled (not left to time out and retry 3 more times, 20 s): no retry
+    # can follow, whatever the machine's speed.
+    await asyncio.wait([shared], timeout=30)
+    assert shared.cancelled()
     assert chat_requests(server) == 1
     assert not manager._in_flight
 
@@ -605,7 +618,7 @@ async def test_a_request_arriving_while_its_shared_call_is_cancelled_gets_its_ow
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
     batch = batch_factory([{"response": "same answer 5", "ground_truth": "5"}] * 2)
     leaving = asyncio.create_task(manager.run_single(batch[0:1]))
-    await asyncio.sleep(0.1)
+    await until_the_server_has(server, 1)  # its call is being served
     leaving.cancel()
     await asyncio.sleep(0)  # the same loop turn as the cancellation
     output = await manager.run_single(batch[1:2])
@@ -713,3 +726,46 @@ async def test_samples_of_an_earlier_training_step_are_admitted_first(
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
     assert sorted(started, key=started.__getitem__) == ["s3 a", "s2 a", "s2 b", "s3 b", "s3 c"]
+
+
+# ----------------------------------------------------------------------------- token budget
+
+
+async def test_judge_usage_above_the_estimate_is_charged_to_the_token_budget(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """``limits.tokens_per_minute`` counts what the judge reported using, not only the estimate: the
+    real manager settles each call's reservation from the reply's ``usage``, and the next admission
+    pays that debt before its own tokens (the limiter's arithmetic itself: ``test_limits.py``)."""
+    estimate, tokens_per_minute = 5, 60_000  # the dev server reports about 200 tokens a call
+    settings = judge_settings(
+        server,
+        limits={
+            "tokens_per_minute": tokens_per_minute,
+            "estimated_tokens_per_request": estimate,
+            "max_concurrency": 1,
+        },
+    )
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    rows = [
+        {"prompt": f"question {i}", "response": f"The answer is {i}", "ground_truth": "3"} for i in range(5)
+    ]
+    batch = batch_factory(rows)
+    loop = asyncio.get_running_loop()
+    usage, debts, started = [], [], loop.time()
+    for i in range(len(rows)):  # one at a time, so each admission follows the previous settlement
+        output = await manager.run_single(batch[i : i + 1])
+        assert output["reward_extra_info"]["status"] == "ok"
+        usage.append(output["reward_extra_info"]["judge_tokens"])
+        debts.append(manager.admission._token_debt)
+    elapsed = loop.time() - started
+    assert usage == [int(u) for u in usage] and sum(usage) == server.stats()["tokens_total"]
+    assert min(usage) > estimate
+    # Each call's usage above its estimate is owed once it is known; the next admission paid the debt
+    # before its own estimate, so exactly the last call's excess is still owed.
+    assert debts == [u - estimate for u in usage]
+    # Paid through the limiter before the last admission: every earlier call's usage plus the last
+    # call's estimate, of which the bucket (one estimate) is free at once. A lower bound (a loaded
+    # machine only adds to it): the estimates alone would have gone through in milliseconds.
+    rate_per_s = (tokens_per_minute + 0.9 - estimate) / 60  # limits.strict_minute_limiter's rate
+    assert elapsed >= 0.99 * sum(usage[:-1]) / rate_per_s, (elapsed, usage)

@@ -245,39 +245,44 @@ def test_chunks_are_complete_groups_and_match_verl(
 def test_oldest_ticket_finishes_first_at_the_capacity_bound(
     pipeline: PipelinedRewardLoopManager, batch_factory: Callable[..., Any], server: Any
 ) -> None:
+    """Structural, not timed (a loaded 2-core machine stretches any wall-clock bound): the service ran at
+    its capacity and never above it, and the older ticket got the slots first."""
     capacity, n = 8, 64  # two workers x max_concurrency 4 == the server's capacity
     server.update_config(latency_ms=[50.0, 150.0], capacity=capacity, overflow="queue")
     first, second = (batch_factory(judge_rows([4] * (n // 4))) for _ in range(2))
-    started = time.monotonic()
     ticket1 = pipeline.submit(first)
     ticket2 = pipeline.submit(second)
-    pipeline.get_chunk(ticket1, n, timeout=30)
-    first_done = time.monotonic() - started
-    pipeline.get_chunk(ticket2, n, timeout=30)
-    both_done = time.monotonic() - started
+    pipeline.get_chunk(ticket1, n, timeout=60)
+    # Had the tickets shared the slots, about half of ticket 2 would be scored by now; oldest first,
+    # only what the slots freed by ticket 1's last samples took.
+    second_when_first_done = pipeline.ticket_metrics(ticket2)["reward/status_ok"]
+    pipeline.get_chunk(ticket2, n, timeout=60)
 
-    ideal_pair = 2 * n * 0.100 / capacity  # mean latency 100 ms
-    assert both_done < 2 * ideal_pair, f"{both_done:.2f}s vs ideal {ideal_pair:.2f}s"
+    assert second_when_first_done < n // 2, second_when_first_done
     m1, m2 = pipeline.ticket_metrics(ticket1), pipeline.ticket_metrics(ticket2)
     assert m1["timing_s/reward_submit_to_done"] < m2["timing_s/reward_submit_to_done"]
-    assert first_done < 0.8 * both_done, "ticket 1 got the slots first"
     assert m1["reward/status_ok"] == n and m2["reward/status_ok"] == n
     stats = server.stats()
-    assert stats["max_in_flight"] == capacity  # the capacity was used, and never exceeded by us
+    assert stats["max_in_flight"] == capacity  # the capacity was used: every slot busy at once
+    assert stats["max_in_flight_total"] == capacity  # and we never sent more (nothing queued there)
     assert stats["requests_total"] == 2 * n
 
 
 def test_submit_returns_at_once_for_5120_samples(
     pipeline: PipelinedRewardLoopManager, batch_factory: Callable[..., Any], server: Any
 ) -> None:
-    server.update_config(latency_ms=[200.0, 200.0])  # keep the cancelled work cheap
+    server.update_config(latency_ms=[5000.0, 5000.0])  # no sample can be scored while submit runs
     rows = [{**GOOD, "prompt": f"What is 2+3? #{i // 5}"} for i in range(5120)]
     batch = batch_factory(rows, group_size=5)
     started = time.perf_counter()
     ticket = pipeline.submit(batch)
     elapsed = time.perf_counter() - started
+    scored_by_then = pipeline.ticket_metrics(ticket)["reward/status_ok"]
     pipeline.cancel(ticket)
-    assert elapsed < 1.0, f"submit took {elapsed * 1000:.0f} ms"
+    # Structural: submit waited for no result (none can exist before 5 s). The bound on its own time is
+    # generous (a loaded 2-core machine); serialising the batch sample by sample would take longer.
+    assert scored_by_then == 0
+    assert elapsed < 4.0, f"submit took {elapsed * 1000:.0f} ms"
     assert ticket.num_samples == 5120
     with pytest.raises(TicketError, match="cancelled"):
         pipeline.get_chunk(ticket, 5)

@@ -120,6 +120,7 @@ def test_period_comes_from_the_environment_and_bad_values_are_refused(monkeypatc
             configured_period_s()
 
 
+@pytest.mark.subprocess
 def test_score_command_writes_plain_lines_into_a_piped_stderr(server, tmp_path: Path) -> None:
     """The user's path: the real command in a subprocess whose stderr is a pipe, as in CI."""
     rows = [{"id": i, "prompt": "p", "response": f"\\boxed{{{i}}}", "ground_truth": str(i)} for i in range(5)]

@@ -190,6 +190,7 @@ def test_local_rewards_give_complete_groups_in_chunks(char_tokenizer: Any) -> No
     np.testing.assert_array_equal(scores.numpy(), first.reward_extra_info["acc"])
 
 
+@pytest.mark.slow
 def test_the_toy_learns_with_grpo_through_the_schedule(char_tokenizer: Any) -> None:
     """30 GRPO steps with a local exact-match reward: accuracy +0.68 or more on seeds 0-5 (checked
     when the margin was chosen), so +0.4 leaves room."""

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig
@@ -312,13 +311,28 @@ def test_one_step_off_policy_overlaps_and_resumes_without_skipping(
     assert len(set(seen)) == len(seen) == 4 * PROMPTS  # distinct dataset rows: none twice, none lost
 
 
-def test_blocked_time_per_step_drops_with_a_slow_judge(
-    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged
+def test_the_judge_is_busy_while_the_actor_updates_in_the_pipelined_modes(
+    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged, monkeypatch
 ):
-    server.update_config(latency_ms=[40.0, 160.0], capacity=4)  # about 0.5 s of judging per step
-    delays = StageDelays(generate=0.2, log_prob=0.02, optimizer_step=0.1)
-    blocked = {}
+    """Why the trainer blocks less (structural, not timed: a loaded machine stretches any ratio of
+    wall-clock times). At the start of each actor update, the judge server is asked how many requests it
+    is serving: none in the baseline (every reward is in before training starts); in the mini-batch
+    modes, the step's later samples are still being judged while its first mini-batch trains; in the
+    off-policy modes, the next batch is being judged while this one trains."""
+    from tests.trainer_standins import ActorStandIn
+
+    server.update_config(latency_ms=[300.0, 300.0], capacity=4)  # 16 samples: four rounds of 0.3 s
+    delays = StageDelays(generate=0.05, log_prob=0.0, optimizer_step=0.0)
+    judging_at_update: list[int] = []
+    update_actor = ActorStandIn.update_actor
+
+    def recording_update(self: Any, td: Any) -> Any:
+        judging_at_update.append(server.stats()["in_flight_total"])
+        return update_actor(self, td)
+
+    monkeypatch.setattr(ActorStandIn, "update_actor", recording_update)
     mini, off = "+async_reward.pipeline.mini_batch=true", "+async_reward.pipeline.one_step_off_policy=true"
+    seen = {}
     for mode, flags in {
         "baseline": [],
         "mini_batch": [mini],
@@ -326,18 +340,24 @@ def test_blocked_time_per_step_drops_with_a_slow_judge(
         "both": [mini, off],
     }.items():
         logged.clear()
+        judging_at_update.clear()
         config = make_config(
-            char_tokenizer_dir, server.url, tmp_path, "trainer.total_training_steps=4", *flags
+            char_tokenizer_dir, server.url, tmp_path, "trainer.total_training_steps=2", *flags
         )
         run_ours(config, char_tokenizer, rewards, delays=delays)
         steps = train_steps(logged)
         assert all(m["reward/status_ok"] == PROMPTS * GROUP for m in steps)
-        blocked[mode] = float(np.mean([m["timing_s/reward_blocked"] for m in steps[1:]]))
-    # Steps after the first: mini-batch updates on early chunks while later ones are judged; the
-    # off-policy modes also generate the next batch while this one is judged.
-    assert blocked["mini_batch"] < 0.85 * blocked["baseline"], blocked
-    assert blocked["one_step_off"] < 0.5 * blocked["baseline"], blocked
-    assert blocked["both"] < 0.5 * blocked["baseline"], blocked
+        calls_per_step = PROMPTS // MINI if mini in flags else 1
+        assert len(judging_at_update) == 2 * calls_per_step, (mode, judging_at_update)
+        seen[mode] = [
+            judging_at_update[k : k + calls_per_step] for k in range(0, 2 * calls_per_step, calls_per_step)
+        ]
+    assert seen["baseline"] == [[0], [0]], seen
+    # Mini-batches: each step's first update runs while the step's later samples are judged.
+    assert all(step[0] > 0 for step in seen["mini_batch"]), seen
+    # Off-policy: the first step trains while the second step's batch is judged.
+    assert seen["one_step_off"][0][0] > 0 and seen["both"][0][0] > 0, seen
+    assert all(step[0] > 0 for step in seen["both"]), seen
 
 
 # -- start-up checks ---------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ def test_group_states_and_finishing_order_from_tags() -> None:
     assert session_of("3f2a-9_12_0") == ("3f2a-9", "12") and session_of("3f2a") is None
 
 
+@pytest.mark.subprocess
 def test_the_setup_hook_registers_the_mode_when_verl_v1_loads() -> None:
     """In a fresh process (as a Ray worker's): the hook does not import verl's v1 trainer itself, and
     once something imports it the mode resolves to our trainer."""

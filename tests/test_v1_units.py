@@ -383,6 +383,7 @@ def test_exclude_under_v1_needs_our_replay_buffer_too():
     prepare_verl_config(v1_config(judge, EXCLUDE))  # both lines: accepted
 
 
+@pytest.mark.slow
 def test_exclude_in_sync_needs_mini_batches_verl_can_generate_again():
     """Suspicion 1 of issue 16, confirmed by reading verl: ``PPOTrainerSync.on_sample_end`` puts the
     replicas to sleep after each ``sample``, so with ``parameter_sync_step > 1`` a later mini-batch's
