@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from async_reward.benchmark.calibration import StageMedians
+from async_reward_bench.calibration import StageMedians
 
 __all__ = ["BatchFactory", "CalibratedBackend"]
 
