@@ -115,7 +115,7 @@ def _start_server(cfg: BenchConfig) -> Any:
         threaded = ThreadedDevServer(DevServerConfig(capacity=cfg.capacity, overflow="queue", seed=cfg.seed))
         threaded.start()
         return threaded
-    from async_reward.testing import ServerProcess
+    from async_reward.devserver import ServerProcess
 
     process = ServerProcess("--capacity", str(cfg.capacity), "--overflow", "queue", "--seed", str(cfg.seed))
     process.start()

@@ -144,9 +144,9 @@ def _verl_config(cfg: ParityConfig, model_dir: Path, server_url: str) -> Any:
 def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
     import ray
 
+    from async_reward.devserver import ServerProcess
     from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.testing import ServerProcess
     from async_reward_bench.toy.task import build_char_tokenizer
 
     for key, value in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0")):
