@@ -9,7 +9,7 @@ every reward of the run.
 Two levels of checks: :meth:`AsyncRewardConfig.validate` checks values (ranges, relations between
 fields) and holds for every manager; a section's ``require`` checks what one manager needs to run
 (the judge's URL, an API key variable set in the environment). The driver runs both before any
-reward worker starts (``async_reward.integration.check_reward_config``); each worker runs them again.
+reward worker starts (``async_reward.checks.check_reward``); each worker runs them again.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig
 
 from async_reward._config_rules import (
-    HIDDEN,
-    ConfigError,
     at_least,
     bad_value,
     check_values,
@@ -38,6 +36,8 @@ from async_reward._config_rules import (
     plain_container,
     rule,
 )
+from async_reward.errors import ConfigError
+from async_reward.redaction import HIDDEN
 from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
 from async_reward.verl_settings import apply_verl_reward_keys
 
@@ -414,7 +414,7 @@ class AsyncRewardConfig:
     """``fallback``: score failures with ``fallback_score``; ``raise``: stop the step with an error;
     ``exclude``: keep failed samples out of the gradient (zero loss mask; their group's advantages
     come from the members that were scored). ``exclude`` needs a trainer that honours it
-    (``async_reward.integration.check_failure_policy`` says which)."""
+    (``async_reward.checks.check_on_failure`` says which)."""
     executor: Literal["thread", "process"] = "thread"
     """Where sync user functions run: a thread pool, or a process pool (for scorers unsafe in threads)."""
     executor_workers: int | None = field(
@@ -537,7 +537,7 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     ``estimated_tokens_per_request``, ``timeout``) are applied to the same settings here
     (``async_reward.verl_settings``).
     Checks values only; what one manager requires (judge URL, remote URL, API key variables) is
-    checked by that manager's ``check_config`` (on the driver by ``integration.check_reward_config``).
+    checked by that manager's ``check_config`` (on the driver by ``checks.check_reward``).
 
     Raises:
         ConfigError: naming the key, the bad value and the fix.

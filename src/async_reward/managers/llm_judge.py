@@ -100,10 +100,10 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         self._waiters: dict[str, int] = {}
 
     @classmethod
-    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
-        """The shared start-up checks, plus ``fallback_score`` no higher than the lowest verdict's
+    def check_settings(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """The shared settings checks, plus ``fallback_score`` no higher than the lowest verdict's
         reward (:meth:`AsyncRewardConfig.check_judge_fallback`), on the driver and in each worker."""
-        settings = super().check_config(config, env)
+        settings = super().check_settings(config, env)
         settings.check_judge_fallback()
         return settings
 
