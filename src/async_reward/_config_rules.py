@@ -29,7 +29,6 @@ __all__ = [
     "at_least",
     "bad_value",
     "check_finite",
-    "check_values",
     "dataclass_from_flags",
     "greater_than",
     "in_range",
@@ -39,6 +38,7 @@ __all__ = [
     "plain_container",
     "rule",
     "select_key",
+    "validate_fields",
 ]
 
 
@@ -124,7 +124,7 @@ def _check_finite_number(key: str, item: Any, shown: Any, allow_nan: bool) -> No
     )
 
 
-def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
+def validate_fields(obj: Any, path: str, *, recurse: bool = True) -> None:
     """Check every field of dataclass ``obj``: finite numbers, then the field's :class:`Rule`.
 
     Nested dataclasses are checked too (``recurse``). Raises :class:`ConfigError` for the first bad
@@ -135,7 +135,7 @@ def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
         key = f"{path}.{f.name}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             if recurse:
-                check_values(value, key)
+                validate_fields(value, key)
             continue
         if value is None:
             continue
@@ -177,7 +177,7 @@ def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "rewa
         hide = not fields[name].repr or (field_rule is not None and field_rule.hide)
         kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=hide)
     config = cls(**kwargs)
-    check_values(config, path, recurse=False)  # nested sections were checked by their own parse
+    validate_fields(config, path, recurse=False)  # nested sections were checked by their own parse
     return config
 
 
