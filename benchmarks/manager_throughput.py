@@ -186,7 +186,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
 
     import async_reward  # noqa: F401  (registers our managers)
-    from async_reward.testing import ServerProcess, build_tiny_tokenizer
+    from async_reward.devserver import ServerProcess
+    from async_reward.testing import build_tiny_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="async-reward-bench-"))
     tokenizer = build_tiny_tokenizer(workdir / "tokenizer")

@@ -1,7 +1,7 @@
 """Step time of our schedules (baseline / mini-batch / one-step-off / both / recipe-style) and verl
 v1's (``sync``, ``colocate_async``) against a slow reward service, with a verdict on ours.
 
-A thin script over ``async_reward.benchmark.speedup`` (also ``async-reward bench``)::
+A thin script over ``async_reward_bench.speedup`` (also ``async-reward bench``)::
 
     python benchmarks/pipeline_speedup.py --quick     # ours, recipe regime: ~70 s on a quiet machine
     python benchmarks/pipeline_speedup.py             # 4 regimes x 7 strategies, ~20 min (2 cores)
@@ -13,7 +13,7 @@ Writes ``bench_out/pipeline_speedup.json`` and ``bench_out/timeline_<regime>_<st
 
 from __future__ import annotations
 
-from async_reward.benchmark.speedup import main
+from async_reward_bench.speedup import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

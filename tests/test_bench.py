@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from async_reward.benchmark import speedup
-from async_reward.benchmark.calibration import RECIPE_SERVICE, load_medians, recipe_targets
-from async_reward.benchmark.report import measured_steps, probe_lag_ms, service_busy_fraction
-from async_reward.benchmark.scenarios import regime_latency, regime_stages
+from async_reward_bench import speedup
+from async_reward_bench.calibration import RECIPE_SERVICE, load_medians, recipe_targets
+from async_reward_bench.report import measured_steps, probe_lag_ms, service_busy_fraction
+from async_reward_bench.scenarios import regime_latency, regime_stages
 
 OURS = ["baseline", "mini_batch", "one_step_off", "both", "recipe_style"]
 V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both"]
@@ -138,7 +138,7 @@ def test_a_disabled_pipeline_fails_the_quick_verdict_under_a_cpu_hog(
     steps run (started once the environment is up, to keep the test short): the speed checks can be
     inconclusive at such a load, but the schedule's structure fails it, and the command exits 1."""
     from async_reward import cli
-    from async_reward.benchmark import environment
+    from async_reward_bench import environment
 
     real_environment = environment.bench_environment
 
@@ -169,7 +169,7 @@ def test_a_disabled_pipeline_fails_the_quick_verdict_under_a_cpu_hog(
 
 def test_the_exit_code_follows_the_outcome(monkeypatch, tmp_path, capsys):
     """FAIL exits 1 under --quick or --check; INCONCLUSIVE (a starved machine) and PASS exit 0."""
-    from async_reward.benchmark import verdict as verdict_module
+    from async_reward_bench import verdict as verdict_module
 
     def fake_results(outcome: str):
         def run_benchmark(cfg):
@@ -288,8 +288,8 @@ def test_probe_lag_is_the_mean_delay_beyond_the_sampling_interval():
 def test_schedule_facts_read_leads_from_events_and_ticket_times():
     """An off-policy step 0 whose next batch went out 2.49 s before batch 0 was scored, and whose
     update came 0.6 s after; step 1's source held its batch 0.5 s first (recipe-style admission)."""
-    from async_reward.benchmark.structure import schedule_facts
     from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+    from async_reward_bench.structure import schedule_facts
 
     def step(n: int, events: list[tuple[str, float, float, int]], blocked: float, **metrics: float):
         return StepRecord(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from async_reward.benchmark.generation import GenerationState, rollout_durations
-from async_reward.benchmark.scenarios import REGIMES, regime_stages
-from async_reward.benchmark.tag_store import TagStore, serving_replay_buffer
+from async_reward_bench.generation import GenerationState, rollout_durations
+from async_reward_bench.scenarios import REGIMES, regime_stages
+from async_reward_bench.tag_store import TagStore, serving_replay_buffer
 
 # -- generation -------------------------------------------------------------------------------------
 
@@ -65,7 +65,7 @@ def test_clear_drops_what_is_decoding_and_work_is_validated():
 
 
 def test_long_tail_regime_stretches_only_the_rollout():
-    from async_reward.benchmark.calibration import load_medians
+    from async_reward_bench.calibration import load_medians
 
     stages = load_medians()["gsm8k_qwen2_7b_base"]
     long_tail = regime_stages(REGIMES["long_tail"], stages)
@@ -175,8 +175,8 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
     ``on_failure: raise`` and a judge answering 400)."""
     import ray
 
-    from async_reward.benchmark.v1_agent_loop import V1AgentLoop
-    from async_reward.benchmark.v1_reward_worker import start_reward_workers
+    from async_reward_bench.v1_agent_loop import V1AgentLoop
+    from async_reward_bench.v1_reward_worker import start_reward_workers
 
     config = verl_config_factory(
         "llm_judge", {"judge": {"base_url": server.url + "/v1"}, "on_failure": "raise"}

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from async_reward.benchmark.calibration import load_medians, recipe_targets
-from async_reward.benchmark.report import add_relative
-from async_reward.benchmark.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge, summary_line
+from async_reward_bench.calibration import load_medians, recipe_targets
+from async_reward_bench.report import add_relative
+from async_reward_bench.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge, summary_line
 
 SAMPLES = 320
 MINI_BATCHES = 4

@@ -323,7 +323,7 @@ def test_help_from_the_installed_script():
 
 
 def test_bench_forwards_its_options(monkeypatch):
-    from async_reward.benchmark import speedup
+    from async_reward_bench import speedup
 
     calls: list[list[str]] = []
     monkeypatch.setattr(speedup, "main", lambda argv: calls.append(list(argv)) or 0)

@@ -23,8 +23,8 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
+from async_reward.checks import check_reward
 from async_reward.config import AsyncRewardConfig, load_config
-from async_reward.integration import check_reward_config
 from async_reward.pipeline.trainer_config import PipelineConfig, load_pipeline_config
 from tests.conftest import compose_verl_config
 
@@ -293,7 +293,7 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
         "llm_judge", {"judge": {"base_url": "http://x/v1", "api_key_env": "JUDGE_KEY_FOR_TEST"}}
     )
     with pytest.raises(ConfigError, match=r"the variable named in judge\.api_key_env is not set") as info:
-        check_reward_config(config)
+        check_reward(config)
     assert info.value.key == "reward.async_reward.judge.api_key_env"
     assert secret not in str(info.value)
 
@@ -364,7 +364,7 @@ def test_llm_judge_refuses_a_fallback_above_the_lowest_verdict(
 
     settings = {**settings, "judge": {"base_url": "http://x/v1", **settings.get("judge", {})}}
     config = verl_config_factory("llm_judge", settings)
-    for refuse in (check_reward_config, lambda c: LLMJudgeRewardManager(c, tokenizer)):  # driver, worker
+    for refuse in (check_reward, lambda c: LLMJudgeRewardManager(c, tokenizer)):  # driver, worker
         with pytest.raises(ConfigError) as info:
             refuse(config)
         message = str(info.value)
@@ -384,13 +384,13 @@ def test_llm_judge_accepts_a_fallback_at_or_below_the_lowest_verdict(
 
     settings = {**settings, "judge": {"base_url": "http://x/v1", **settings.get("judge", {})}}
     config = verl_config_factory("llm_judge", settings)
-    check_reward_config(config)
+    check_reward(config)
     assert LLMJudgeRewardManager(config, tokenizer).settings.judge.base_url == "http://x/v1"
 
 
 def test_the_judge_fallback_rule_is_the_judges_only(verl_config_factory):
     """A reward function cannot be made to fail by what the response says: any fallback goes."""
-    check_reward_config(verl_config_factory("async_naive", {"fallback_score": 0.5}))
+    check_reward(verl_config_factory("async_naive", {"fallback_score": 0.5}))
 
 
 def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypatch):
@@ -681,7 +681,7 @@ UNSET = "${oc.env:ASYNC_REWARD_TEST_SURELY_UNSET}"
 )
 def test_an_unresolvable_or_misshapen_reward_node_is_a_config_error(verl_config_factory, key, value, named):
     """Found by a hostile review: these escaped as raw OmegaConf / AttributeError tracebacks."""
-    for check in (check_reward_config, prepare_verl_config):
+    for check in (check_reward, prepare_verl_config):
         config = verl_config_factory("async_naive", {})
         with open_dict(config):
             OmegaConf.update(config, key, value, merge=False, force_add=True)

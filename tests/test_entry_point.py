@@ -48,7 +48,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import pandas as pd
     from transformers import Qwen2Config
 
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("entry_assets")
     model = root / "model"

@@ -2,7 +2,7 @@
 exactly as if it were absent.
 
 From the bottom up, all with verl's real code: the managers' flags; where the policy is refused
-(``check_failure_policy``) and why (verl's loss aggregation and policy losses, every registered one, on
+(``check_on_failure``) and why (verl's loss aggregation and policy losses, every registered one, on
 a mini-batch with zero-mask rows against the same mini-batch without them); advantages from the
 scored members (verl's estimators); the schedule; and verl's ``fit`` machinery on the CPU stand-ins
 with a reward function that fails a known subset, against a run where those samples are really absent.
@@ -20,12 +20,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.integration import (
-    EXCLUDE_LOSS_AGG_MODES,
-    EXCLUDE_POLICY_LOSSES,
-    check_failure_policy,
-    declare_pipelined_trainer,
-)
+from async_reward.checks import EXCLUDE_LOSS_AGG_MODES, EXCLUDE_POLICY_LOSSES, check_on_failure
+from async_reward.integration import declare_pipelined_trainer
 from async_reward.pipeline.exclusion import advantage_without_excluded, trainable_rows
 from async_reward.pipeline.schedule import StepSchedule
 from async_reward.v1.settings import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
@@ -134,23 +130,23 @@ BYPASS_LOSS = {"policy_loss": {"loss_mode": "bypass_mode"}}
         ),
     ],
 )
-def test_check_failure_policy(verl_config_factory, settings, refused_key):
+def test_check_on_failure(verl_config_factory, settings, refused_key):
     config = verl_config_factory("async_naive", {"on_failure": "exclude"})
     with open_dict(config):
         merged = OmegaConf.merge(config, settings)
     if refused_key is None:
-        check_failure_policy(merged)
+        check_on_failure(merged)
         return
     with pytest.raises(ConfigError) as info:
-        check_failure_policy(merged)
+        check_on_failure(merged)
     assert info.value.key == refused_key
     assert "exclude" in str(info.value)
 
 
 def test_other_policies_and_offline_scoring_are_never_refused(verl_config_factory):
-    check_failure_policy(verl_config_factory("async_naive", {"on_failure": "fallback"}))
+    check_on_failure(verl_config_factory("async_naive", {"on_failure": "fallback"}))
     offline = OmegaConf.create({"reward": {"async_reward": {"on_failure": "exclude"}}})
-    check_failure_policy(offline)  # no trainer: rows just report `excluded`
+    check_on_failure(offline)  # no trainer: rows just report `excluded`
 
 
 def test_users_launcher_is_refused_and_our_entry_point_is_not(verl_config_factory, tokenizer_dir):
@@ -245,7 +241,7 @@ def test_allowed_losses_are_exactly_those_that_ignore_excluded_rows(agg):
     """For every policy loss verl registers: a mini-batch whose excluded rows have a zero mask gives the
     loss and gradient of the mini-batch without them, and a micro-batch made of excluded rows only (one
     excluded sample with ppo_micro_batch_size_per_gpu=1) a finite zero loss and gradient, exactly when
-    check_failure_policy allows it."""
+    check_on_failure allows it."""
     generator = torch.Generator().manual_seed(0)
     rows, width = 8, 6
     old = -1 - 0.1 * torch.rand(rows, width, generator=generator)

@@ -227,7 +227,7 @@ async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_la
     hazards, verl_config_factory, tokenizer, batch_factory, caplog
 ):
     manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.3, executor_workers=2)
-    with caplog.at_level(logging.WARNING, logger="async_reward.managers.user_function"):
+    with caplog.at_level(logging.WARNING, logger="async_reward.user_code"):
         stuck = await score(manager, batch_factory, ["sleep:2.0", "sleep:2.0"])
         assert statuses(stuck) == ["timeout", "timeout"]
         assert manager.function_pool.overdue == 2

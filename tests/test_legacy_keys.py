@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from async_reward.checks import apply_legacy_and_check
 from async_reward.config import ConfigError
-from async_reward.integration import SETUP_HOOK, apply_legacy_and_check, prepare_verl_config
+from async_reward.integration import SETUP_HOOK, prepare_verl_config
 from tests.conftest import compose_verl_config
 from tests.test_entry_point import assets, overrides  # noqa: F401 (assets is a fixture)
 

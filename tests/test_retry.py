@@ -13,12 +13,11 @@ import aiohttp
 import pytest
 
 from async_reward.config import RetryConfig
-from async_reward.http import HTTPStatusError, MalformedResponseError
+from async_reward.http import HTTPStatusError, MalformedResponseError, parse_retry_after
 from async_reward.retry import (
     AttemptsExhausted,
     TransientError,
     default_is_transient,
-    parse_retry_after,
     retry_async,
 )
 

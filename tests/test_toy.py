@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from async_reward.pipeline.schedule import StepSchedule
-from async_reward.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
-from async_reward.toy.policy import TinyPolicy, compute_log_probs, ppo_update
-from async_reward.toy.task import (
+from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
+from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update
+from async_reward_bench.toy.task import (
     ArithmeticTask,
     PromptSampler,
     build_char_tokenizer,
@@ -222,7 +222,7 @@ def test_one_step_off_batches_record_their_policy_version(char_tokenizer: Any) -
 
 
 def test_quick_parity_run_writes_json_and_png(ray_cluster: None, server: Any, tmp_path: Path) -> None:
-    from async_reward.toy.parity import ParityConfig, format_summary, run_parity
+    from async_reward_bench.toy.parity import ParityConfig, format_summary, run_parity
 
     server.update_config(latency_ms=[5.0, 20.0])
     cfg = ParityConfig(

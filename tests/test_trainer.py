@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from async_reward.config import ConfigError
-from async_reward.toy.task import ArithmeticTask, build_char_tokenizer
+from async_reward_bench.toy.task import ArithmeticTask, build_char_tokenizer
 from tests.conftest import compose_verl_config
 from tests.trainer_standins import ArithmeticPrompts, StageDelays, build_standins
 

@@ -155,12 +155,12 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
     ],
 )
 def test_settings_the_mode_cannot_honour_are_refused_by_name(extra, key, tmp_path) -> None:
+    from async_reward.checks import check_v1
     from async_reward.v1.pipelined_config import load_pipelined_mode_config
-    from async_reward.v1.settings import check_v1_start_up
 
     config = _config(extra, tmp_path)
     with pytest.raises(ConfigError) as error:
-        check_v1_start_up(config)
+        check_v1(config)
         load_pipelined_mode_config(config)
     assert key in str(error.value)
 

@@ -359,7 +359,7 @@ DAPO = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=a
 
 
 def test_the_pipeline_settings_and_dapo_with_exclude_are_refused_where_v1_starts():
-    """``check_v1_start_up``: refused by ``prepare_v1_config`` and by our replay buffer, which verl's v1
+    """``check_v1``: refused by ``prepare_v1_config`` and by our replay buffer, which verl's v1
     trainer builds first (in its ``__init__``); ``fallback`` with DAPO, or exclude without it, are fine."""
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     pipelined = v1_config(judge, "+async_reward.pipeline.mini_batch=true")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from async_reward.checks import check_reward
 from async_reward.config import ConfigError, load_config
-from async_reward.integration import check_reward_config
 from tests.conftest import compose_verl_config
 
 FUNCTIONS = """
@@ -77,7 +77,7 @@ def compose(manager: str, *extra: str, function: tuple[str, str] | None = None) 
 def test_verl_rate_limited_key_sets_ours_and_says_so(verl_key, value, ours, functions, caplog):
     config = compose("async_rate_limited", f"+reward.{verl_key}={value}", function=(functions, "instant"))
     with caplog.at_level(logging.WARNING, logger="async_reward.verl_settings"):
-        check_reward_config(config)  # the driver's start-up check accepts it
+        check_reward(config)  # the driver's start-up check accepts it
         settings: Any = load_config(config)
     for part in ours:
         settings = getattr(settings, part)
@@ -112,7 +112,7 @@ def test_verl_key_and_ours_with_different_values_is_an_error(
         function=(functions, "instant"),
     )
     with pytest.raises(ConfigError) as error:
-        check_reward_config(config)
+        check_reward(config)
     assert error.value.key == f"reward.{verl_key}"
     assert f"reward.async_reward.{ours}" in str(error.value)
 
@@ -120,7 +120,7 @@ def test_verl_key_and_ours_with_different_values_is_an_error(
 def test_a_verl_key_that_is_not_a_number_is_named():
     config = compose("async_rate_limited", "+reward.max_rpm=lots")
     with pytest.raises(ConfigError) as error:
-        check_reward_config(config)
+        check_reward(config)
     assert error.value.key == "reward.max_rpm"
 
 
@@ -199,7 +199,7 @@ def test_verl_setting_the_manager_cannot_honour_is_refused_by_name(
 ):
     config = compose(manager, *extra, function=None if function is None else (functions, function))
     with pytest.raises(ConfigError) as error:
-        check_reward_config(config)
+        check_reward(config)
     assert error.value.key == key
     assert words in str(error.value)
 
@@ -209,9 +209,9 @@ def test_overlong_penalty_refused_only_when_enabled(functions):
     kwargs = ["+reward.reward_kwargs.max_resp_len=16", "+reward.reward_kwargs.overlong_buffer_cfg.len=4"]
     enabled = compose("async_naive", *kwargs, "+reward.reward_kwargs.overlong_buffer_cfg.enable=true")
     with pytest.raises(ConfigError, match="dapo"):
-        check_reward_config(enabled)
+        check_reward(enabled)
     disabled = compose("async_naive", *kwargs, "+reward.reward_kwargs.overlong_buffer_cfg.enable=false")
-    check_reward_config(disabled)
+    check_reward(disabled)
 
 
 # ------------------------------------------------------------------ honoured: function arguments

@@ -8,7 +8,7 @@ trainer makes, with verl's data layout:
   no-padding TensorDict (``left_right_2_no_padding``) and answer in it (verl's ``no_padding_2_padding``
   reads the answer back); ``update_actor`` splits mini-batches with verl's own ``tu.make_iterator``
   (``mini_batch_size``, ``epochs``, ``seed``, ``shuffle``, as the engine worker does) and takes one
-  optimizer step per mini-batch with verl's registered PPO loss (``async_reward.toy.ppo_update``);
+  optimizer step per mini-batch with verl's registered PPO loss (``async_reward_bench.toy.ppo_update``);
   ``save_checkpoint`` / ``load_checkpoint``; ``_dispatch_info`` / ``_query_dispatch_info`` for
   ``_balance_batch`` (one data-parallel rank).
 * ``ref_policy_wg`` (:class:`RefStandIn`): ``compute_ref_log_prob`` from a frozen copy of the initial
@@ -46,8 +46,8 @@ from torch.utils.data import Dataset
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 
-from async_reward.toy.policy import TinyPolicy, ppo_update
-from async_reward.toy.task import ArithmeticTask
+from async_reward_bench.toy.policy import TinyPolicy, ppo_update
+from async_reward_bench.toy.task import ArithmeticTask
 
 __all__ = [
     "ActorStandIn",

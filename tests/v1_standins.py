@@ -52,7 +52,7 @@ def build_tiny_model_dir(directory: Path) -> Path:
     a one-layer Llama config (no weights: nothing here runs the model)."""
     from transformers import LlamaConfig
 
-    from async_reward.tiny_tokenizer import build_tiny_tokenizer
+    from async_reward.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(directory)
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -1,4 +1,4 @@
-"""The generic half of configuration checking: ``ConfigError`` and per-field value rules.
+"""The generic half of configuration checking: per-field value rules and reading keys of a config.
 
 A setting that could corrupt the reward (a NaN deadline, an inverted range, a negative worker count)
 must stop the job at start-up with a message a user can act on, so every error names the key, the
@@ -21,14 +21,14 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from async_reward.errors import ConfigError
+from async_reward.redaction import HIDDEN, holds_secret_value, secrets_of
+
 __all__ = [
-    "HIDDEN",
-    "ConfigError",
     "Rule",
     "at_least",
     "bad_value",
     "check_finite",
-    "check_values",
     "dataclass_from_flags",
     "greater_than",
     "in_range",
@@ -37,29 +37,9 @@ __all__ = [
     "parse_config",
     "plain_container",
     "rule",
+    "select_key",
+    "validate_fields",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem found at start-up (bad key, bad value, missing environment variable).
-
-    ``key`` names the setting (dotted path) and ``fix`` says what to do, when known; the message
-    always carries both. Constructible from the message alone, so it pickles through Ray unchanged.
-    """
-
-    def __init__(self, message: str, *, key: str | None = None, fix: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-        self.fix = fix
-
-
-# Shown (in tracebacks, in Ray's error text) under its public home.
-ConfigError.__module__ = "async_reward.config"
-
-
-#: Printed instead of a value that may be a secret (a header, or a key pasted where its variable's
-#: name belongs).
-HIDDEN = "<hidden>"
 
 
 def bad_value(key: str, value: Any, problem: str, fix: str, *, hide: bool = False) -> ConfigError:
@@ -73,8 +53,6 @@ def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
 
 
 def _show(value: Any) -> str:
-    from async_reward.redaction import holds_secret_value
-
     try:
         text = repr(value)
     except Exception:
@@ -146,7 +124,7 @@ def _check_finite_number(key: str, item: Any, shown: Any, allow_nan: bool) -> No
     )
 
 
-def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
+def validate_fields(obj: Any, path: str, *, recurse: bool = True) -> None:
     """Check every field of dataclass ``obj``: finite numbers, then the field's :class:`Rule`.
 
     Nested dataclasses are checked too (``recurse``). Raises :class:`ConfigError` for the first bad
@@ -157,7 +135,7 @@ def check_values(obj: Any, path: str, *, recurse: bool = True) -> None:
         key = f"{path}.{f.name}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             if recurse:
-                check_values(value, key)
+                validate_fields(value, key)
             continue
         if value is None:
             continue
@@ -199,7 +177,7 @@ def parse_config(cls: type[_T], raw: Mapping[str, Any] | None, path: str = "rewa
         hide = not fields[name].repr or (field_rule is not None and field_rule.hide)
         kwargs[name] = _coerce(hints[name], value, f"{path}.{name}", hide=hide)
     config = cls(**kwargs)
-    check_values(config, path, recurse=False)  # nested sections were checked by their own parse
+    validate_fields(config, path, recurse=False)  # nested sections were checked by their own parse
     return config
 
 
@@ -297,8 +275,6 @@ def unresolvable(exc: Exception, path: str) -> ConfigError:
     """The ``ConfigError`` for an OmegaConf interpolation or access error under ``path``."""
     full_key = getattr(exc, "full_key", None) or ""
     key = full_key if full_key.startswith(path.split(".")[0]) else f"{path}.{full_key}".rstrip(".")
-    from async_reward.redaction import holds_secret_value
-
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     reason = HIDDEN if holds_secret_value(reason) else reason
     fix = "set the environment variable it reads, or fix the interpolation (${...}) in that key"
@@ -318,8 +294,6 @@ def names_config_errors(path: str) -> Callable[[Callable[_P, _R]], Callable[_P, 
     def decorate(check: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(check)
         def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            from async_reward.redaction import secrets_of
-
             config = next((arg for arg in args if isinstance(arg, DictConfig)), None)
             with secrets_of(config):  # its workers' keys are never echoed in an error either
                 try:
@@ -375,3 +349,24 @@ def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | 
         if given is not None:
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return cls(**values)
+
+
+def select_key(config: Any, key: str) -> Any:
+    """The value at dotted ``key`` of a verl config (an OmegaConf node or plain mappings); None when a
+    part is missing.
+
+    Raises:
+        ConfigError: the value is an interpolation that cannot be resolved (``${oc.env:NOPE}``),
+            naming the key.
+    """
+    if isinstance(config, DictConfig):
+        try:
+            return OmegaConf.select(config, key, default=None)
+        except OmegaConfBaseException as exc:  # ${oc.env:NOPE} and the like: our error, naming the key
+            raise unresolvable(exc, key) from None
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

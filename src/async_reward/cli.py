@@ -268,7 +268,7 @@ def _add_bench_parser(subparsers: Any) -> None:
         help=COMMANDS["bench"],
         usage="%(prog)s [-h] [--quick] [--bench-help] [BENCHMARK_OPTION ...]",
         description=(
-            "Run the pipeline speed-up benchmark (async_reward.benchmark.speedup): the step time of each "
+            "Run the pipeline speed-up benchmark (async_reward_bench.speedup): the step time of each "
             "schedule strategy against a slow, bounded local judge, with a table on stdout and raw JSON "
             "and timelines in the output directory."
         ),
@@ -288,7 +288,7 @@ def _add_bench_parser(subparsers: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from async_reward.benchmark import speedup
+    from async_reward_bench import speedup
 
     argv = ["--help"] if args.bench_help else [*(["--quick"] if args.quick else []), *args.rest]
     try:

@@ -1,15 +1,17 @@
 """Typed, validated configuration for async-reward, read from verl's ``reward.async_reward`` node.
 
 Every field is documented where it is declared, with its valid range in its ``metadata`` rule
-(checked by :func:`async_reward._config_rules.check_values`). Unknown keys are rejected with the list
-of valid ones, because a typo in a rate limit (``request_per_minute``) silently ignored would let a job
+(checked by :func:`async_reward._config_rules.validate_fields`). Unknown keys are rejected with the
+list of valid ones, because a typo in a rate limit (``request_per_minute``) silently ignored would let a job
 hammer a paid API; every number must be finite, because a NaN deadline or fallback score corrupts
 every reward of the run.
 
 Two levels of checks: :meth:`AsyncRewardConfig.validate` checks values (ranges, relations between
 fields) and holds for every manager; a section's ``require`` checks what one manager needs to run
 (the judge's URL, an API key variable set in the environment). The driver runs both before any
-reward worker starts (``async_reward.integration.check_reward_config``); each worker runs them again.
+reward worker starts (``async_reward.checks.check_reward``); each worker runs them again. One verb
+per level: every section's ``validate`` checks its values, a section a manager needs has
+``require``; the start-up checks of a whole verl config are ``async_reward.checks``'s ``check_*``.
 """
 
 from __future__ import annotations
@@ -25,11 +27,8 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig
 
 from async_reward._config_rules import (
-    HIDDEN,
-    ConfigError,
     at_least,
     bad_value,
-    check_values,
     dataclass_from_flags,
     greater_than,
     in_range,
@@ -37,7 +36,10 @@ from async_reward._config_rules import (
     parse_config,
     plain_container,
     rule,
+    validate_fields,
 )
+from async_reward.errors import ConfigError
+from async_reward.redaction import HIDDEN
 from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
 from async_reward.verl_settings import apply_verl_reward_keys
 
@@ -128,7 +130,7 @@ class LimitsConfig:
 
     def validate(self, num_workers: int, path: str = f"{CONFIG_PATH}.limits") -> None:
         """Check every value, and that each of ``num_workers`` processes gets a usable share."""
-        check_values(self, path)
+        validate_fields(self, path)
         if self.requests_per_minute is not None and self.requests_per_minute / num_workers < 1:
             raise bad_value(
                 f"{path}.requests_per_minute",
@@ -174,7 +176,7 @@ class RetryConfig:
     """No new attempt starts after this many seconds since the first one."""
 
     def validate(self, path: str = f"{CONFIG_PATH}.retry") -> None:
-        check_values(self, path)
+        validate_fields(self, path)
         if self.max_backoff_s < self.initial_backoff_s:
             raise bad_value(
                 f"{path}.max_backoff_s",
@@ -247,9 +249,9 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         # At load (parse_config builds this class), not at the first sample: a parser that can never
         # read the template's format would make every sample invalid.
-        self.check_verdict_rules()
+        self._validate_verdict_rules()
 
-    def check_verdict_rules(self, path: str = f"{CONFIG_PATH}.judge") -> None:
+    def _validate_verdict_rules(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Raise ConfigError on a verdict setting that is unknown or cannot work with the template."""
         from async_reward.judge import resolve_parser, resolve_template
         from async_reward.verdict import CONFLICT_RULES, PARSERS, POSITIONS, THINK_MODES
@@ -279,14 +281,10 @@ class JudgeConfig:
                 "remove one of them",
             )
 
-    def validate(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.judge") -> None:
-        """Everything ``llm_judge`` needs: valid values and the required settings (:meth:`require`)."""
-        self.check_values(path)
-        self.require(env, path)
-
-    def check_values(self, path: str = f"{CONFIG_PATH}.judge") -> None:
-        check_values(self, path)
-        self.check_verdict_rules(path)
+    def validate(self, path: str = f"{CONFIG_PATH}.judge") -> None:
+        """Check every value (not what ``llm_judge`` requires to run: see :meth:`require`)."""
+        validate_fields(self, path)
+        self._validate_verdict_rules(path)
         if self.max_score <= self.min_score:
             raise bad_value(
                 f"{path}.max_score",
@@ -363,13 +361,9 @@ class RemoteConfig:
     """Extra HTTP headers (string values). Kept out of reprs and errors, but put secrets in
     ``api_key_env``, not here."""
 
-    def validate(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.remote") -> None:
-        """Everything ``async_remote`` needs: valid values and the required settings (:meth:`require`)."""
-        self.check_values(path)
-        self.require(env, path)
-
-    def check_values(self, path: str = f"{CONFIG_PATH}.remote") -> None:
-        check_values(self, path)
+    def validate(self, path: str = f"{CONFIG_PATH}.remote") -> None:
+        """Check every value (not what ``async_remote`` requires to run: see :meth:`require`)."""
+        validate_fields(self, path)
         for name, value in self.headers.items():
             if not isinstance(value, str):
                 # The value is never shown: headers are where people paste tokens.
@@ -414,7 +408,7 @@ class AsyncRewardConfig:
     """``fallback``: score failures with ``fallback_score``; ``raise``: stop the step with an error;
     ``exclude``: keep failed samples out of the gradient (zero loss mask; their group's advantages
     come from the members that were scored). ``exclude`` needs a trainer that honours it
-    (``async_reward.integration.check_failure_policy`` says which)."""
+    (``async_reward.checks.check_on_failure`` says which)."""
     executor: Literal["thread", "process"] = "thread"
     """Where sync user functions run: a thread pool, or a process pool (for scorers unsafe in threads)."""
     executor_workers: int | None = field(
@@ -448,7 +442,7 @@ class AsyncRewardConfig:
 
     def validate(self, path: str = CONFIG_PATH) -> None:
         """Check every value of every section (not what one manager requires: see ``require``)."""
-        check_values(self, path, recurse=False)
+        validate_fields(self, path, recurse=False)
         if self.on_failure not in ("fallback", "raise", "exclude"):
             raise bad_value(
                 f"{path}.on_failure",
@@ -461,11 +455,11 @@ class AsyncRewardConfig:
         self._check_extra_defaults(f"{path}.extra_defaults")
         self.limits.validate(self.worker_count, f"{path}.limits")
         self.retry.validate(f"{path}.retry")
-        self.judge.check_values(f"{path}.judge")
-        self.remote.check_values(f"{path}.remote")
-        check_values(self.stateful, f"{path}.stateful")
+        self.judge.validate(f"{path}.judge")
+        self.remote.validate(f"{path}.remote")
+        validate_fields(self.stateful, f"{path}.stateful")
 
-    def check_judge_fallback(self, path: str = CONFIG_PATH) -> None:
+    def validate_judge_fallback(self, path: str = CONFIG_PATH) -> None:
         """Refuse a ``fallback_score`` above the judge's lowest reward (``llm_judge``, ``fallback``).
 
         A response can always make its judge's reply ``invalid``: plant a verdict the judge quotes
@@ -537,7 +531,7 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
     ``estimated_tokens_per_request``, ``timeout``) are applied to the same settings here
     (``async_reward.verl_settings``).
     Checks values only; what one manager requires (judge URL, remote URL, API key variables) is
-    checked by that manager's ``check_config`` (on the driver by ``integration.check_reward_config``).
+    checked by that manager's ``check_config`` (on the driver by ``checks.check_reward``).
 
     Raises:
         ConfigError: naming the key, the bad value and the fix.

@@ -1,4 +1,5 @@
-"""HTTP for reward calls: one aiohttp session per event loop, and typed errors.
+"""HTTP for reward calls: one aiohttp session per event loop, typed errors, and the server's
+"try again in ..." headers read (:func:`parse_retry_after`; ``async_reward.retry`` honours them).
 
 Request headers may carry an API key, so no exception raised here quotes them: messages name the
 URL without its query string or user info, and a reply that echoes a header value back has that
@@ -8,17 +9,27 @@ value redacted from the excerpt we keep.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
+import re
 import weakref
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from .retry import parse_retry_after
-
-__all__ = ["HTTPStatusError", "MalformedResponseError", "close_sessions", "get_session", "post_json"]
+__all__ = [
+    "RETRY_AFTER_HEADERS",
+    "HTTPStatusError",
+    "MalformedResponseError",
+    "close_sessions",
+    "get_session",
+    "parse_retry_after",
+    "post_json",
+]
 
 _EXCERPT_CHARS = 200
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
@@ -149,3 +160,95 @@ def _redact(text: str, secrets: Iterable[str]) -> str:
             if len(secret) >= 8:
                 text = text.replace(secret, "[redacted]")
     return text
+
+
+#: Headers read for a server's "try again in ...", first found wins (names are case-insensitive):
+#: milliseconds, then seconds or an HTTP-date, LiteLLM's forwarded provider headers, and, on a 429 only,
+#: OpenAI-style reset durations of the limit that ran out (see :func:`parse_retry_after`).
+RETRY_AFTER_HEADERS = (
+    "retry-after-ms",
+    "retry-after",
+    "llm_provider-retry-after-ms",
+    "llm_provider-retry-after",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_retry_after(headers: Mapping[str, str], status: int | None = None) -> float | None:
+    """Seconds a server asks us to wait, or None if it did not say (or said something unreadable).
+
+    Read in this order, the first readable one wins:
+
+    * ``retry-after-ms``: milliseconds (OpenAI, Azure);
+    * ``Retry-After``: seconds, or an HTTP-date (read relative to now, never negative);
+    * ``llm_provider-retry-after-ms`` / ``llm_provider-retry-after``: the same, as a LiteLLM proxy
+      forwards them from the provider behind it (its own 429 carries no ``Retry-After``);
+    * on a 429 only (``status``; None reads them too): ``x-ratelimit-reset-requests`` /
+      ``x-ratelimit-reset-tokens``, OpenAI-style durations (``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``,
+      or plain seconds) until that limit resets. A limit whose ``x-ratelimit-remaining-*`` is above
+      zero is not what refused the call and is skipped; of the rest, the longest wait is taken.
+
+    Callers cap the result (``retry.max_retry_after_s``).
+    """
+    lowered = {key.lower(): value for key, value in headers.items()}
+    for prefix in ("", "llm_provider-"):
+        millis = _non_negative_number(lowered.get(f"{prefix}retry-after-ms"))
+        if millis is not None:
+            return millis / 1000.0
+        seconds = _seconds_or_date(lowered.get(f"{prefix}retry-after"))
+        if seconds is not None:
+            return seconds
+    if status is not None and status != 429:
+        return None  # OpenAI sends the reset headers on every reply; only a 429 is about them
+    resets = []
+    for limit in ("requests", "tokens"):
+        remaining = _non_negative_number(lowered.get(f"x-ratelimit-remaining-{limit}"))
+        if remaining is not None and remaining > 0:
+            continue
+        reset = _duration_s(lowered.get(f"x-ratelimit-reset-{limit}"))
+        if reset is not None:
+            resets.append(reset)
+    return max(resets) if resets else None
+
+
+def _seconds_or_date(value: str | None) -> float | None:
+    if value is None:
+        return None
+    seconds = _non_negative_number(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" means UTC with no further information (RFC 5322)
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _duration_s(value: str | None) -> float | None:
+    """A Go-style duration (``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds; None if unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    seconds = _non_negative_number(text)
+    if seconds is not None:
+        return seconds
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    total = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    return total if math.isfinite(total) else None
+
+
+def _non_negative_number(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None

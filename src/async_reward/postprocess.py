@@ -31,7 +31,7 @@ def make_postprocess_spec(path: str, name: str, init_kwargs: dict[str, Any]) -> 
 @functools.lru_cache(maxsize=16)
 def load_user_instance(spec: tuple[str, str, str]) -> Any:
     """Load and instantiate the user class named by ``spec``, once per process."""
-    from async_reward.managers.user_function import load_user_object
+    from async_reward.user_code import load_user_object
 
     path, name, kwargs_json = spec
     cls = load_user_object(path, name)

@@ -31,8 +31,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from async_reward._config_rules import HIDDEN
-
 __all__ = [
     "HIDDEN",
     "config_secret_values",
@@ -45,6 +43,9 @@ __all__ = [
     "secrets_of",
 ]
 
+#: Printed instead of a value that may be a secret (a header, or a key pasted where its variable's
+#: name belongs).
+HIDDEN = "<hidden>"
 #: Shorter values are not searched for inside other strings (``false`` is no secret).
 _MIN_SECRET_CHARS = 8
 _SECRET_WORDS = frozenset(

@@ -23,7 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from async_reward._config_rules import ConfigError, bad_value, plain_container
+from async_reward._config_rules import bad_value, plain_container
+from async_reward.errors import ConfigError
 
 __all__ = [
     "LEGACY_LATE_KEYS",

@@ -19,7 +19,6 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextvars import ContextVar
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -29,6 +28,7 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward._config_rules import names_config_errors
+from async_reward.checks import check_on_failure
 from async_reward.config import AsyncRewardConfig, load_config
 from async_reward.deadline import (
     AdmissionTimeout,
@@ -41,10 +41,8 @@ from async_reward.deadline import (
     run_with_deadline,
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
-from async_reward.integration import check_failure_policy
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, TokenReservation
-from async_reward.managers.user_function import FunctionPool, default_pool_size
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.result import (
     RewardResult,
@@ -57,6 +55,7 @@ from async_reward.result import (
     normalize_user_result,
 )
 from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward.user_code import FunctionPool, default_pool_size
 from async_reward.verl_settings import check_verl_settings
 
 __all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
@@ -64,9 +63,6 @@ __all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-#: True while a manager's constructor re-runs :meth:`AsyncRewardManager.check_config`.
-_IN_CONSTRUCTOR: ContextVar[bool] = ContextVar("async_reward_in_manager_constructor", default=False)
 
 
 class RewardScoringError(RuntimeError):
@@ -107,16 +103,11 @@ class AsyncRewardManager(RewardManagerBase):
         **_: Any,
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
-        # The same checks the driver ran (integration.check_reward_config); repeated here because a
-        # worker may be started by code that never ran them (verl's own trainer, a user's loop). The
-        # user's code is not loaded a second time here: verl loaded the function already, and a
-        # subclass that loads more (async_stateful) checks what it loads. A context variable rather
-        # than an argument, so subclasses overriding check_config(config, env) keep working.
-        token = _IN_CONSTRUCTOR.set(True)
-        try:
-            self.settings: AsyncRewardConfig = type(self).check_config(config)
-        finally:
-            _IN_CONSTRUCTOR.reset(token)
+        # The settings checks the driver ran (checks.check_reward, through check_config); repeated
+        # here because a worker may be started by code that never ran them (verl's own trainer, a
+        # user's loop). The user's code is not loaded a second time (check_user_code): verl loaded the
+        # function already, and a subclass that loads more (async_stateful) checks what it loads.
+        self.settings: AsyncRewardConfig = type(self).check_settings(config)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
             limits = type(limits)(max_concurrency=limits.max_concurrency)
@@ -137,11 +128,26 @@ class AsyncRewardManager(RewardManagerBase):
     @classmethod
     @names_config_errors("reward")
     def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
-        """Every start-up check of this manager's settings, without building it: the values of
-        ``reward.async_reward``, what :attr:`required_sections` need (``env``: the workers'
-        environment, default this process's), the failure policy against the trainer, and the user's
-        code this manager runs (:meth:`check_user_code`; skipped when a manager's constructor re-runs
-        these checks in a worker, which loads that code itself).
+        """Every start-up check of this manager, without building it: :meth:`check_settings`, then
+        the user's code it runs (:meth:`check_user_code`). Run on the driver before any worker starts
+        (``async_reward.checks.check_reward``).
+
+        Raises:
+            ConfigError: naming the key, the bad value and the fix.
+        """
+        settings = cls.check_settings(config, env)
+        cls.check_user_code(config, settings)
+        return settings
+
+    @classmethod
+    @names_config_errors("reward")
+    def check_settings(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """The checks of this manager's settings: the values of ``reward.async_reward``, the verl
+        reward settings it honours, what :attr:`required_sections` need (``env``: the workers'
+        environment, default this process's), and the failure policy against the trainer
+        (``async_reward.checks.check_on_failure``). Run by :meth:`check_config` on the driver and by
+        the constructor in every worker (which loads the user's code itself). Override it to add a
+        check of the settings (and call ``super()``).
 
         Raises:
             ConfigError: naming the key, the bad value and the fix.
@@ -156,9 +162,7 @@ class AsyncRewardManager(RewardManagerBase):
         )
         for section in cls.required_sections:
             getattr(settings, section).require(env)
-        check_failure_policy(config)
-        if not _IN_CONSTRUCTOR.get():
-            cls.check_user_code(config, settings)
+        check_on_failure(config)
         return settings
 
     @classmethod
@@ -337,7 +341,7 @@ class AsyncRewardManager(RewardManagerBase):
 
     async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Call a user function, sync or async; sync ones run off the event loop, in the manager's
-        :class:`~async_reward.managers.user_function.FunctionPool`, bounded by ``timeout_s`` from the
+        :class:`~async_reward.user_code.FunctionPool`, bounded by ``timeout_s`` from the
         moment a thread (or process) takes the call."""
         if _is_async(fn):
             return await fn(**kwargs)

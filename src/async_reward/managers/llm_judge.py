@@ -73,6 +73,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.judge = self.settings.judge
         self.judge.validate()
+        self.judge.require()
         # The one format the judge is told to use (``auto`` made concrete) is the only one read.
         parser = resolve_parser(self.judge.template, self.judge.parser)
         self.template = resolve_template(self.judge.template, parser)
@@ -100,11 +101,11 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         self._waiters: dict[str, int] = {}
 
     @classmethod
-    def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
-        """The shared start-up checks, plus ``fallback_score`` no higher than the lowest verdict's
-        reward (:meth:`AsyncRewardConfig.check_judge_fallback`), on the driver and in each worker."""
-        settings = super().check_config(config, env)
-        settings.check_judge_fallback()
+    def check_settings(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """The shared settings checks, plus ``fallback_score`` no higher than the lowest verdict's
+        reward (:meth:`AsyncRewardConfig.validate_judge_fallback`), on the driver and in each worker."""
+        settings = super().check_settings(config, env)
+        settings.validate_judge_fallback()
         return settings
 
     def __repr__(self) -> str:

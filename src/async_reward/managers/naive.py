@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 from async_reward.config import AsyncRewardConfig
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.managers.user_function import check_reward_function, resolve_user_function
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
+from async_reward.user_code import check_reward_function, resolve_user_function
 
 __all__ = ["AsyncNaiveRewardManager"]
 

@@ -53,6 +53,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.remote = self.settings.remote
         self.remote.validate()
+        self.remote.require()
         self._headers = dict(self.remote.headers)
         if self.remote.api_key_env:
             # The key lives only in this private header dict: never logged, never in a repr.

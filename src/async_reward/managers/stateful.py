@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 from async_reward._config_rules import bad_value, missing_value
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.managers.user_function import user_object
 from async_reward.postprocess import load_user_instance, make_postprocess_spec
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
+from async_reward.user_code import user_object
 from async_reward.v1.settings import AGENT_LOOP_MANAGER, v1_integration_problem
 
 __all__ = ["AsyncStatefulRewardManager"]

@@ -13,12 +13,34 @@ Chunks hold complete groups only (``uid``; groups may differ in size and need no
 taken in index order of each group's first member among the complete ones; the call that asks for
 at least what is left returns "the rest" once it is all scored. Older tickets get workers' free
 slots first. Importing this package does not start Ray.
+
+The names below load on first use: the package's light modules (the pipelined trainer's settings,
+which ``async_reward.checks`` reads) are imported without the manager, which runs those checks.
 """
 
 from __future__ import annotations
 
-from async_reward.pipeline.chunks import RewardChunk
-from async_reward.pipeline.manager import PipelinedRewardLoopManager
-from async_reward.pipeline.state import RewardChunkTimeout, Ticket, TicketError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers only: at run time the names load on first use (below)
+    from async_reward.pipeline.chunks import RewardChunk
+    from async_reward.pipeline.manager import PipelinedRewardLoopManager
+    from async_reward.pipeline.state import RewardChunkTimeout, Ticket, TicketError
 
 __all__ = ["PipelinedRewardLoopManager", "RewardChunk", "RewardChunkTimeout", "Ticket", "TicketError"]
+
+_LAZY = {
+    "PipelinedRewardLoopManager": "async_reward.pipeline.manager",
+    "RewardChunk": "async_reward.pipeline.chunks",
+    "RewardChunkTimeout": "async_reward.pipeline.state",
+    "Ticket": "async_reward.pipeline.state",
+    "TicketError": "async_reward.pipeline.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'async_reward.pipeline' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

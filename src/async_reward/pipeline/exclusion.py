@@ -13,7 +13,7 @@ kept). Here, engine-agnostic, the schedule turns the flags into training inputs 
 * **Zero loss mask** (``response_mask``) for every row that is not trainable. verl's actor divides by
   the valid tokens of the mini-batch (token-mean) or not at all (token-sum), so such a row adds
   nothing to the loss, the gradient or the normaliser; the loss aggregations that count sequences
-  are refused at start-up (``async_reward.integration.check_failure_policy``).
+  are refused at start-up (``async_reward.checks.check_on_failure``).
 
 A (mini-)batch with no trainable row is not updated at all (an empty update would divide by zero).
 verl's actor may split what it is given into several optimizer updates (``ppo_mini_batch_size x

@@ -29,8 +29,8 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 from verl import DataProto
 
+from async_reward.checks import check_reward
 from async_reward.config import load_config
-from async_reward.integration import check_reward_config
 from async_reward.managers.base import RewardScoringError
 from async_reward.pipeline.chunks import (
     GroupLayout,
@@ -68,7 +68,7 @@ class PipelinedRewardLoopManager:
     Ray must be initialised (with ``async_reward.integration.ray_runtime_env()`` when other Ray
     processes must resolve our manager names). ``reward.reward_model`` servers are not managed here.
     Every reward setting a worker would refuse raises ``ConfigError`` here, before any worker starts
-    (``async_reward.integration.check_reward_config``). Chunks carry each sample's ``excluded`` flag
+    (``async_reward.checks.check_reward``). Chunks carry each sample's ``excluded`` flag
     (``on_failure: exclude``); ``StepSchedule`` honours it, a loop of your own must too.
     """
 
@@ -94,7 +94,7 @@ class PipelinedRewardLoopManager:
         # there really are (num_workers= may differ), or each would take a larger share than its own.
         config = _with_worker_count(config, count)
         # Every setting a worker would refuse, refused here before any worker starts.
-        check_reward_config(config)
+        check_reward(config)
         self.config = config
         self.reward_manager_cls = resolve_reward_manager_cls(config)
         settings = load_config(config)

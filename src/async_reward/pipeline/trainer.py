@@ -32,7 +32,8 @@ from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
 from verl.utils.debug import marked_timer
 from verl.utils.skip.skip_manager import SkipManager
 
-from async_reward.integration import check_reward_config, declare_pipelined_trainer
+from async_reward.checks import check_reward
+from async_reward.integration import declare_pipelined_trainer
 from async_reward.pipeline.agent_loop import SCORE_LATER, ScoreLaterAgentLoopManager, ScoreValidation
 from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
 from async_reward.pipeline.schedule import RewardSource, StepRecord, StepSchedule
@@ -56,7 +57,7 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
     def __init__(self, *args: Any, reward_source: RewardSource | None = None, **kwargs: Any) -> None:
         config = declare_pipelined_trainer(kwargs["config"] if "config" in kwargs else args[0])
         self.pipeline_config = load_pipeline_config(config)
-        check_reward_config(config)  # bad reward settings and on_failure checks, before any worker
+        check_reward(config)  # bad reward settings and on_failure checks, before any worker
         check_pipelined_rollout_settings(config)  # an agent loop that scores, a v1 one: before workers
         super().__init__(*args, **kwargs)
         self.reward_source = reward_source

@@ -7,7 +7,8 @@ Add :data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_confi
 * :class:`RewardReplayBuffer` (``trainer.v1.sampler.custom_sampler``) is verl's replay buffer that
   also logs the ``reward/*`` metrics of every training step.
 
-The classes import verl's v1 modules (and TransferQueue), so they load on first use.
+The classes import verl's v1 modules (and TransferQueue), so they load on first use; so do
+:data:`V1_OVERRIDES` and :func:`prepare_v1_config`, whose home is ``async_reward.integration``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from async_reward.v1.settings import (
     AGENT_LOOP_MANAGER,
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
-    V1_OVERRIDES,
-    prepare_v1_config,
     uses_reward_replay_buffer,
     v1_integration_problem,
 )
@@ -41,6 +40,9 @@ _LAZY = {
     "RewardAgentLoopManager": "async_reward.v1.agent_loop",
     "RewardAgentLoopWorker": "async_reward.v1.agent_loop",
     "RewardReplayBuffer": "async_reward.v1.replay_buffer",
+    # Wiring (the Ray setup hook in the overrides), whose home imports this package's settings.
+    "V1_OVERRIDES": "async_reward.integration",
+    "prepare_v1_config": "async_reward.integration",
 }
 
 

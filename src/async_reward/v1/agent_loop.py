@@ -32,13 +32,13 @@ from omegaconf import DictConfig
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
 
+from async_reward.checks import check_v1
 from async_reward.config import ConfigError
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.v1.groups import GroupGate
 from async_reward.v1.settings import (
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
-    check_v1_start_up,
     uses_reward_replay_buffer,
 )
 
@@ -148,7 +148,7 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
     async_reward.v1.RewardAgentLoopManager``; verl's ``TaskRunnerV1`` builds it with ``create``.
     Refused at start-up where it cannot do its job: the legacy trainer, a reward model colocated
     with training (verl then scores after sampling, outside the agent loop), and the settings
-    :func:`~async_reward.v1.settings.check_v1_start_up` refuses.
+    :func:`~async_reward.checks.check_v1` refuses.
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
                 "async_reward.v1.RewardAgentLoopManager runs under verl's v1 trainer only "
                 "(trainer.use_v1=true); the legacy trainer takes a non-TransferQueue agent-loop manager"
             )
-        check_v1_start_up(config)
+        check_v1(config)
         if reward_loop_worker_handles is None:
             raise ConfigError(
                 "async_reward.v1.RewardAgentLoopManager needs rewards scored in the agent loop; with "

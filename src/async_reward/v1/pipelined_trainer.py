@@ -42,8 +42,8 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.debug import marked_timer
 
+from async_reward.checks import apply_legacy_and_check
 from async_reward.config import ConfigError
-from async_reward.integration import apply_legacy_and_check
 from async_reward.pipeline.exclusion import rows_for_update
 from async_reward.reward_metrics import extras_metrics
 from async_reward.v1.pipelined_agent_loop import PIPELINED_AGENT_LOOP_MANAGER

@@ -37,10 +37,10 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-from async_reward.integration import _trains_critic
+from async_reward.checks import check_v1, trains_critic
 from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP, rows_for_update
 from async_reward.reward_metrics import extras_metrics
-from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, check_v1_start_up, max_untrained_skips
+from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, max_untrained_skips
 
 __all__ = [
     "RewardReplayBuffer",
@@ -74,7 +74,7 @@ class RewardReplayBuffer:
         **_verl_kwargs: Any,
     ) -> None:
         self._config = _root_config(sampler_kwargs)
-        check_v1_start_up(self._config)  # the first of ours that v1's trainer builds
+        check_v1(self._config)  # the first of ours that v1's trainer builds
         self.max_untrained_skips = max_untrained_skips(sampler_kwargs)
         self._builtin = build_builtin_replay_buffer(trainer_mode, sampler_kwargs, refill_fn)
         self._refill = refill_fn
@@ -257,7 +257,7 @@ def _update_rows(config: DictConfig) -> int:
     trains (``PPOTrainer._get_required_batch_multiple``; data-parallel sizes divide both)."""
     n = int(config.actor_rollout_ref.rollout.n)
     rows = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * n
-    if _trains_critic(config):
+    if trains_critic(config):
         rows = math.lcm(rows, int(config.critic.ppo_mini_batch_size) * n)
     return rows
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from async_reward.benchmark.scenarios import V1_STRATEGIES
+from async_reward_bench.scenarios import V1_STRATEGIES
 
 if TYPE_CHECKING:
-    from async_reward.benchmark.settings import BenchConfig
+    from async_reward_bench.settings import BenchConfig
 
 __all__ = ["bench_environment"]
 
@@ -33,10 +33,10 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     ``"v1_config"``, a function of the v1 strategy giving the trainer's verl config."""
     import ray
 
-    from async_reward.benchmark.backend import BatchFactory
     from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward_bench.backend import BatchFactory
 
     for key, value in (
         ("RAY_DEDUP_LOGS", "0"),
@@ -73,7 +73,7 @@ def _v1_reward_workers(
     """verl's reward workers for the v1 strategies (``v1_reward_worker``), warmed up like ours."""
     import ray
 
-    from async_reward.benchmark.v1_reward_worker import start_reward_workers
+    from async_reward_bench.v1_reward_worker import start_reward_workers
 
     rewards = start_reward_workers(_verl_config(cfg, model_dir, server_url), cfg.num_workers, warm)
     for worker in rewards.reward_loop_worker_handles:
@@ -85,7 +85,7 @@ def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, strat
     """verl's config for its v1 trainer as ``strategy`` runs it, shaped like the benchmark's step: GRPO
     with a reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples,
     ``mini_batches`` actor updates; our ``pipelined`` mode with the strategy's schedule flags."""
-    from async_reward.benchmark.scenarios import V1_PIPELINED_SCHEDULES
+    from async_reward_bench.scenarios import V1_PIPELINED_SCHEDULES
 
     mode = V1_STRATEGIES[strategy]
     flags: list[str] = []
@@ -115,7 +115,7 @@ def _start_server(cfg: BenchConfig) -> Any:
         threaded = ThreadedDevServer(DevServerConfig(capacity=cfg.capacity, overflow="queue", seed=cfg.seed))
         threaded.start()
         return threaded
-    from async_reward.testing import ServerProcess
+    from async_reward.devserver import ServerProcess
 
     process = ServerProcess("--capacity", str(cfg.capacity), "--overflow", "queue", "--seed", str(cfg.seed))
     process.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from async_reward.benchmark.calibration import RECIPE_SERVICE, StageMedians
+from async_reward_bench.calibration import RECIPE_SERVICE, StageMedians
 
 __all__ = [
     "OUR_STRATEGIES",

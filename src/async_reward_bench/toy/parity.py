@@ -1,6 +1,6 @@
 """Learning parity on CPU: does the faster schedule learn as well as verl's order, step for step?
 
-A :class:`~async_reward.toy.policy.TinyPolicy` learns single-digit addition with GRPO through the
+A :class:`~async_reward_bench.toy.policy.TinyPolicy` learns single-digit addition with GRPO through the
 very :class:`~async_reward.pipeline.schedule.StepSchedule` the verl trainer uses, once per (mode,
 seed). Rewards take the real path: :class:`~async_reward.pipeline.PipelinedRewardLoopManager` built
 from verl's composed ``ppo_trainer`` config, its Ray workers running our ``llm_judge`` manager, HTTP
@@ -12,7 +12,7 @@ Ray, the server and the reward workers start once; every run starts from a fresh
 its seed, and draws the same prompts in every mode. Outputs: ``<out>/toy_grpo.json`` (curves with
 step and wall time, final accuracy, total time per mode and seed), ``<out>/toy_grpo.png`` (accuracy
 against step and against wall time, mean and spread per mode) and a summary table on stdout; the
-statistics, the within-noise rule, the table and the plot are ``async_reward.toy.parity_report``'s.
+statistics, the within-noise rule, the table and the plot are ``async_reward_bench.toy.parity_report``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.config import dataclass_from_flags
-from async_reward.toy.parity_report import format_summary, plot_parity, summarize_parity
+from async_reward_bench.toy.parity_report import format_summary, plot_parity, summarize_parity
 
 __all__ = ["QUICK", "ParityConfig", "format_summary", "main", "run_parity", "summarize_parity"]
 
@@ -144,10 +144,10 @@ def _verl_config(cfg: ParityConfig, model_dir: Path, server_url: str) -> Any:
 def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
     import ray
 
+    from async_reward.devserver import ServerProcess
     from async_reward.integration import init_local_ray
     from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.testing import ServerProcess
-    from async_reward.toy.task import build_char_tokenizer
+    from async_reward_bench.toy.task import build_char_tokenizer
 
     for key, value in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0")):
         os.environ.setdefault(key, value)
@@ -176,9 +176,9 @@ def _run_one(cfg: ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: 
     import torch
 
     from async_reward.pipeline.schedule import StepSchedule
-    from async_reward.toy.backend import ToyBackend, evaluate_accuracy
-    from async_reward.toy.policy import TinyPolicy
-    from async_reward.toy.task import ArithmeticTask, PromptSampler
+    from async_reward_bench.toy.backend import ToyBackend, evaluate_accuracy
+    from async_reward_bench.toy.policy import TinyPolicy
+    from async_reward_bench.toy.task import ArithmeticTask, PromptSampler
 
     tokenizer = env["tokenizer"]
     task = ArithmeticTask(max_operand=cfg.max_operand)
@@ -277,9 +277,9 @@ def _warm_up(env: dict[str, Any]) -> None:
     """One batch through the reward path first: worker imports and connections are not a mode's cost."""
     import torch
 
-    from async_reward.toy.backend import ToyBackend
-    from async_reward.toy.policy import TinyPolicy
-    from async_reward.toy.task import ArithmeticTask, PromptSampler
+    from async_reward_bench.toy.backend import ToyBackend
+    from async_reward_bench.toy.policy import TinyPolicy
+    from async_reward_bench.toy.task import ArithmeticTask, PromptSampler
 
     tokenizer = env["tokenizer"]
     policy = TinyPolicy(len(tokenizer))

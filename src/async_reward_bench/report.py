@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from async_reward.benchmark.structure import schedule_facts
 from async_reward.pipeline.schedule import StepRecord
+from async_reward_bench.structure import schedule_facts
 
 __all__ = [
     "STEADY_STATE_RULE",

@@ -21,8 +21,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from async_reward.toy.policy import TinyPolicy, compute_log_probs, ppo_update, response_mask_of
-from async_reward.toy.task import ArithmeticTask, PromptSampler, decode_responses, encode_prompts, exact_match
+from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update, response_mask_of
+from async_reward_bench.toy.task import (
+    ArithmeticTask,
+    PromptSampler,
+    decode_responses,
+    encode_prompts,
+    exact_match,
+)
 
 if TYPE_CHECKING:
     from verl import DataProto

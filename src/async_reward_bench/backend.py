@@ -5,7 +5,7 @@ on a real machine they do not use the host CPU either. Everything a reward path 
 batches are verl ``DataProto``s of the recipe's shape whose responses are token ids of a tokenizer
 built locally, answering arithmetic questions right or wrong so the judge has something to judge;
 advantages are verl's own GRPO on each (mini-)batch. The tokenizer is
-``async_reward.tiny_tokenizer``'s, trained locally (no hub access needed).
+``async_reward.testing``'s, trained locally (no hub access needed).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from async_reward.benchmark.calibration import StageMedians
+from async_reward_bench.calibration import StageMedians
 
 __all__ = ["BatchFactory", "CalibratedBackend"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from async_reward.benchmark.scenarios import DEFAULT_REGIMES, OUR_STRATEGIES, REGIMES, STRATEGIES
+from async_reward_bench.scenarios import DEFAULT_REGIMES, OUR_STRATEGIES, REGIMES, STRATEGIES
 
 __all__ = ["QUICK", "BenchConfig"]
 

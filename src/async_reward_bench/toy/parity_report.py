@@ -1,6 +1,6 @@
 """Learning parity's verdict: per-mode statistics over seeds, the noise rule, the table and the plot.
 
-Pure functions of the runs ``async_reward.toy.parity`` records (one dict per mode and seed with its
+Pure functions of the runs ``async_reward_bench.toy.parity`` records (one dict per mode and seed with its
 accuracy curve and times), so the verdict can be checked without training anything.
 """
 

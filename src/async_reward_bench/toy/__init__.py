@@ -4,14 +4,14 @@
 task, its character tokenizer and prompt batches (``task``), ``ToyBackend``, the
 :class:`~async_reward.pipeline.schedule.StepSchedule` backend that rolls out, prepares and updates
 the policy for real, and ``LocalRewards``, an in-process reward source (``backend``). The parity
-benchmark is ``async_reward.toy.parity`` (its verdict: ``async_reward.toy.parity_report``).
+benchmark is ``async_reward_bench.toy.parity`` (its verdict: ``async_reward_bench.toy.parity_report``).
 """
 
 from __future__ import annotations
 
-from async_reward.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
-from async_reward.toy.policy import TinyPolicy, compute_log_probs, ppo_update
-from async_reward.toy.task import ArithmeticTask, PromptSampler, build_char_tokenizer, exact_match
+from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
+from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update
+from async_reward_bench.toy.task import ArithmeticTask, PromptSampler, build_char_tokenizer, exact_match
 
 __all__ = [
     "ArithmeticTask",

@@ -14,7 +14,7 @@ What a run (``--quick`` included) must prove, in the recipe regime, and how each
    the recipe is not a failure (one-sided). A run with pipelining disabled cuts nothing and fails.
 4. **"both" reaches the bound** (``both_at_bound``): its step is at most ``bound_ceiling`` x the bound.
 5. **The schedules are pipelined** (``staleness_by_schedule``, ``rollout_overlaps_scoring``,
-   ``updates_overlap_scoring``, ``reward_wait_share``; :mod:`async_reward.benchmark.structure`): the
+   ``updates_overlap_scoring``, ``reward_wait_share``; :mod:`async_reward_bench.structure`): the
    order of each strategy's events against the moment its batch's last reward was scored shows the
    overlap its schedule promises (batch k+1 generated while batch k is scored, updates on the first
    chunks while the last are scored, one version stale), and the off-policy strategies spend a
@@ -44,8 +44,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from async_reward.benchmark.scenarios import OUR_STRATEGIES
-from async_reward.benchmark.structure import STRUCTURAL_CHECKS, structural_checks
+from async_reward_bench.scenarios import OUR_STRATEGIES
+from async_reward_bench.structure import STRUCTURAL_CHECKS, structural_checks
 
 __all__ = ["FULL_TOLERANCES", "PIPELINED", "QUICK_TOLERANCES", "Tolerances", "judge", "summary_line"]
 

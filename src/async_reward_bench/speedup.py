@@ -40,8 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from async_reward.benchmark.calibration import StageMedians, load_medians, recipe_targets
-from async_reward.benchmark.scenarios import (
+from async_reward.config import dataclass_from_flags
+from async_reward_bench.calibration import StageMedians, load_medians, recipe_targets
+from async_reward_bench.scenarios import (
     DEFAULT_REGIMES,
     OUR_STRATEGIES,
     REGIMES,
@@ -51,8 +52,7 @@ from async_reward.benchmark.scenarios import (
     regime_latency,
     regime_stages,
 )
-from async_reward.benchmark.settings import QUICK, BenchConfig
-from async_reward.config import dataclass_from_flags
+from async_reward_bench.settings import QUICK, BenchConfig
 
 __all__ = [
     "QUICK",
@@ -74,9 +74,9 @@ __all__ = [
 def _run_one(
     env: dict[str, Any], backend: Any, cfg: BenchConfig, strategy: str, tag: int, bar: Any
 ) -> dict[str, Any]:
-    from async_reward.benchmark.recipe_style import SequentialRewards
-    from async_reward.benchmark.timeline import InFlightSampler
     from async_reward.pipeline.schedule import StepSchedule
+    from async_reward_bench.recipe_style import SequentialRewards
+    from async_reward_bench.timeline import InFlightSampler
 
     server, manager = env["server"], env["manager"]
     backend.factory.tag = tag
@@ -117,12 +117,12 @@ def _regime_summary(regime: Regime, cfg: BenchConfig, stages: StageMedians) -> d
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
-    from async_reward.benchmark.backend import CalibratedBackend
-    from async_reward.benchmark.environment import bench_environment
-    from async_reward.benchmark.report import STEADY_STATE_RULE, add_relative, summarize
-    from async_reward.benchmark.timeline import plot_timeline
-    from async_reward.benchmark.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
     from async_reward.progress import progress_bar
+    from async_reward_bench.backend import CalibratedBackend
+    from async_reward_bench.environment import bench_environment
+    from async_reward_bench.report import STEADY_STATE_RULE, add_relative, summarize
+    from async_reward_bench.timeline import plot_timeline
+    from async_reward_bench.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
 
     cfg.validate()
     started = time.perf_counter()
@@ -156,7 +156,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             for strategy in cfg.strategies:
                 bar.set_description(f"{regime_name}/{strategy}")
                 if strategy in V1_STRATEGIES:
-                    from async_reward.benchmark.v1_run import run_v1_strategy
+                    from async_reward_bench.v1_run import run_v1_strategy
 
                     run = run_v1_strategy(
                         env, cfg, regime, regime_stage.scaled(scale), strategy, next(tags), bar
@@ -299,8 +299,8 @@ def run(args: argparse.Namespace) -> int:
     ``make bench`` runs: a failing first command must say so), 2 on bad settings, else 0 (also for
     INCONCLUSIVE: the machine was too busy to tell, which says nothing against the code).
     """
-    from async_reward.benchmark.report import format_table
-    from async_reward.benchmark.verdict import summary_line
+    from async_reward_bench.report import format_table
+    from async_reward_bench.verdict import summary_line
 
     cfg = config_from_args(args)
     try:

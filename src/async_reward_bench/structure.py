@@ -1,6 +1,6 @@
 """Structural checks: what a working pipeline's schedule always shows and a disabled one never does.
 
-The speed checks of :mod:`async_reward.benchmark.verdict` compare step times, which a CPU starved by
+The speed checks of :mod:`async_reward_bench.verdict` compare step times, which a CPU starved by
 other work distorts; on a busy machine they can only say INCONCLUSIVE. These checks read the order
 of the events in each strategy's step records against the moment each batch's last reward was
 scored, and a FAIL on any of them is a FAIL at any load:

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from async_reward.benchmark.calibration import StageMedians
-from async_reward.benchmark.generation import rollout_durations
-from async_reward.benchmark.scenarios import V1_STRATEGIES, Regime
-from async_reward.benchmark.tag_store import TagStore, serving_replay_buffer
-from async_reward.benchmark.timeline import InFlightSampler
-from async_reward.benchmark.v1_agent_loop import V1AgentLoop
-from async_reward.benchmark.v1_trainer import V1Harness, build_v1_trainer, run_v1_steps
+from async_reward_bench.calibration import StageMedians
+from async_reward_bench.generation import rollout_durations
+from async_reward_bench.scenarios import V1_STRATEGIES, Regime
+from async_reward_bench.tag_store import TagStore, serving_replay_buffer
+from async_reward_bench.timeline import InFlightSampler
+from async_reward_bench.v1_agent_loop import V1AgentLoop
+from async_reward_bench.v1_trainer import V1Harness, build_v1_trainer, run_v1_steps
 
 if TYPE_CHECKING:
-    from async_reward.benchmark.settings import BenchConfig
+    from async_reward_bench.settings import BenchConfig
 
 __all__ = ["run_v1_strategy", "scored_during_rollout", "wait_until_idle"]
 

@@ -7,11 +7,11 @@ randomly chosen ``RewardLoopWorker`` with a one-sample ``DataProto``) and writte
 a trajectory (``_agent_loop_postprocess``, tag ``success``). When every session has settled the group
 becomes ``finished`` (``failure`` if one raised), and only then can the replay buffer sample it.
 
-Here the same happens with the LLM server replaced by :class:`~async_reward.benchmark.generation.
+Here the same happens with the LLM server replaced by :class:`~async_reward_bench.generation.
 GenerationState` driven in (time-scaled) real time, and everything after generation real: verl's
-``RewardLoopWorker`` (:class:`~async_reward.benchmark.v1_reward_worker.HeldBatchRewardWorker`, told
+``RewardLoopWorker`` (:class:`~async_reward_bench.v1_reward_worker.HeldBatchRewardWorker`, told
 in bulk which samples finished rather than one Ray call each, see there) running our manager, HTTP
-to the judge, tags in a :class:`~async_reward.benchmark.tag_store.TagStore` that verl's own replay
+to the judge, tags in a :class:`~async_reward_bench.tag_store.TagStore` that verl's own replay
 buffer reads. The trainer switches the engine with :meth:`pause` / :meth:`resume` (a colocated GPU
 either generates or trains); scoring continues while it is paused, as verl's reward workers do.
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from async_reward.benchmark.generation import GenerationState
-from async_reward.benchmark.tag_store import TagStore
+from async_reward_bench.generation import GenerationState
+from async_reward_bench.tag_store import TagStore
 
 __all__ = ["V1AgentLoop"]
 

@@ -15,10 +15,10 @@ Replaced, because they need GPUs or services this machine does not run:
   ``_balance_batch`` is a no-op (one data-parallel rank); ``_compute_advantage`` runs verl's GRPO on
   the real scores;
 * the dataloader (``_next_train_batch``) builds the benchmark's batches; ``_submit_batch_to_rollout``
-  tags the prompts as verl does and hands them to :class:`~async_reward.benchmark.v1_agent_loop.
+  tags the prompts as verl does and hands them to :class:`~async_reward_bench.v1_agent_loop.
   V1AgentLoop` (generation as calibrated time, scoring real: verl's ``RewardLoopWorker`` actors
   running our manager);
-* TransferQueue by :class:`~async_reward.benchmark.tag_store.TagStore`; the checkpoint manager's
+* TransferQueue by :class:`~async_reward_bench.tag_store.TagStore`; the checkpoint manager's
   weight sync / sleep / abort / resume by switching the simulated engine. Weight sync costs no extra
   time: the legacy trainer's ``gen`` median, which the rollout makespan is, already includes it.
 
@@ -39,11 +39,11 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
 
-from async_reward.benchmark.calibration import StageMedians
-from async_reward.benchmark.tag_store import TagStore
-from async_reward.benchmark.v1_agent_loop import PARTITION, V1AgentLoop
 from async_reward.pipeline.schedule import StepRecord, TimelineEvent
 from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
+from async_reward_bench.calibration import StageMedians
+from async_reward_bench.tag_store import TagStore
+from async_reward_bench.v1_agent_loop import PARTITION, V1AgentLoop
 
 __all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
 
