@@ -196,6 +196,7 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
     import async_reward.v1.pipelined_trainer  # noqa: F401  (registers the mode in this process)
     from async_reward.integration import init_local_ray
     from async_reward.testing import ServerProcess
+    from async_reward.toy.task import ArithmeticTask
     from async_reward.toy.v1_policy import PolicyServer, build_toy_model_dir
 
     for key, value in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0")):
@@ -213,7 +214,11 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
         tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
         stack.callback(tq.close)
         policy_server = PolicyServer.remote(
-            len(tokenizer), cfg.hidden_size, tokenizer.eos_token_id, tokenizer.pad_token_id
+            len(tokenizer),
+            cfg.hidden_size,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            ArithmeticTask(max_operand=cfg.max_operand).max_response_tokens,
         )
         stack.callback(ray.kill, policy_server, no_restart=True)
         load_balancer = get_router_handle(servers={"toy-0": policy_server})

@@ -92,12 +92,19 @@ def write_toy_dataset(path: Path, task: ArithmeticTask, rows: int, seed: int) ->
 @ray.remote
 class PolicyServer:
     """Stands in for a vLLM replica: samples from a :class:`TinyPolicy` holding the weights of the
-    version last loaded. Requests are served one at a time (each is a few GRU steps)."""
+    version last loaded. Requests are served one at a time (each is a few GRU steps).
 
-    def __init__(self, vocab_size: int, hidden_size: int, eos_token_id: int, pad_token_id: int) -> None:
+    ``response_length`` (``actor_rollout_ref.rollout.response_length``) caps every response, and is
+    the length of one whose request names no ``max_tokens``, as verl's vLLM server does.
+    """
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, eos_token_id: int, pad_token_id: int, response_length: int
+    ) -> None:
         torch.set_num_threads(1)
         self.policy = TinyPolicy(vocab_size, hidden_size).eval()
         self.eos, self.pad = eos_token_id, pad_token_id
+        self.response_length = response_length
         self.version = -1
         self.generator = torch.Generator()
         self.served: dict[int, int] = {}
@@ -120,7 +127,8 @@ class PolicyServer:
         from verl.workers.rollout.replica import TokenOutput
 
         temperature = float(sampling_params.get("temperature", 1.0))
-        max_tokens = int(sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens") or 1)
+        asked = sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens")
+        max_tokens = max(1, min(int(asked), self.response_length)) if asked else self.response_length
         prompt = torch.tensor([prompt_ids], dtype=torch.long)
         mask = torch.ones_like(prompt)
         with torch.no_grad():
