@@ -11,7 +11,8 @@ trainer last synced, the actor trains the policy with verl's policy loss.
 Modes (:data:`MODES`): ``sync`` (verl's v1 ``sync`` trainer with our agent loop and replay buffer:
 the reference), ``both`` (``trainer_mode=pipelined``, mini-batch + one-step off-policy) and
 ``both_is`` (``both`` with verl's rollout correction: token-level truncated importance weights,
-``algorithm.rollout_correction.rollout_is=token``, ``rollout_is_threshold`` = :attr:`V1ParityConfig.is_threshold`).
+``algorithm.rollout_correction.rollout_is=token``, capped at ``rollout_is_threshold``,
+:attr:`V1ParityConfig.is_threshold`).
 Every mode of a seed starts from the same policy and trains on the same prompts in the same order.
 
 Accuracy (greedy, every problem, the judge's rule applied locally) is measured before the first step
@@ -213,7 +214,8 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
             stack.callback(ray.shutdown)
         tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
         stack.callback(tq.close)
-        policy_server = PolicyServer.remote(
+        server_cls: Any = PolicyServer  # a Ray actor class
+        policy_server = server_cls.remote(
             len(tokenizer),
             cfg.hidden_size,
             tokenizer.eos_token_id,
@@ -236,7 +238,9 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
 # -- one run ------------------------------------------------------------------------------------------
 
 
-def run_one(cfg: V1ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: Any = None) -> dict[str, Any]:
+def run_one(
+    cfg: V1ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: Any = None
+) -> dict[str, Any]:
     """Train one (mode, seed) through verl's v1 ``fit``; returns its curve, times and counts."""
     import ray
     import torch
@@ -248,7 +252,12 @@ def run_one(cfg: V1ParityConfig, env: dict[str, Any], mode: str, seed: int, bar:
     from async_reward.toy.backend import evaluate_accuracy
     from async_reward.toy.policy import TinyPolicy
     from async_reward.toy.task import ArithmeticTask
-    from async_reward.toy.v1_policy import PolicyActor, PolicyServerManager, PolicyWeightSync, write_toy_dataset
+    from async_reward.toy.v1_policy import (
+        PolicyActor,
+        PolicyServerManager,
+        PolicyWeightSync,
+        write_toy_dataset,
+    )
 
     task = ArithmeticTask(max_operand=cfg.max_operand)
     tokenizer = env["tokenizer"]
@@ -289,7 +298,7 @@ def run_one(cfg: V1ParityConfig, env: dict[str, Any], mode: str, seed: int, bar:
     runner.config, runner.trainer, runner.agent_loop_manager = config, None, None
     reward_loop = None
     try:
-        trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+        trainer: Any = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
         replay_buffer = getattr(trainer.replay_buffer, "_builtin", trainer.replay_buffer)
         replay_buffer.poll_interval = 0.05  # verl's sampler polls TransferQueue every 2 s by default
         trainer._init_tokenizer()
@@ -307,7 +316,8 @@ def run_one(cfg: V1ParityConfig, env: dict[str, Any], mode: str, seed: int, bar:
         _warm_up(reward_loop, env)
         trainer.on_init_end()
         runner.trainer = trainer
-        TaskRunnerV1.__ray_actor_class__.init_agent_loop_manager(runner)
+        task_runner: Any = TaskRunnerV1  # verl's Ray actor class; its method runs on our runner
+        task_runner.__ray_actor_class__.init_agent_loop_manager(runner)
         clock["start"], clock["eval_s"] = time.perf_counter(), 0.0
         trainer.fit(runner.agent_loop_manager)
         total = time.perf_counter() - clock["start"] - clock["eval_s"]
@@ -514,16 +524,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--steps", type=int, help=f"steps per run (default {defaults.steps})")
     parser.add_argument("--max-operand", type=int, help=f"largest operand (default {defaults.max_operand})")
     parser.add_argument("--prompts", type=int, help=f"prompts per step (default {defaults.prompts})")
-    parser.add_argument("--group-size", type=int, help=f"responses per prompt (default {defaults.group_size})")
-    parser.add_argument("--mini-batches", type=int, help=f"updates per step (default {defaults.mini_batches})")
+    parser.add_argument(
+        "--group-size", type=int, help=f"responses per prompt (default {defaults.group_size})"
+    )
+    parser.add_argument(
+        "--mini-batches", type=int, help=f"updates per step (default {defaults.mini_batches})"
+    )
     parser.add_argument("--lr", type=float, help=f"learning rate (default {defaults.lr})")
-    parser.add_argument("--entropy-coeff", type=float, help=f"entropy bonus (default {defaults.entropy_coeff})")
-    parser.add_argument("--is-threshold", type=float, help=f"both_is's IS cap (default {defaults.is_threshold})")
-    parser.add_argument("--eval-every", type=int, help=f"steps between evaluations (default {defaults.eval_every})")
+    parser.add_argument(
+        "--entropy-coeff", type=float, help=f"entropy bonus (default {defaults.entropy_coeff})"
+    )
+    parser.add_argument(
+        "--is-threshold", type=float, help=f"both_is's IS cap (default {defaults.is_threshold})"
+    )
+    parser.add_argument(
+        "--eval-every", type=int, help=f"steps between evaluations (default {defaults.eval_every})"
+    )
     parser.add_argument(
         "--latency-ms", nargs=2, type=float, metavar=("LO", "HI"), help="judge latency (default 50 400)"
     )
-    parser.add_argument("--num-workers", type=int, help=f"Ray reward workers (default {defaults.num_workers})")
+    parser.add_argument(
+        "--num-workers", type=int, help=f"Ray reward workers (default {defaults.num_workers})"
+    )
     parser.add_argument("--tolerance", type=float, help=f"accuracy tolerance (default {defaults.tolerance})")
     parser.add_argument("--out", dest="out_dir", type=Path, help="output directory (default bench_out)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
