@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from markdown.extensions.toc import slugify
 
@@ -60,6 +61,7 @@ def anchors(page: Path) -> set[str]:
     }
 
 
+@pytest.mark.subprocess
 def test_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

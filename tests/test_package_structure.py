@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 #: Circles kept on purpose, each with its reason. Keep this empty unless a circle is the design.
 KEPT_CIRCLES: dict[frozenset[str], str] = {
@@ -176,6 +178,7 @@ def test_the_library_never_imports_its_tools() -> None:
     assert "async_reward_bench.speedup" in graph["async_reward.cli"]  # the reader sees tool imports
 
 
+@pytest.mark.subprocess
 def test_importing_the_library_loads_no_tool_code() -> None:
     """``import async_reward`` (and the modules a training job loads) in a fresh interpreter: no module
     of the benchmark simulator or the toy task is loaded, and our managers are registered with verl."""

@@ -200,7 +200,7 @@ def check_on_failure(verl_config: Any) -> None:
             "train with async-reward's pipelined trainer (python -m async_reward.pipeline.main_ppo, any "
             "mode, or PipelinedRayPPOTrainer; a StepSchedule loop of your own: call "
             "async_reward.integration.declare_pipelined_trainer(config) first), or with verl's v1 trainer "
-            "plus async_reward.v1.V1_OVERRIDES (README, 'verl v1'), both of which give excluded samples "
+            "plus async_reward.v1.V1_OVERRIDES (docs: verl v1), both of which give excluded samples "
             "no gradient; or use on_failure=fallback (explicit status, fallback_score) or raise",
         )
     actor = "actor_rollout_ref.actor"

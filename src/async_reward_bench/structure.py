@@ -68,7 +68,7 @@ STRUCTURAL_CHECKS: tuple[str, ...] = (
     "reward_wait_share",
 )
 #: An off-policy strategy's median share of scoring time spent blocked must be at most this multiple of
-#: the baseline's. See the README ("What `make bench` checks") for the runs it rests on.
+#: the baseline's. See the docs (benchmarks, "What `make bench` checks") for the runs it rests on.
 MAX_WAIT_SHARE_VS_BASELINE = 0.8
 
 

@@ -70,7 +70,7 @@ class Tolerances:
     busy with other work: a speed check a run then misses is inconclusive."""
 
 
-#: ``--quick`` (64 x 5 samples, capacity 16, scale 1/300, 3 measured steps); see the README for the
+#: ``--quick`` (64 x 5 samples, capacity 16, scale 1/300, 3 measured steps); see the docs (benchmarks) for the
 #: runs these come from.
 QUICK_TOLERANCES = Tolerances(
     reduction_margin_points=5.0, bound_ceiling=1.08, bound_floor=0.95, max_probe_lag_ms=1.5
