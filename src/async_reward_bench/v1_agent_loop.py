@@ -3,9 +3,11 @@
 What verl 0.9.1 does (``verl/trainer/ppo/v1/agent_loop_tq.py``): ``AgentLoopWorkerTQ._run_prompt`` tags a
 prompt group ``running``, starts its ``rollout.n`` sessions, and each session, once its generation
 finishes, is scored at once (``AgentLoopWorker._compute_score``: one ``compute_score.remote`` call to a
-randomly chosen ``RewardLoopWorker`` with a one-sample ``DataProto``) and written to TransferQueue as
-a trajectory (``_agent_loop_postprocess``, tag ``success``). When every session has settled the group
-becomes ``finished`` (``failure`` if one raised), and only then can the replay buffer sample it.
+randomly chosen ``RewardLoopWorker`` with a one-sample ``DataProto``; our agent-loop worker takes the
+least-loaded one instead, which this model does not credit: it draws at random as verl does) and
+written to TransferQueue as a trajectory (``_agent_loop_postprocess``, tag ``success``). When every
+session has settled the group becomes ``finished`` (``failure`` if one raised), and only then can the
+replay buffer sample it.
 
 Here the same happens with the LLM server replaced by :class:`~async_reward_bench.generation.
 GenerationState` driven in (time-scaled) real time, and everything after generation real: verl's

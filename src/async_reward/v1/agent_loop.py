@@ -16,12 +16,23 @@ may hand the group out. Our worker changes only what happens between scoring and
   two scored members trains on nothing (all its sessions are masked), as in the pipelined trainer.
   Validation is not trained on and keeps every session as scored.
 
+And one thing about scoring itself:
+
+* **least-loaded routing**: verl sends each session to a reward worker drawn at random; ours goes to
+  the one with the fewest of this worker's sessions in flight. Each reward worker admits at most its
+  share of the job-wide limits (``limits.max_concurrency`` per worker process), so a random draw
+  leaves one worker's slots idle while another has a queue, and its oldest-first admission only
+  orders what reached it. The choice is per task (a context variable read by the
+  ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs in that task), so
+  concurrent sessions of the worker never see each other's choice.
+
 Everything else (generation, scoring, TransferQueue layout, failure tagging) is verl's.
 """
 
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -49,6 +60,10 @@ logger = logging.getLogger(__name__)
 # verl decorates its worker with @ray.remote; subclass the class underneath and make ours an actor.
 _VerlWorker: Any = AgentLoopWorkerTQ.__ray_actor_class__  # type: ignore[attr-defined]
 
+#: The reward worker chosen for the session being scored in the current task (None: no choice made,
+#: verl's handles are seen whole). Per task, because every session of a worker shares the object.
+_CHOSEN_REWARD_WORKER: ContextVar[Any] = ContextVar("async_reward_chosen_reward_worker", default=None)
+
 
 def excluded_uid(uid: str, session_id: int) -> str:
     """The ``uid`` field an excluded session gets: its own GRPO group, so it moves no group statistic
@@ -60,8 +75,39 @@ class RewardAgentLoopWorker(_VerlWorker):
     """``AgentLoopWorkerTQ`` whose sessions pass their group's gate between scoring and TransferQueue."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.reward_loop_worker_handles = None  # verl's __init__ sets the real ones
         super().__init__(*args, **kwargs)
         self._gates: dict[str, GroupGate] = {}
+
+    @property
+    def reward_loop_worker_handles(self) -> list[Any] | None:
+        """verl's reward-worker handles, or only the one chosen for the current task's session."""
+        chosen = _CHOSEN_REWARD_WORKER.get()
+        return [chosen] if chosen is not None else self._reward_handles
+
+    @reward_loop_worker_handles.setter
+    def reward_loop_worker_handles(self, handles: list[Any] | None) -> None:
+        self._reward_handles = list(handles) if handles is not None else None
+        self._scoring_by_worker = [0] * len(self._reward_handles or [])
+        self._next_worker = 0
+
+    async def _compute_score(self, outputs: list[Any], kwargs: dict[str, Any]) -> None:
+        """verl's scoring call, sent to the reward worker with the fewest of our sessions in flight
+        (ties go round-robin), instead of a random one."""
+        handles = self._reward_handles
+        if not handles or len(handles) == 1 or not outputs or outputs[-1].reward_score is not None:
+            await super()._compute_score(outputs, kwargs)
+            return
+        count = len(handles)
+        start, self._next_worker = self._next_worker, (self._next_worker + 1) % count
+        index = min(range(count), key=lambda i: (self._scoring_by_worker[i], (i - start) % count))
+        self._scoring_by_worker[index] += 1
+        token = _CHOSEN_REWARD_WORKER.set(handles[index])
+        try:
+            await super()._compute_score(outputs, kwargs)
+        finally:
+            _CHOSEN_REWARD_WORKER.reset(token)
+            self._scoring_by_worker[index] -= 1
 
     async def _run_prompt(
         self,
