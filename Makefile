@@ -26,10 +26,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
-# `make test`: every test, at full strength, in two pytest processes at once (the tests on the
-# session's Ray cluster, and the others): tools/test-in-two.sh says why. PYTEST_ARGS go to both.
 test: $(STAMP)
-	tools/test-in-two.sh $(BIN)/python $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # `make test-fast`: the inner loop (aimed at under 2 minutes on a 2-core machine), not the gate. It
 # leaves out the tests marked `ray` (they use the session's Ray cluster; set automatically from the
