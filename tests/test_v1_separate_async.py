@@ -41,6 +41,11 @@ from tests.v1_standins import (
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 ROWS = [(f"What is {a}+{b}?", str(a + b)) for a, b in [(1, 1), (2, 3), (4, 4), (7, 1), (9, 4), (3, 3)]]
+#: Enough rows that verl's dataloader never comes back to row 0 within a run (warm-up, two steps of two
+#: prompts and the refills that separate_async dispatches while it trains).
+MORE_ROWS = ROWS + [
+    (f"What is {a}*{b}?", str(a * b)) for a, b in [(2, 2), (3, 2), (4, 3), (5, 5), (6, 2), (7, 3)]
+]
 
 
 def train_separate_async(
@@ -55,9 +60,10 @@ def train_separate_async(
     n: int = 2,
     sync_every: int = 2,
     actor: StandInActor | None = None,
+    rows: list[tuple[str, str]] = ROWS,
 ) -> TrainingRun:
     """verl's ``separate_async`` with the README's v1 lines, ``sync_every`` mini-batches per weight sync."""
-    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    dataset = write_dataset(tmp_path / "train.parquet", rows)
     overrides = [
         *base_overrides(
             model_dir, dataset, steps=steps, prompts=prompts, n=n, mini_batch=prompts // sync_every
@@ -112,7 +118,7 @@ def test_raise_under_separate_async_evicts_the_group_and_trains_a_fresh_prompt(
 ):
     """``on_failure: raise``: the group whose session raised is tagged failed, evicted and replaced by
     verl's refill; none of its members is trained, and the run neither crashes nor hangs."""
-    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in MORE_ROWS}
     script["What is 1+1?"] = ["The answer is 2", "boom"]
     run = train_separate_async(
         tmp_path,
@@ -126,6 +132,7 @@ def test_raise_under_separate_async_evicts_the_group_and_trains_a_fresh_prompt(
             "+reward.async_reward.on_failure=raise",
         ],
         steps=2,
+        rows=MORE_ROWS,
     )
     trained = [row for update in run.updates for row in sessions(update)]
     assert len(trained) == 8 and 0 not in {row.index for row in trained}
