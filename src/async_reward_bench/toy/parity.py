@@ -290,11 +290,8 @@ def _warm_up(env: dict[str, Any]) -> None:
     manager.get_chunk(manager.submit(batch), len(batch), timeout=120)
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    defaults = ParityConfig()
-    parser.description = __doc__.split("\n\n")[0] if __doc__ else None
-    parser.add_argument("--quick", action="store_true", help=f"one seed, few steps (under 90 s): {QUICK}")
-    parser.add_argument("--modes", nargs="+", help=f"schedule modes (default {' '.join(defaults.modes)})")
+def add_task_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
+    """The toy task's flags, shared by both parity benchmarks (``defaults``: their config dataclass)."""
     parser.add_argument("--seeds", nargs="+", type=int, help=f"seeds (default {defaults.seeds})")
     parser.add_argument("--steps", type=int, help=f"steps per run (default {defaults.steps})")
     parser.add_argument("--max-operand", type=int, help=f"largest operand (default {defaults.max_operand})")
@@ -309,6 +306,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument(
         "--entropy-coeff", type=float, help=f"entropy bonus (default {defaults.entropy_coeff})"
     )
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    defaults = ParityConfig()
+    parser.description = __doc__.split("\n\n")[0] if __doc__ else None
+    parser.add_argument("--quick", action="store_true", help=f"one seed, few steps (under 90 s): {QUICK}")
+    parser.add_argument("--modes", nargs="+", help=f"schedule modes (default {' '.join(defaults.modes)})")
+    add_task_arguments(parser, defaults)
     parser.add_argument(
         "--rollout-is-threshold", type=float, help="truncated IS weights for stale batches (default off)"
     )

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.config import dataclass_from_flags
+from async_reward_bench.toy.parity import add_task_arguments
 from async_reward_bench.toy.parity_report import format_summary, plot_parity, summarize_parity
 
 __all__ = ["MODES", "QUICK", "V1ParityConfig", "main", "paired_comparisons", "run_v1_parity"]
@@ -521,20 +522,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.description = __doc__.split("\n\n")[0] if __doc__ else None
     parser.add_argument("--quick", action="store_true", help=f"one seed, few steps: {QUICK}")
     parser.add_argument("--modes", nargs="+", help=f"modes among {list(MODES)} (default {defaults.modes})")
-    parser.add_argument("--seeds", nargs="+", type=int, help=f"seeds (default {defaults.seeds})")
-    parser.add_argument("--steps", type=int, help=f"steps per run (default {defaults.steps})")
-    parser.add_argument("--max-operand", type=int, help=f"largest operand (default {defaults.max_operand})")
-    parser.add_argument("--prompts", type=int, help=f"prompts per step (default {defaults.prompts})")
-    parser.add_argument(
-        "--group-size", type=int, help=f"responses per prompt (default {defaults.group_size})"
-    )
-    parser.add_argument(
-        "--mini-batches", type=int, help=f"updates per step (default {defaults.mini_batches})"
-    )
-    parser.add_argument("--lr", type=float, help=f"learning rate (default {defaults.lr})")
-    parser.add_argument(
-        "--entropy-coeff", type=float, help=f"entropy bonus (default {defaults.entropy_coeff})"
-    )
+    add_task_arguments(parser, defaults)
     parser.add_argument(
         "--is-threshold", type=float, help=f"both_is's IS cap (default {defaults.is_threshold})"
     )
