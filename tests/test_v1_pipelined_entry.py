@@ -27,6 +27,8 @@ DRY_RUN_LINE = re.compile(
     r"async_reward: dry run: built (?P<cls>\S+), schedule (?P<schedule>\w+), in pid (?P<pid>\d+)"
 )
 OURS = "async_reward.v1.pipelined_trainer.PPOTrainerPipelined"
+#: The schedules the entry-point run sweeps: the two whose keys are set opposite ways.
+SWEPT = [name for name, (mini_batch, one_step_off) in SCHEDULES.items() if mini_batch != one_step_off]
 
 
 def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
@@ -51,7 +53,12 @@ def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 8
 @pytest.mark.timeout(900)
 def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
     """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
-    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with each schedule."""
+    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set.
+
+    Two runs of one ``--multirun`` (each run starts a task-runner actor and TransferQueue: the cost of
+    this test), with the two schedule keys set opposite ways, so each key takes both values and a key
+    that were ignored, swapped or read from the other would name the wrong schedule in one run. Every
+    schedule's training is tested in-process in tests/test_v1_pipelined.py."""
     code, output, driver_pid = verl_main_ppo(
         assets,
         tmp_path,
@@ -60,17 +67,16 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
             "trainer.use_v1=true",
             "trainer.v1.trainer_mode=pipelined",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
-            "+trainer.v1.pipelined.mini_batch=false,true",
-            "+trainer.v1.pipelined.one_step_off_policy=false,true",
-            "+trainer.v1.pipelined.dry_run=true",
+            "+trainer.v1.pipelined={mini_batch:true,one_step_off_policy:false,dry_run:true},"
+            "{mini_batch:false,one_step_off_policy:true,dry_run:true}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
     )
     assert code == 0, output[-6000:]
     started = [m.groupdict() for m in START_LINE.finditer(output)]
     built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
-    assert sorted(s["schedule"] for s in started) == sorted(SCHEDULES), output[-6000:]
-    assert sorted(b["schedule"] for b in built) == sorted(SCHEDULES), output[-6000:]
+    assert sorted(s["schedule"] for s in started) == sorted(SWEPT), output[-6000:]
+    assert sorted(b["schedule"] for b in built) == sorted(SWEPT), output[-6000:]
     assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
     assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
     assert "TaskRunnerV1 pid=" in output  # verl's own runner printed it
