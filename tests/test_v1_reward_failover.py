@@ -85,7 +85,8 @@ def test_sessions_of_a_dead_reward_worker_are_rescored_on_a_live_one_which_alone
         dying, live = DyingRewardWorker("dead-actor"), RecordingRewardWorker("live", fast=False)
         worker = agent_loop_worker([dying, live])
         first = [session() for _ in range(6)]
-        tasks = [asyncio.create_task(worker._compute_score([o], {"uid": "u", "session_id": 0})) for o in first]
+        kwargs = {"uid": "u", "session_id": 0}
+        tasks = [asyncio.create_task(worker._compute_score([o], kwargs)) for o in first]
         await _settle()
         assert (dying.calls, live.in_flight) == (3, 3)
         dying.die.set()
@@ -213,3 +214,79 @@ async def test_samples_generated_by_older_weights_are_admitted_first(
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
     assert sorted(started, key=started.__getitem__) == ["new a", "old a", "old b", "new b", "new c"]
+
+
+# ----------------------------------------------------------------------------- verl's separate_async
+
+
+class RewardWorkerKiller(threading.Thread):
+    """Kills verl's reward worker ``name`` once the judge server holds ``in_flight`` requests (so the
+    worker has sessions waiting on the judge), then lets the judge answer at once again."""
+
+    def __init__(self, server: Any, name: str, in_flight: int, timeout_s: float = 120.0) -> None:
+        super().__init__(daemon=True)
+        self.server, self.name, self.in_flight, self.timeout_s = server, name, in_flight, timeout_s
+        self.killed: str | None = None  # the killed actor's id
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import ray
+
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            if self.server.stats()["in_flight_total"] >= self.in_flight:
+                handle = ray.get_actor(self.name)
+                ray.kill(handle, no_restart=True)
+                self.killed = handle._actor_id.hex()
+                self.server.update_config(latency_ms=(0.0, 0.0))
+                return
+            time.sleep(0.02)
+
+
+def test_a_reward_worker_killed_mid_batch_costs_no_group_under_separate_async(
+    tmp_path: Path, model_dir: Path, rollout: Any, transfer_queue: None, server: Any
+) -> None:
+    """verl's ``separate_async`` with our v1 lines and two reward workers running our judge manager:
+    worker 0 is killed while the judge holds its requests. Its sessions are scored again on worker 1
+    (the judge sees them twice), no group fails or is evicted, every step trains its sessions once,
+    and the step logs count one death and the re-scored sessions. Without failover the killed
+    worker's sessions fail their groups (verl evicts and refills them) and it keeps being chosen."""
+    from tests.test_v1 import FAST_RETRY, assert_reward_metrics_every_step, step_logs
+    from tests.test_v1_separate_async import ROWS, train_separate_async
+    from tests.v1_standins import sessions
+
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
+    server.update_config(latency_ms=(600.0, 600.0))
+    killer = RewardWorkerKiller(server, "reward_loop_worker_0", in_flight=2)
+    killer.start()
+    try:
+        run = train_separate_async(
+            tmp_path,
+            model_dir,
+            rollout,
+            script,
+            [
+                "reward.reward_manager.name=llm_judge",
+                f"+reward.async_reward.judge.base_url={server.url}/v1",
+                "reward.num_workers=2",
+                *FAST_RETRY,
+            ],
+            steps=2,
+        )
+    finally:
+        killer.stop.set()
+        killer.join(timeout=10)
+    assert killer.killed is not None
+    trained = [row for update in run.updates for row in sessions(update)]
+    assert len(trained) == 8
+    assert not [key for key, count in Counter(row.key for row in trained).items() if count > 1]
+    assert all(row.reward_extra_info["status"] == "ok" for row in trained)
+    for update in run.updates:  # one group per mini-batch, one right and one wrong answer
+        assert sorted(row.score for row in sessions(update)) == [0.0, 1.0]
+    logs = step_logs(run)
+    assert_reward_metrics_every_step(run, steps=2, samples_per_step=4)
+    assert not [m for m in logs if m.get("training/rollout_failure/evicted_samples")]
+    assert sum(m["reward/worker_deaths"] for m in logs) == 1.0
+    rescored = [row for row in trained if row.reward_extra_info.get(LOST_WORKERS_KEY)]
+    assert {row.reward_extra_info[LOST_WORKERS_KEY] for row in rescored} <= {killer.killed}
+    assert sum(m["reward/rescored_sessions"] for m in logs) == len(rescored) >= 1
