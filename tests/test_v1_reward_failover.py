@@ -220,13 +220,13 @@ async def test_samples_generated_by_older_weights_are_admitted_first(
 
 
 class RewardWorkerKiller(threading.Thread):
-    """Kills verl's reward worker ``name`` once the judge server holds ``in_flight`` requests (so the
-    worker has sessions waiting on the judge), then lets the judge answer at once again."""
+    """Kills verl's reward workers ``names`` once the judge server holds ``in_flight`` requests (so
+    sessions wait on the judge through them), then lets the judge answer at once again."""
 
-    def __init__(self, server: Any, name: str, in_flight: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, server: Any, names: list[str], in_flight: int, timeout_s: float = 120.0) -> None:
         super().__init__(daemon=True)
-        self.server, self.name, self.in_flight, self.timeout_s = server, name, in_flight, timeout_s
-        self.killed: str | None = None  # the killed actor's id
+        self.server, self.names, self.in_flight, self.timeout_s = server, names, in_flight, timeout_s
+        self.killed: list[str] = []  # the killed actors' ids
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -235,29 +235,26 @@ class RewardWorkerKiller(threading.Thread):
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline and not self.stop.is_set():
             if self.server.stats()["in_flight_total"] >= self.in_flight:
-                handle = ray.get_actor(self.name)
-                ray.kill(handle, no_restart=True)
-                self.killed = handle._actor_id.hex()
+                for name in self.names:
+                    handle = ray.get_actor(name)
+                    ray.kill(handle, no_restart=True)
+                    self.killed.append(handle._actor_id.hex())
                 self.server.update_config(latency_ms=(0.0, 0.0))
                 return
             time.sleep(0.02)
 
 
-def test_a_reward_worker_killed_mid_batch_costs_no_group_under_separate_async(
-    tmp_path: Path, model_dir: Path, rollout: Any, transfer_queue: None, server: Any
-) -> None:
-    """verl's ``separate_async`` with our v1 lines and two reward workers running our judge manager:
-    worker 0 is killed while the judge holds its requests. Its sessions are scored again on worker 1
-    (the judge sees them twice), no group fails or is evicted, every step trains its sessions once,
-    and the step logs count one death and the re-scored sessions. Without failover the killed
-    worker's sessions fail their groups (verl evicts and refills them) and it keeps being chosen."""
-    from tests.test_v1 import FAST_RETRY, assert_reward_metrics_every_step, step_logs
+def _train_while_killing(
+    tmp_path: Path, model_dir: Path, rollout: Any, server: Any, names: list[str], in_flight: int
+) -> tuple[Any, RewardWorkerKiller]:
+    """verl's ``separate_async`` (two steps of two mini-batches) with our judge manager in two reward
+    workers, the judge holding each request 0.6 s until ``names`` are killed."""
+    from tests.test_v1 import FAST_RETRY
     from tests.test_v1_separate_async import ROWS, train_separate_async
-    from tests.v1_standins import sessions
 
     script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
     server.update_config(latency_ms=(600.0, 600.0))
-    killer = RewardWorkerKiller(server, "reward_loop_worker_0", in_flight=2)
+    killer = RewardWorkerKiller(server, names, in_flight)
     killer.start()
     try:
         run = train_separate_async(
@@ -276,7 +273,22 @@ def test_a_reward_worker_killed_mid_batch_costs_no_group_under_separate_async(
     finally:
         killer.stop.set()
         killer.join(timeout=10)
-    assert killer.killed is not None
+    return run, killer
+
+
+def test_a_reward_worker_killed_mid_batch_costs_no_group_under_separate_async(
+    tmp_path: Path, model_dir: Path, rollout: Any, transfer_queue: None, server: Any
+) -> None:
+    """verl's ``separate_async`` with our v1 lines and two reward workers running our judge manager:
+    worker 0 is killed while the judge holds its requests. Its sessions are scored again on worker 1
+    (the judge sees them twice), no group fails or is evicted, every step trains its sessions once,
+    and the step logs count one death and the re-scored sessions. Without failover the killed
+    worker's sessions fail their groups (verl evicts and refills them) and it keeps being chosen."""
+    from tests.test_v1 import assert_reward_metrics_every_step, step_logs
+    from tests.v1_standins import sessions
+
+    run, killer = _train_while_killing(tmp_path, model_dir, rollout, server, ["reward_loop_worker_0"], 2)
+    assert len(killer.killed) == 1
     trained = [row for update in run.updates for row in sessions(update)]
     assert len(trained) == 8
     assert not [key for key, count in Counter(row.key for row in trained).items() if count > 1]
@@ -288,5 +300,18 @@ def test_a_reward_worker_killed_mid_batch_costs_no_group_under_separate_async(
     assert not [m for m in logs if m.get("training/rollout_failure/evicted_samples")]
     assert sum(m["reward/worker_deaths"] for m in logs) == 1.0
     rescored = [row for row in trained if row.reward_extra_info.get(LOST_WORKERS_KEY)]
-    assert {row.reward_extra_info[LOST_WORKERS_KEY] for row in rescored} <= {killer.killed}
+    assert {row.reward_extra_info[LOST_WORKERS_KEY] for row in rescored} == set(killer.killed)
     assert sum(m["reward/rescored_sessions"] for m in logs) == len(rescored) >= 1
+
+
+def test_with_every_reward_worker_killed_the_run_stops_naming_the_cause(
+    tmp_path: Path, model_dir: Path, rollout: Any, transfer_queue: None, server: Any
+) -> None:
+    """Both reward workers killed mid-batch: the sessions waiting on them fail with
+    ``reward_workers_lost`` (no score invented), verl fails their groups, and the refill that follows
+    reaches our agent-loop worker, which refuses it: ``fit`` raises with the cause instead of
+    refilling groups that can never be scored."""
+    with pytest.raises(RewardWorkersLost, match=f"{REWARD_WORKERS_LOST}: all 2 reward worker"):
+        _train_while_killing(
+            tmp_path, model_dir, rollout, server, ["reward_loop_worker_0", "reward_loop_worker_1"], 1
+        )
