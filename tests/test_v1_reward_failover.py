@@ -255,7 +255,7 @@ class RewardWorkerKiller(threading.Thread):
     """Kills verl's reward workers ``names`` once the judge server holds ``in_flight`` requests (so
     sessions wait on the judge through them), then lets the judge answer at once again."""
 
-    def __init__(self, server: Any, names: list[str], in_flight: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, server: Any, names: list[str], in_flight: int, timeout_s: float = 280.0) -> None:
         super().__init__(daemon=True)
         self.server, self.names, self.in_flight, self.timeout_s = server, names, in_flight, timeout_s
         self.killed: list[str] = []  # the killed actors' ids
