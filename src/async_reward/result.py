@@ -20,6 +20,7 @@ import numpy as np
 __all__ = [
     "BATCH_KEYS",
     "EXTRA_STRING_MAX_CHARS",
+    "LOST_WORKERS_KEY",
     "RESERVED_EXTRA_KEYS",
     "USER_KEY_PREFIX",
     "ExtraInfo",
@@ -36,9 +37,14 @@ __all__ = [
 
 #: Long strings in extras bloat every batch (verl stacks them into numpy arrays); they are cut here.
 EXTRA_STRING_MAX_CHARS = 256
-#: Extras keys every sample carries, set by the library (a scorer's own value under one of these names
-#: is kept as ``user_<key>``; ``extra_defaults`` may not declare them).
-RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
+#: ``reward_extra_info`` key of a session our v1 agent loop re-scored because its reward worker died:
+#: the names (Ray actor ids) of the reward workers it found dead, comma-separated. Only such a session
+#: carries it; ``reward/rescored_sessions`` and ``reward/worker_deaths`` are counted from it.
+LOST_WORKERS_KEY = "lost_reward_workers"
+#: Extras keys set by the library: every sample carries the first five, a re-scored session also
+#: :data:`LOST_WORKERS_KEY` (a scorer's own value under one of these names is kept as ``user_<key>``;
+#: ``extra_defaults`` may not declare them).
+RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded", LOST_WORKERS_KEY)
 #: Fields of verl's batches (non-tensor and tensor) that extras must never replace: verl's trainers and
 #: ours write each extras key into the batch under its own name, so an extras ``uid`` would merge GRPO
 #: groups and a ``data_source`` would relabel metrics, silently. A sample's other fields are protected
@@ -128,13 +134,20 @@ class RewardSample:
     """``non_tensor_batch["extra_info"]`` (a copy: managers may add keys)."""
     training_step: int | None = None
     """The training step whose batch the sample belongs to (``non_tensor_batch["global_steps"]``, set
-    by verl's v1 agent loop), None when unknown. Admission serves earlier steps first: the trainer
-    waits for the oldest batch."""
+    by verl's v1 agent loop: the step at which the trainer dispatched its prompt), None when unknown."""
+    generation_step: int | None = None
+    """The training step of the policy whose weights generated the sample's first token: the rollout's
+    weight version plus one (verl's ``extra_fields["min_global_steps"]``, version v being the weights
+    step v + 1 trains from), None when the rollout does not report it."""
 
     @property
     def admission_priority(self) -> float:
-        """Lower is admitted first: the sample's training step (unknown: 0, served as they come)."""
-        return float(self.training_step) if self.training_step is not None else 0.0
+        """Lower is admitted first: the step the sample was generated for (``generation_step``, else
+        ``training_step``; unknown: 0, served as they come). In fully-async training a prompt
+        dispatched early may start generating late; ordering by the weights that generated it serves
+        the oldest policy's samples first, the ones closest to being evicted as stale."""
+        step = self.generation_step if self.generation_step is not None else self.training_step
+        return float(step) if step is not None else 0.0
 
     @property
     def prompt_text(self) -> str:

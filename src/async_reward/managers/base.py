@@ -408,6 +408,7 @@ class AsyncRewardManager(RewardManagerBase):
             ground_truth=reward_model.get("ground_truth") if hasattr(reward_model, "get") else None,
             extra_info=extra,
             training_step=_as_step(non_tensor.get("global_steps")),
+            generation_step=_generation_step(non_tensor.get("tool_extra_fields")),
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
@@ -555,6 +556,15 @@ def _manager_name(config: Any, cls: type) -> str:
     manager: Any = reward.get("reward_manager") if hasattr(reward, "get") else None
     name = manager.get("name") if hasattr(manager, "get") else None
     return str(name) if name else cls.__name__
+
+
+def _generation_step(extra_fields: Any) -> int | None:
+    """The step a sample was generated for, from its agent-loop output's ``extra_fields`` (verl's
+    agent loop passes them as ``tool_extra_fields``): the weight version its first token came from
+    (``min_global_steps``, set by verl's ``LLMServerClient``) plus one, so it counts in the same
+    steps as ``global_steps``; None when absent."""
+    version = _as_step(extra_fields.get("min_global_steps")) if hasattr(extra_fields, "get") else None
+    return None if version is None else version + 1
 
 
 def _as_step(value: Any) -> int | None:
