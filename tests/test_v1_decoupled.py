@@ -52,13 +52,13 @@ def script_for(special: dict[int, list[str]]) -> dict[str, list[str]]:
     return script
 
 
-def judge_lines(url: str, on_failure: str, *extra: str) -> list[str]:
+def judge_lines(url: str, on_failure: str, *extra: str, reward_workers: int = 1) -> list[str]:
     return [
         "reward.reward_manager.name=llm_judge",
         f"+reward.async_reward.judge.base_url={url}/v1",
         f"+reward.async_reward.on_failure={on_failure}",
         "+reward.async_reward.retry.max_attempts=1",
-        "reward.num_workers=2",
+        f"reward.num_workers={reward_workers}",
         *FAST_RETRY,
         *extra,
     ]
@@ -185,7 +185,7 @@ def slow_judge_runs(tmp_path_factory, model_dir, rollout, transfer_queue, judge)
             model_dir,
             rollout,
             SLOW_SCRIPT,
-            judge_lines(judge.url, "fallback", "+reward.async_reward.timeout_s=1.0"),
+            judge_lines(judge.url, "fallback", "+reward.async_reward.timeout_s=1.0", reward_workers=2),
             steps=SLOW_STEPS,
             mode=mode,
         )
@@ -313,7 +313,7 @@ BACKLOG_SCRIPT = script_for({0: ["The answer is 2 @@fault:400@@", "The answer is
 def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> TrainingRun:
     """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait."""
     reset_judge_server(judge)
-    judge.update_config(latency_ms=(300.0, 300.0))
+    judge.update_config(latency_ms=(150.0, 150.0))
     run = train(
         tmp_path_factory.mktemp("backlog"),
         model_dir,
