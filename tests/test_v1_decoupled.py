@@ -203,7 +203,8 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
     logs = assert_accounted_every_step(run, SLOW_STEPS)
     assert all(m["static/max_reward_queue_size"] == logs[0]["static/max_reward_queue_size"] > 0 for m in logs)
     assert logs[-1]["reward_queue/total_consumed"] >= SLOW_STEPS * PROMPTS * N
-    assert all(m["timing_s/reward_compute/max"] >= SLOW_JUDGE_MS[0] / 1000 for m in logs)
+    scoring = [m for m in logs if m["reward_queue/consumed"] > 0]  # 0 s in a step that scored nothing
+    assert scoring and all(m["timing_s/reward_compute/max"] >= SLOW_JUDGE_MS[0] / 1000 for m in scoring)
     statuses = {
         row.index: row.reward_extra_info["status"]
         for row in trained_rows(run)
