@@ -228,6 +228,7 @@ def test_a_generated_group_releases_its_place_while_it_is_scored(slow_judge_runs
     assert max(in_flight) > verl_window, in_flight
     assert max(m["ledger/in_flight"] for m in logs) > verl_window
     ours, verls = (slow_judge_runs[f"{mode}/generation_requests"] for mode in ("decoupled", "separate_async"))
+    print(f"generation requests, {SLOW_STEPS} steps of a slow judge: ours {ours}, verl's {verls}")
     assert ours > verls, (ours, verls)
     assert len(step_logs(slow_judge_runs["separate_async"])) == SLOW_STEPS
 
