@@ -348,3 +348,29 @@ def test_exclude_skips_a_group_left_with_nothing_to_train_and_replaces_it(backlo
     assert sum(m["reward/excluded"] for m in logs) == 1
     assert logs[-1]["ledger/evicted/untrained"] == 1 and logs[-1]["ledger/evicted/reward_error"] == 0
     assert logs[-1]["ledger/refilled"] == 1
+
+
+# ---------------------------------------------------------------- the TransferQueue behaviour relied on
+
+
+def test_transfer_queue_merges_progress_tags_into_verls_prompt_tag(transfer_queue):
+    """Our worker writes only its own keys on a prompt's tag; TransferQueue merges them into verl's
+    (``is_prompt``, ``status``, ``global_steps`` survive), a later write of verl's keeps ours, and a
+    reset on resume (``None`` values) is accepted. Pins the behaviour the window reads."""
+    import asyncio
+
+    import transfer_queue as tq
+
+    verl_tag = {"is_prompt": True, "status": "pending", "global_steps": 3}
+    tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[verl_tag])
+    try:
+        asyncio.run(
+            tq.async_kv_put(key="pin", partition_id="train", tag={"gen_done": 1, "gen_n": 2, "unscored": 1})
+        )
+        asyncio.run(tq.async_kv_put(key="pin", partition_id="train", tag={"status": "finished"}))
+        tag = tq.kv_list("train")["train"]["pin"]
+        assert tag == {**verl_tag, "status": "finished", "gen_done": 1, "gen_n": 2, "unscored": 1}
+        tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[{"gen_done": 0, "gen_version": None}])
+        assert tq.kv_list("train")["train"]["pin"]["gen_version"] is None
+    finally:
+        tq.kv_clear(keys=["pin"], partition_id="train")
