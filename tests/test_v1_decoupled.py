@@ -131,6 +131,7 @@ DECOUPLED_METRICS = (
     "decoupled/window/limit",
     "decoupled/backpressure_s",
     "decoupled/rollout_idle_s",
+    "decoupled/outstanding_full_s",
     "ledger/dispatched",
     "ledger/trained",
     "ledger/in_flight",

@@ -83,7 +83,9 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         )
         self._state = WindowState(0, 0, 0, 0, frozenset())
         self._checked_at: float | None = None
-        self._timers = dict.fromkeys(("backpressure_s", "rollout_idle_s", "window_full_s"), 0.0)
+        self._timers = dict.fromkeys(
+            ("backpressure_s", "rollout_idle_s", "window_full_s", "outstanding_full_s"), 0.0
+        )
         self._backlog_max = 0
         self._step_dispatched = 0
         self._step_refilled = 0
@@ -110,21 +112,23 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         state = WindowState.from_tags(listing)
         count = top_up_count(state, self.windows)
         if count > 0:
-            uids = [str(uid) for uid in self._submit_batch_to_rollout_uids(count)]
+            uids = self._dispatch(count)
             state = replace(state, generating=state.generating + count, in_flight=state.in_flight | set(uids))
         self._account_time(state)
         self._backlog_max = max(self._backlog_max, state.backlog)
         return state
 
-    def _submit_batch_to_rollout_uids(self, count: int) -> list[str]:
+    def _dispatch(self, count: int) -> list[str]:
+        """``count`` prompts from verl's dataloader, sent to generation; their uids."""
         batch = self._next_train_batch(count)
         self._submit_batch_to_rollout(batch)
         return [str(uid) for uid in batch["uid"]]
 
     def _account_time(self, state: WindowState) -> None:
         """Charge the time since the last look to what the pipeline was doing then: no group
-        generating (``rollout_idle_s``), dispatch held by the reward backlog while the window had room
-        (``backpressure_s``), or the window full (``window_full_s``)."""
+        generating (``rollout_idle_s``); and why dispatch stopped: the window full (``window_full_s``),
+        the reward backlog at its bound while the window had room (``backpressure_s``), or the groups
+        outstanding at theirs (``outstanding_full_s``: the trainer is the bottleneck)."""
         now = time.monotonic()
         if self._checked_at is not None:
             elapsed, before = now - self._checked_at, self._state
@@ -134,6 +138,8 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
                 self._timers["window_full_s"] += elapsed
             elif before.backlog >= self.windows.reward_backlog:
                 self._timers["backpressure_s"] += elapsed
+            elif before.outstanding >= self.windows.outstanding_cap:
+                self._timers["outstanding_full_s"] += elapsed
         self._checked_at, self._state = now, state
 
     # -- verl's dispatch points, through the window ---------------------------------------------------
