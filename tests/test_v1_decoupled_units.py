@@ -1,12 +1,17 @@
 """The decoupled mode's pure parts, without Ray: its config (defaults derived, refusals named), the
-window read from prompt tags, the top-up rule and the prompt ledger."""
+window read from prompt tags, the top-up rule, the prompt ledger, and the progress tags our agent-loop
+worker writes while verl's ``_compute_score`` runs (reward workers as small handle stand-ins)."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
 from async_reward.config import ConfigError
+from async_reward.v1.decoupled_agent_loop import DecoupledAgentLoopWorker, _GroupProgress
 from async_reward.v1.decoupled_config import (
     DecoupledModeConfig,
     derive_windows,
@@ -14,6 +19,9 @@ from async_reward.v1.decoupled_config import (
     load_decoupled_mode_config,
 )
 from async_reward.v1.decoupled_window import PromptLedger, WindowState, top_up_count
+from async_reward.v1.reward_failover import LOST_WORKERS_KEY
+from tests.test_v1_reward_failover import DyingRewardWorker
+from tests.test_v1_reward_routing import RecordingRewardWorker, session
 
 
 def verl_config(
@@ -185,3 +193,56 @@ def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones
     assert lost.unaccounted == ["d"] and lost.unknown == ["zz"] and lost.double_counted == ["a"]
     assert not lost.ok and ledger.metrics(lost)["ledger/unaccounted"] == 2
     assert ledger.balanced()
+
+
+class _TagRecordingWorker(DecoupledAgentLoopWorker):
+    """Our decoupled worker with its tag writes recorded instead of sent to TransferQueue."""
+
+    published: list[dict[str, Any]]
+
+    async def _publish(self, uid: str, group: _GroupProgress) -> None:
+        self.published.append(group.tag())
+
+
+def decoupled_worker(handles: list[Any]) -> _TagRecordingWorker:
+    """The worker with only what verl's ``_compute_score`` and our progress reads (no LLM server)."""
+    worker = _TagRecordingWorker.__new__(_TagRecordingWorker)
+    worker.processor = None
+    worker.mm_processor_kwargs = None
+    worker.reward_loop_worker_handles = handles
+    worker._progress, worker.published, worker._score_seconds = {}, [], []
+    worker._produced = worker._consumed = worker._skipped = 0
+    return worker
+
+
+def test_a_session_rescored_after_its_reward_worker_died_leaves_the_backlog_once():
+    """Both sessions of a group are generated (two unscored); session 0 goes to a reward worker that
+    dies while scoring it, and is scored again on the live one (B's failover). The group's tag
+    drops to one unscored and then to none, with no failure reason: the re-score is one pass through
+    scoring, not two, and the group is not failed for it."""
+
+    async def run() -> tuple[_TagRecordingWorker, list[Any]]:
+        dying, live = DyingRewardWorker("dead-actor"), RecordingRewardWorker("live", fast=False)
+        worker = decoupled_worker([dying, live])
+        worker._progress["u"] = _GroupProgress(2, generated={0, 1}, unscored={0, 1})
+        outputs = [session(), session()]
+        tasks = [
+            asyncio.create_task(worker._compute_score([o], {"uid": "u", "session_id": i}))
+            for i, o in enumerate(outputs)
+        ]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert (dying.calls, live.in_flight) == (1, 1)
+        dying.die.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        live.release.set()
+        await asyncio.gather(*tasks)
+        return worker, outputs
+
+    worker, outputs = asyncio.run(run())
+    assert [tag["unscored"] for tag in worker.published] == [1, 0]
+    assert not [tag for tag in worker.published if "failure_reason" in tag]
+    assert worker._consumed == 2 and all(o.reward_score == 1.0 for o in outputs)
+    lost = [o.extra_fields["reward_extra_info"].get(LOST_WORKERS_KEY) for o in outputs]
+    assert lost.count("dead-actor") == 1
