@@ -19,6 +19,7 @@ import numpy as np
 
 __all__ = [
     "BATCH_KEYS",
+    "DISPATCH_ORDER_KEY",
     "EXTRA_STRING_MAX_CHARS",
     "LOST_WORKERS_KEY",
     "RESERVED_EXTRA_KEYS",
@@ -35,6 +36,9 @@ __all__ = [
     "normalize_user_result",
 ]
 
+#: A prompt field (so a sample's non-tensor field) numbering the trainer's dispatches to generation,
+#: first 0; set by the decoupled mode's agent-loop manager, read into ``RewardSample.dispatch_order``.
+DISPATCH_ORDER_KEY = "__dispatch_order__"
 #: Long strings in extras bloat every batch (verl stacks them into numpy arrays); they are cut here.
 EXTRA_STRING_MAX_CHARS = 256
 #: ``reward_extra_info`` key of a session our v1 agent loop re-scored because its reward worker died:
@@ -66,6 +70,7 @@ BATCH_KEYS = frozenset(
         "request_id",
         "reward_scores",
         "__num_turns__",
+        DISPATCH_ORDER_KEY,
         "score",
         "rm_scores",
         "token_level_scores",
@@ -139,15 +144,22 @@ class RewardSample:
     """The training step of the policy whose weights generated the sample's first token: the rollout's
     weight version plus one (verl's ``extra_fields["min_global_steps"]``, version v being the weights
     step v + 1 trains from), None when the rollout does not report it."""
+    dispatch_order: int | None = None
+    """Where the sample's prompt came in the trainer's dispatches to generation (``DISPATCH_ORDER_KEY``,
+    numbered by the decoupled mode), None when the trainer does not number them."""
 
     @property
-    def admission_priority(self) -> float:
+    def admission_priority(self) -> tuple[float, float]:
         """Lower is admitted first: the step the sample was generated for (``generation_step``, else
-        ``training_step``; unknown: 0, served as they come). In fully-async training a prompt
-        dispatched early may start generating late; ordering by the weights that generated it serves
-        the oldest policy's samples first, the ones closest to being evicted as stale."""
+        ``training_step``; unknown: 0), then its dispatch order (unknown: 0); equals are served as
+        they come. In fully-async training a prompt dispatched early may start generating late;
+        ordering by the weights that generated it serves the oldest policy's samples first, the ones
+        closest to being evicted as stale. Among samples of one policy version, the earliest
+        dispatched group goes first, so groups complete (and become trainable) one after another
+        instead of all together at the end."""
         step = self.generation_step if self.generation_step is not None else self.training_step
-        return float(step) if step is not None else 0.0
+        order = self.dispatch_order
+        return (float(step) if step is not None else 0.0, float(order) if order is not None else 0.0)
 
     @property
     def prompt_text(self) -> str:

@@ -42,9 +42,10 @@ from async_reward.deadline import (
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
 from async_reward.judge import VerdictError
-from async_reward.limits import Admission, TokenReservation
+from async_reward.limits import Admission, Priority, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.result import (
+    DISPATCH_ORDER_KEY,
     RewardResult,
     RewardSample,
     ScoredFloat,
@@ -243,7 +244,7 @@ class AsyncRewardManager(RewardManagerBase):
         estimated_tokens: int | None = None,
         retry_timeouts: bool = True,
         own_deadline: bool = False,
-        priority: float = 0.0,
+        priority: Priority = 0.0,
     ) -> tuple[_T, int]:
         """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
 
@@ -282,7 +283,7 @@ class AsyncRewardManager(RewardManagerBase):
 
     @contextlib.asynccontextmanager
     async def _admitted(
-        self, estimated_tokens: int | None, priority: float = 0.0
+        self, estimated_tokens: int | None, priority: Priority = 0.0
     ) -> AsyncIterator[TokenReservation]:
         """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call)."""
         limit = self.settings.admission_timeout_s
@@ -409,6 +410,7 @@ class AsyncRewardManager(RewardManagerBase):
             extra_info=extra,
             training_step=_as_step(non_tensor.get("global_steps")),
             generation_step=_generation_step(non_tensor.get("tool_extra_fields")),
+            dispatch_order=_as_step(non_tensor.get(DISPATCH_ORDER_KEY)),
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
