@@ -331,12 +331,15 @@ def _add_score_parser(subparsers: Any) -> None:
             "manager's extras, in completion order. A failed row scores fallback_score and says why; "
             "a line that is not a valid row is recorded as status invalid. Rerunning the same "
             "command resumes: ids already in --output are skipped, and a last line cut short by a "
-            "crash is removed first. Ctrl-C keeps every scored row. Group post-processing "
+            "crash is removed first. Ctrl-C or SIGTERM stops the run at once and keeps every scored "
+            "row (a run started with SIGINT ignored, as a shell starts a background job, keeps "
+            "ignoring it: stop it with SIGTERM). Group post-processing "
             "(post_process_scores) is not applied: rows are written one by one."
         ),
         epilog=(
             "exit status: 0 all rows recorded (failed rows included), 1 stopped by on_failure=raise, "
-            "2 bad arguments or configuration, 130 interrupted (rerun to resume)"
+            "2 bad arguments or configuration, 130 interrupted by Ctrl-C, 143 stopped by SIGTERM "
+            "(rerun to resume)"
         ),
     )
     score.add_argument(
@@ -443,13 +446,15 @@ def _run_score(args: argparse.Namespace) -> int:
     except (ConfigError, OutputFileError) as exc:
         raise _UsageError(str(exc)) from None
     except KeyboardInterrupt:
+        stopped_by = progress.stopped_by or signal.SIGINT  # before the run, Python's own Ctrl-C
         print(
-            f"\ninterrupted: wrote {progress.written} rows to {job.output_path} in this run; "
-            f"{progress.remaining} of {progress.total_rows} rows remain (rerun the same command to resume)",
+            f"\ninterrupted ({signal.Signals(stopped_by).name}): wrote {progress.written} rows to "
+            f"{job.output_path} in this run; {progress.remaining} of {progress.total_rows} rows remain "
+            "(rerun the same command to resume)",
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return 128 + stopped_by  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
     except RewardScoringError as exc:
         print(
             f"async-reward score: stopped (on_failure=raise): {exc}; wrote {progress.written} rows, "
