@@ -21,7 +21,7 @@ import pytest
 
 from async_reward.cli import main
 
-CLI = [sys.executable, "-m", "async_reward.cli"]
+CLI = [sys.executable, "-m", "async_reward_cli"]  # the console script's entry point, the front door
 # The script as a terminal's foreground job starts it: SIGINT at its default disposition, whatever the
 # test process inherited (a suite started in the background by a shell has SIGINT ignored, and a child
 # inherits that). exec keeps SIG_DFL, so the script itself runs unchanged.
@@ -29,7 +29,7 @@ CLI_IN_THE_FOREGROUND = [
     sys.executable,
     "-c",
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'async_reward.cli', *sys.argv[1:]])",
+    "os.execv(sys.executable, [sys.executable, '-m', 'async_reward_cli', *sys.argv[1:]])",
 ]
 
 
@@ -416,8 +416,7 @@ def test_help_of_each_subcommand(command, capsys, monkeypatch):
 
 @pytest.mark.subprocess
 def test_help_from_the_installed_script():
-    # The installed script (else its entry point, the front door), twice at once: a command imports
-    # the package, and with it verl and torch, so each start takes seconds.
+    # The installed script (else its entry point, the front door), twice at once.
     script = Path(sys.executable).with_name("async-reward")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "async_reward_cli"]
     env = {**os.environ, "COLUMNS": "200"}

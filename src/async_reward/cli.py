@@ -1,7 +1,10 @@
 """The ``async-reward`` command line: one parser with a subcommand per task.
 
 The console script enters at ``async_reward_cli`` (outside this package, so ``--help`` and
-``--version`` answer without importing verl), which hands every command to :func:`main` here. To
+``--version`` answer without importing verl), which hands every command to :func:`main` here,
+imported without the package's ``__init__`` (``async_reward_cli.import_command_line``): this
+module's imports must not import verl, torch or Ray (``serve`` and every ``--help`` run without
+them; ``tests/test_cli_front.py`` checks). To
 add a command (``bench``, ``score``), name it with its one-line help in ``async_reward_cli.COMMANDS``,
 write an ``_add_<name>_parser(subparsers)`` that registers its arguments and sets ``handler`` to a
 small ``_run_<name>(args) -> int``, and call it from ``build_parser``. Heavy imports belong inside
@@ -26,8 +29,7 @@ from async_reward.devserver.config import (
     THINK_STYLES,
     DevServerConfig,
 )
-from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
-from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
+from async_reward.offline_score import FUNCTION_MANAGERS, MANAGERS, RESULT_FIELDS
 from async_reward_cli import COMMANDS, DESCRIPTION, PROG, add_front_arguments
 
 __all__ = ["build_parser", "main"]
@@ -348,7 +350,7 @@ def _add_score_parser(subparsers: Any) -> None:
     score.add_argument(
         "--output", required=True, type=Path, metavar="PATH", help="JSONL file to append scored rows to"
     )
-    score.add_argument("--manager", required=True, choices=MANAGER_NAMES, help="reward manager to score with")
+    score.add_argument("--manager", required=True, choices=MANAGERS, help="reward manager to score with")
     score.add_argument(
         "--config",
         metavar="YAML",

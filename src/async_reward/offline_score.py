@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUNCTION_MANAGERS",
+    "MANAGERS",
     "RESULT_FIELDS",
     "OutputFileError",
     "ScoreJob",
@@ -56,6 +57,9 @@ __all__ = [
     "score_file",
 ]
 
+#: The managers ``score`` builds: ``async_reward.MANAGER_NAMES``, written out so that the command
+#: line's parser does not import the managers (verl, torch); a test pins the two equal.
+MANAGERS = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
 #: Managers that score with ``custom_reward_function`` (``--function-path`` / ``--function-name``).
 FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful")
 
