@@ -198,7 +198,7 @@ def score_file(
     ``notify`` receives one-line notices (resumption, a repaired output file). SIGINT (Ctrl-C) or
     SIGTERM stops the run at once: the rows in flight are cancelled, every row already scored is on
     disk, ``progress.stopped_by`` names the signal and KeyboardInterrupt is raised (see
-    :func:`_stop_on_signals`; a second signal while stopping acts as it would without us).
+    :class:`_StopOnSignals`; a second signal while stopping acts as it would without us).
 
     Raises:
         ConfigError: the manager cannot be built from ``job``.
@@ -230,11 +230,15 @@ def score_file(
 def _run_stoppable(scoring: Any, progress: ScoreProgress, notify: Callable[[str], None]) -> None:
     """``asyncio.run(scoring)``; KeyboardInterrupt once a signal stopped it (rows kept)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # Whoever started us asked for it (a shell runs a background job so, that the terminal's
-        # Ctrl-C is not for it): honoured, and said, with the way to stop the run that still works.
+        # Whoever started us asked for it (a shell starts a background job so, to keep the terminal's
+        # Ctrl-C from it): honoured, and said, with the way to stop the run that still works.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            how = "SIGTERM is ignored too: only SIGKILL stops it, losing the rows in flight"
+        else:
+            how = "SIGTERM (kill PID) stops it, keeping every scored row"
         notify(
             "SIGINT is ignored in this process (started in the background?): Ctrl-C will not stop "
-            "this run; SIGTERM (kill PID) stops it, keeping every scored row"
+            f"this run; {how}"
         )
     asyncio.run(scoring)
     if progress.stopped_by is not None:
@@ -250,8 +254,8 @@ class _StopOnSignals:
     default handler (under a program with a SIGINT handler of its own, the KeyboardInterrupt is
     raised inside whatever runs, a reward function included, which fails that row and scores on),
     it does not cover SIGTERM, and a signal the kernel hands to another thread (aiohttp's resolver,
-    torch's pools) waits for the event loop to wake by itself, a whole judge timeout on an idle
-    loop. ``loop.add_signal_handler`` wakes the loop through its wakeup fd and runs the handler on
+    torch's pools) waits for the event loop to wake by itself, at its next timer (up to a judge
+    call's timeout). ``loop.add_signal_handler`` wakes the loop through its wakeup fd and runs the handler on
     it. A signal whose disposition is ``SIG_IGN`` stays ignored; off the main thread nothing is set.
     """
 
