@@ -6,16 +6,32 @@ workers included). So the console script enters here, in a module outside the pa
 imports are the standard library's: the command list, the version and argument errors before a
 command are answered without touching the package. A command is handed to ``async_reward.cli``,
 which builds the full parser from the same names and texts (so both print the same ``--help``).
+
+``async_reward.cli`` is imported without running the package's ``__init__`` first (see
+:func:`import_command_line`): a command's ``--help``, ``serve`` (the dev judge server: aiohttp and
+the standard library) and a usage error never import verl, torch or Ray. ``score`` imports them
+when it builds the manager, as a verl reward worker does (``verl.trainer.ppo.reward.
+load_reward_manager`` and our managers' verl base classes), and ``bench`` when it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
-__all__ = ["COMMANDS", "DESCRIPTION", "PROG", "add_front_arguments", "distribution_version", "main"]
+__all__ = [
+    "COMMANDS",
+    "DESCRIPTION",
+    "PROG",
+    "add_front_arguments",
+    "distribution_version",
+    "import_command_line",
+    "main",
+]
 
 PROG = "async-reward"
 DESCRIPTION = "asyncio-native reward managers for verl: tools for serving, benchmarking and scoring."
@@ -70,9 +86,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args and args[0] in COMMANDS):
         # --help, --version, no command or an unknown one: argparse answers and exits, at once.
         _front_parser().parse_known_args(args)
-    from async_reward.cli import main as run_command
+    command_line = import_command_line()
+    return int(command_line.main(args))
 
-    return run_command(args)
+
+def import_command_line() -> ModuleType:
+    """``async_reward.cli``, imported without running ``async_reward/__init__.py``.
+
+    The package's ``__init__`` registers our managers with verl, which imports verl, torch and
+    Ray: seconds of CPU that ``serve`` and ``--help`` do not need. ``async_reward.cli`` imports only
+    modules that need neither (the dev server, the score options' names and checks); the heavy ones
+    are imported by the command that uses them. So the package module is put in ``sys.modules``
+    unexecuted while ``async_reward.cli`` is imported, and taken out again: the first later
+    ``import async_reward`` (``score`` building its manager) runs ``__init__`` as usual, registering
+    the managers, and reuses the submodules already loaded.
+    """
+    if "async_reward" in sys.modules:  # imported already (python -m async_reward.cli, a test): no saving
+        import async_reward.cli
+
+        return async_reward.cli
+    spec = importlib.util.find_spec("async_reward")
+    if spec is None:  # pragma: no cover (the distribution ships both)
+        raise ModuleNotFoundError("async_reward is not installed", name="async_reward")
+    sys.modules["async_reward"] = importlib.util.module_from_spec(spec)
+    try:
+        # Binds the unexecuted package module here; a plain ``import async_reward.cli`` after the
+        # ``del`` would import the package itself first, __init__ and all.
+        import async_reward.cli
+
+        return async_reward.cli
+    finally:
+        del sys.modules["async_reward"]
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["async-reward"]
 #: Top-level packages the front door must not import (``async_reward``'s import pulls the other three).
 HEAVY = {"verl", "torch", "ray", "async_reward"}
+#: What ``serve`` and a command's ``--help`` must not import: they load ``async_reward.cli`` (so some of
+#: the package's modules) but never run the package's ``__init__``, which imports the managers.
+HEAVY_FOR_A_COMMAND = {"verl", "torch", "ray", "transformers", "tensordict", "async_reward.managers"}
 
 # pip's console script, plus an exit hook that records every module the run imported.
 _SCRIPT = """
@@ -38,15 +43,32 @@ sys.exit({function}())
 """
 
 
-def run_console_script(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+def console_script(tmp_path: Path, *args: str) -> tuple[list[str], Path]:
+    """The command line of the console script with ``args``, and the file its imports go to."""
     module, function = ENTRY_POINT.split(":")
     record = tmp_path / "modules.json"
-    code = _SCRIPT.format(module=module, function=function)
+    return [
+        sys.executable,
+        "-c",
+        _SCRIPT.format(module=module, function=function),
+        str(record),
+        *args,
+    ], record
+
+
+def heavy_imports(imported: set[str]) -> set[str]:
+    return {
+        name
+        for name in imported
+        if name in HEAVY_FOR_A_COMMAND or name.partition(".")[0] in HEAVY_FOR_A_COMMAND
+    }
+
+
+def run_console_script(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    command, record = console_script(tmp_path, *args)
     env = {**os.environ, "COLUMNS": "200"}
     # The bound is generous (a busy 2-core machine); the assertion that matters is on the imports.
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(record), *args], capture_output=True, text=True, env=env, timeout=60
-    )
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     return proc, set(json.loads(record.read_text()))
 
 
@@ -72,6 +94,59 @@ def test_help_version_and_usage_errors_import_no_heavy_package(
     assert expected in proc.stdout + proc.stderr
     assert "async_reward_cli" in imported  # the record is real: it saw the front door itself
     assert not {name for name in imported if name.partition(".")[0] in HEAVY}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (["serve", "--help"], 0, "usage: async-reward serve"),
+        (["score", "--help"], 0, "usage: async-reward score"),
+        (["bench", "--help"], 0, "usage: async-reward bench"),
+        (["score", "--input", "in.jsonl"], 2, "the following arguments are required: --output, --manager"),
+    ],
+    ids=["serve_help", "score_help", "bench_help", "score_usage_error"],
+)
+@pytest.mark.subprocess
+def test_a_command_s_help_and_usage_errors_import_neither_verl_nor_torch(
+    tmp_path: Path, args: list[str], code: int, expected: str
+) -> None:
+    proc, imported = run_console_script(tmp_path, *args)
+    assert proc.returncode == code, proc.stderr
+    assert expected in proc.stdout + proc.stderr
+    assert "async_reward.cli" in imported  # the record is real: the full parser answered
+    assert not heavy_imports(imported)
+
+
+@pytest.mark.subprocess
+def test_serve_answers_and_stops_without_verl_or_torch(tmp_path: Path) -> None:
+    command, record = console_script(tmp_path, "serve", "--port", "0", "--seed", "0")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the listening line, or "" if the server died
+        assert first.startswith("async-reward devserver listening on http://"), proc.communicate(timeout=30)
+        url = first.split()[-1]
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions",
+            data=json.dumps({"messages": [{"role": "user", "content": "Answer: 4\nReference: 4"}]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:  # a real judge answer
+            assert json.load(response)["choices"][0]["message"]["content"]
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    imported = set(json.loads(record.read_text()))
+    assert "async_reward.devserver.server" in imported
+    assert not heavy_imports(imported)
+
+
+def test_score_lists_every_registered_manager() -> None:
+    from async_reward.offline_score import MANAGERS
+
+    assert MANAGERS == async_reward.MANAGER_NAMES  # written out in offline_score to keep verl out of --help
 
 
 def test_help_lists_every_command_exactly_as_the_full_parser(capsys, monkeypatch) -> None:

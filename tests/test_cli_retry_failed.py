@@ -17,7 +17,7 @@ import pytest
 
 from tests.test_cli_score import judge_calls, make_rows, read_output, write_jsonl
 
-CLI = [sys.executable, "-m", "async_reward.cli"]
+CLI = [sys.executable, "-m", "async_reward_cli"]  # the console script's entry point, the front door
 
 
 def run_score(server: Any, src: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

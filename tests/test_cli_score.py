@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,16 @@ import pytest
 
 from async_reward.cli import main
 
-CLI = [sys.executable, "-m", "async_reward.cli"]
+CLI = [sys.executable, "-m", "async_reward_cli"]  # the console script's entry point, the front door
+# The script as a terminal's foreground job starts it: SIGINT at its default disposition, whatever the
+# test process inherited (a suite started in the background by a shell has SIGINT ignored, and a child
+# inherits that). exec keeps SIG_DFL, so the script itself runs unchanged.
+CLI_IN_THE_FOREGROUND = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'async_reward_cli', *sys.argv[1:]])",
+]
 
 
 def make_rows(n: int, *, fault_every: int = 0) -> list[dict[str, Any]]:
@@ -217,6 +227,8 @@ REWARD_FUNCTIONS = textwrap.dedent(
     import asyncio
     import os
     import signal
+    import threading
+    import time
 
     calls = 0
 
@@ -232,28 +244,124 @@ REWARD_FUNCTIONS = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGINT)
             await asyncio.sleep(30)
         return 1.0
+
+    async def terminated_after_five(data_source, solution_str, ground_truth, extra_info=None):
+        global calls
+        calls += 1
+        if calls > 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        return 1.0
+
+    async def interrupted_on_another_thread(data_source, solution_str, ground_truth, extra_info=None):
+        # The kernel hands a process's signal to any thread that does not block it; here another
+        # thread gets it, after the event loop has gone to sleep on a timer two minutes away.
+        global calls
+        calls += 1
+        if calls > 5:
+            def deliver():
+                time.sleep(1.0)
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            threading.Thread(target=deliver).start()
+            await asyncio.sleep(120)
+        return 1.0
+
+    async def ignored_interrupt(data_source, solution_str, ground_truth, extra_info=None):
+        global calls
+        calls += 1
+        if calls == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.1)
+        return 1.0
     """
 )
 
 
-def test_keyboard_interrupt_keeps_scored_rows_and_resumes(tmp_path, capsys):
+@pytest.fixture
+def signal_handlers() -> Iterator[None]:
+    """Restore SIGINT's and SIGTERM's handlers after a test that sets them."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def function_argv(tmp_path: Path) -> tuple[list[str], Path]:
+    """``score`` of ten rows, one at a time, with REWARD_FUNCTIONS (pick one with --function-name)."""
     functions = tmp_path / "reward_fn.py"
     functions.write_text(REWARD_FUNCTIONS)
     rows = [{"id": i, "prompt": "p", "response": str(i % 3), "ground_truth": "1"} for i in range(10)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out.jsonl"
     argv = ["score", "--input", str(src), "--output", str(out), "--manager", "async_naive", "--no-progress"]
-    argv += ["--function-path", str(functions), "--concurrency", "1"]
+    return [*argv, "--function-path", str(functions), "--concurrency", "1"], out
+
+
+def test_keyboard_interrupt_keeps_scored_rows_and_resumes(tmp_path, capsys, signal_handlers):
+    # Python's own Ctrl-C handling, as in a terminal's foreground job: the test must not depend on how
+    # the suite was started (a background job of a shell inherits SIGINT ignored, honoured below).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    argv, out = function_argv(tmp_path)
 
     assert main([*argv, "--function-name", "interrupted_after_five"]) == 130
     assert [r["id"] for r in read_output(out)] == [0, 1, 2, 3, 4]
     err = capsys.readouterr().err
-    assert "interrupted: wrote 5 rows" in err and "5 of 10 rows remain" in err
+    assert "interrupted (SIGINT): wrote 5 rows" in err and "5 of 10 rows remain" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the process's handler is back
 
     assert main(argv) == 0
     written = read_output(out)
     assert sorted(r["id"] for r in written) == list(range(10))
     assert {r["id"]: r["score"] for r in written[5:]} == {i: float(i % 3 == 1) for i in range(5, 10)}
+
+
+def chained_interrupt(signum: int, frame: Any) -> None:
+    """A SIGINT handler of a calling program: it logs, say, then raises as Python's does."""
+    signal.default_int_handler(signum, frame)
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """A SIGTERM handler of a calling program: SystemExit, so that its finally blocks run."""
+    raise SystemExit(143)
+
+
+@pytest.mark.parametrize(
+    ("handlers", "function", "code"),
+    [
+        # Under a program's own SIGINT handler asyncio.run leaves Ctrl-C to it: the KeyboardInterrupt
+        # was raised inside the reward function, failed that row, and scoring went on.
+        ({signal.SIGINT: chained_interrupt}, "interrupted_after_five", 130),
+        # SIGTERM: the process died (SIG_DFL), or the program's SystemExit failed one row.
+        ({signal.SIGTERM: exit_on_sigterm}, "terminated_after_five", 143),
+        # A signal handed to another thread woke nobody until the loop's next timer (two minutes).
+        ({signal.SIGINT: signal.default_int_handler}, "interrupted_on_another_thread", 130),
+    ],
+    ids=["program_sigint_handler", "sigterm", "signal_on_another_thread"],
+)
+def test_a_signal_stops_the_run_at_once_whatever_handled_it_before(
+    tmp_path, capsys, signal_handlers, handlers, function, code
+):
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    argv, out = function_argv(tmp_path)
+    started = time.monotonic()
+    assert main([*argv, "--function-name", function]) == code
+    assert time.monotonic() - started < 60  # the reward function was left sleeping 30 s or 120 s
+    assert [r["id"] for r in read_output(out)] == [0, 1, 2, 3, 4]
+    name = signal.Signals(code - 128).name
+    assert f"interrupted ({name}): wrote 5 rows" in capsys.readouterr().err
+    for signum, handler in handlers.items():
+        assert signal.getsignal(signum) is handler  # the program's handlers are back
+
+
+def test_an_ignored_sigint_stays_ignored_and_says_how_to_stop(tmp_path, capsys, signal_handlers):
+    # A shell starts a background job with SIGINT ignored, so that the terminal's Ctrl-C is not for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    argv, out = function_argv(tmp_path)
+    assert main([*argv, "--function-name", "ignored_interrupt"]) == 0
+    assert sorted(r["id"] for r in read_output(out)) == list(range(10))
+    assert "Ctrl-C will not stop this run; SIGTERM (kill PID) stops it" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 @pytest.mark.subprocess
@@ -264,7 +372,9 @@ def test_sigint_to_the_script_loses_no_scored_row(server, tmp_path, capsys):
     server.update_config(latency_ms=[200.0, 200.0])
     argv = ["score", "--input", str(src), "--output", str(out), "--manager", "llm_judge"]
     argv += ["--set", f"judge.base_url={server.url}/v1", "--concurrency", "2", "--no-progress"]
-    proc = subprocess.Popen([*CLI, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI_IN_THE_FOREGROUND, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 240  # the script imports verl and torch: slow on a loaded machine
         while not (out.exists() and len(out.read_text().splitlines()) >= 4):
@@ -275,7 +385,7 @@ def test_sigint_to_the_script_loses_no_scored_row(server, tmp_path, capsys):
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert "interrupted: wrote" in stderr and "rerun the same command to resume" in stderr
+    assert "interrupted (SIGINT): wrote" in stderr and "rerun the same command to resume" in stderr
     written = read_output(out)  # every line is a whole row
     assert 4 <= len(written) < 40 and len({r["id"] for r in written}) == len(written)
 
@@ -306,8 +416,7 @@ def test_help_of_each_subcommand(command, capsys, monkeypatch):
 
 @pytest.mark.subprocess
 def test_help_from_the_installed_script():
-    # The installed script (else its entry point, the front door), twice at once: a command imports
-    # the package, and with it verl and torch, so each start takes seconds.
+    # The installed script (else its entry point, the front door), twice at once.
     script = Path(sys.executable).with_name("async-reward")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "async_reward_cli"]
     env = {**os.environ, "COLUMNS": "200"}

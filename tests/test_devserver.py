@@ -534,7 +534,7 @@ def test_cli_serve_subprocess() -> None:
     env = {**os.environ, "ASYNC_REWARD_TEST_KEY": "sk-cli-secret", "PYTHONUNBUFFERED": "1"}
     argv = ["serve", "--port", "0", "--api-key-env", "ASYNC_REWARD_TEST_KEY", "--verdict-format", "score"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "async_reward.cli", *argv],
+        [sys.executable, "-m", "async_reward_cli", *argv],  # the console script's entry point
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

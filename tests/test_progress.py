@@ -130,7 +130,7 @@ def test_score_command_writes_plain_lines_into_a_piped_stderr(server, tmp_path: 
     argv += ["--manager", "llm_judge", "--set", f"judge.base_url={server.url}/v1"]
     env = {**os.environ, PERIOD_ENV: "0"}  # a line per row, so the period is seen at work
     proc = subprocess.run(
-        [sys.executable, "-m", "async_reward.cli", *argv],
+        [sys.executable, "-m", "async_reward_cli", *argv],  # the console script's entry point
         capture_output=True,
         text=True,
         env=env,

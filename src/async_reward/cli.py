@@ -1,7 +1,10 @@
 """The ``async-reward`` command line: one parser with a subcommand per task.
 
 The console script enters at ``async_reward_cli`` (outside this package, so ``--help`` and
-``--version`` answer without importing verl), which hands every command to :func:`main` here. To
+``--version`` answer without importing verl), which hands every command to :func:`main` here,
+imported without the package's ``__init__`` (``async_reward_cli.import_command_line``): this
+module's imports must not import verl, torch or Ray (``serve`` and every ``--help`` run without
+them; ``tests/test_cli_front.py`` checks). To
 add a command (``bench``, ``score``), name it with its one-line help in ``async_reward_cli.COMMANDS``,
 write an ``_add_<name>_parser(subparsers)`` that registers its arguments and sets ``handler`` to a
 small ``_run_<name>(args) -> int``, and call it from ``build_parser``. Heavy imports belong inside
@@ -26,8 +29,7 @@ from async_reward.devserver.config import (
     THINK_STYLES,
     DevServerConfig,
 )
-from async_reward.managers import MANAGER_NAMES  # loaded by the package's __init__ already
-from async_reward.offline_score import FUNCTION_MANAGERS, RESULT_FIELDS
+from async_reward.offline_score import FUNCTION_MANAGERS, MANAGERS, RESULT_FIELDS
 from async_reward_cli import COMMANDS, DESCRIPTION, PROG, add_front_arguments
 
 __all__ = ["build_parser", "main"]
@@ -331,12 +333,15 @@ def _add_score_parser(subparsers: Any) -> None:
             "manager's extras, in completion order. A failed row scores fallback_score and says why; "
             "a line that is not a valid row is recorded as status invalid. Rerunning the same "
             "command resumes: ids already in --output are skipped, and a last line cut short by a "
-            "crash is removed first. Ctrl-C keeps every scored row. Group post-processing "
+            "crash is removed first. Ctrl-C or SIGTERM stops the run at once and keeps every scored "
+            "row (a run started with SIGINT ignored, as a shell starts a background job, keeps "
+            "ignoring it: stop it with SIGTERM). Group post-processing "
             "(post_process_scores) is not applied: rows are written one by one."
         ),
         epilog=(
             "exit status: 0 all rows recorded (failed rows included), 1 stopped by on_failure=raise, "
-            "2 bad arguments or configuration, 130 interrupted (rerun to resume)"
+            "2 bad arguments or configuration, 130 interrupted by Ctrl-C, 143 stopped by SIGTERM "
+            "(rerun to resume)"
         ),
     )
     score.add_argument(
@@ -345,7 +350,7 @@ def _add_score_parser(subparsers: Any) -> None:
     score.add_argument(
         "--output", required=True, type=Path, metavar="PATH", help="JSONL file to append scored rows to"
     )
-    score.add_argument("--manager", required=True, choices=MANAGER_NAMES, help="reward manager to score with")
+    score.add_argument("--manager", required=True, choices=MANAGERS, help="reward manager to score with")
     score.add_argument(
         "--config",
         metavar="YAML",
@@ -443,13 +448,15 @@ def _run_score(args: argparse.Namespace) -> int:
     except (ConfigError, OutputFileError) as exc:
         raise _UsageError(str(exc)) from None
     except KeyboardInterrupt:
+        stopped_by = progress.stopped_by or signal.SIGINT  # before the run, Python's own Ctrl-C
         print(
-            f"\ninterrupted: wrote {progress.written} rows to {job.output_path} in this run; "
-            f"{progress.remaining} of {progress.total_rows} rows remain (rerun the same command to resume)",
+            f"\ninterrupted ({signal.Signals(stopped_by).name}): wrote {progress.written} rows to "
+            f"{job.output_path} in this run; {progress.remaining} of {progress.total_rows} rows remain "
+            "(rerun the same command to resume)",
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return 128 + stopped_by  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
     except RewardScoringError as exc:
         print(
             f"async-reward score: stopped (on_failure=raise): {exc}; wrote {progress.written} rows, "

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUNCTION_MANAGERS",
+    "MANAGERS",
     "RESULT_FIELDS",
     "OutputFileError",
     "ScoreJob",
@@ -54,6 +57,9 @@ __all__ = [
     "score_file",
 ]
 
+#: The managers ``score`` builds: ``async_reward.MANAGER_NAMES``, written out so that the command
+#: line's parser does not import the managers (verl, torch); a test pins the two equal.
+MANAGERS = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
 #: Managers that score with ``custom_reward_function`` (``--function-path`` / ``--function-name``).
 FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful")
 
@@ -105,6 +111,8 @@ class ScoreProgress:
     """Rows written by this run, per status."""
     elapsed_s: float = 0.0
     """Wall time of the scoring loop."""
+    stopped_by: int | None = None
+    """The signal (``SIGINT``, ``SIGTERM``) that stopped the run, None when it was not stopped."""
 
     @property
     def remaining(self) -> int:
@@ -187,9 +195,10 @@ def score_file(
 ) -> None:
     """Score ``job.input_path`` into ``job.output_path``, resuming; fills ``progress`` as it goes.
 
-    ``notify`` receives one-line notices (resumption, a repaired output file). On KeyboardInterrupt
-    the rows in flight are cancelled, every row already scored is on disk, and the exception
-    propagates with ``progress`` current.
+    ``notify`` receives one-line notices (resumption, a repaired output file). SIGINT (Ctrl-C) or
+    SIGTERM stops the run at once: the rows in flight are cancelled, every row already scored is on
+    disk, ``progress.stopped_by`` names the signal and KeyboardInterrupt is raised (see
+    :class:`_StopOnSignals`; a second signal while stopping acts as it would without us).
 
     Raises:
         ConfigError: the manager cannot be built from ``job``.
@@ -207,7 +216,7 @@ def score_file(
             f"keeping {progress.already_done} ok rows"
         )
         progress.total_rows = count_rows(job.input_path)
-        asyncio.run(_score_rows(job, progress, previous.ok_keys, previous))
+        _run_stoppable(_score_rows(job, progress, previous.ok_keys, previous), progress, notify)
         return
     done, progress.already_done, progress.repaired_tail = load_done_keys(job.output_path, job.id_field)
     if progress.repaired_tail:
@@ -215,7 +224,77 @@ def score_file(
     if done:
         notify(f"resuming: {progress.already_done} rows already in {job.output_path}; their ids are skipped")
     progress.total_rows = count_rows(job.input_path)
-    asyncio.run(_score_rows(job, progress, done))
+    _run_stoppable(_score_rows(job, progress, done), progress, notify)
+
+
+def _run_stoppable(scoring: Any, progress: ScoreProgress, notify: Callable[[str], None]) -> None:
+    """``asyncio.run(scoring)``; KeyboardInterrupt once a signal stopped it (rows kept)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Whoever started us asked for it (a shell starts a background job so, to keep the terminal's
+        # Ctrl-C from it): honoured, and said, with the way to stop the run that still works.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            how = "SIGTERM is ignored too: only SIGKILL stops it, losing the rows in flight"
+        else:
+            how = "SIGTERM (kill PID) stops it, keeping every scored row"
+        notify(
+            "SIGINT is ignored in this process (started in the background?): Ctrl-C will not stop "
+            f"this run; {how}"
+        )
+    asyncio.run(scoring)
+    if progress.stopped_by is not None:
+        raise KeyboardInterrupt
+
+
+class _StopOnSignals:
+    """For the run: the first SIGINT or SIGTERM records itself in ``progress.stopped_by`` and cancels
+    the scoring loop (while it scores; in its clean-up, which writes the output's end, it is only
+    recorded); the handlers the process had are restored on exit.
+
+    Why not asyncio.run's own Ctrl-C handling: it is installed only when the process has Python's
+    default handler (under a program with a SIGINT handler of its own, the KeyboardInterrupt is
+    raised inside whatever runs, a reward function included, which fails that row and scores on),
+    it does not cover SIGTERM, and a signal the kernel hands to another thread (aiohttp's resolver,
+    torch's pools) waits for the event loop to wake by itself, at its next timer (up to a judge
+    call's timeout). ``loop.add_signal_handler`` wakes the loop through its wakeup fd and runs the handler on
+    it. A signal whose disposition is ``SIG_IGN`` stays ignored; off the main thread nothing is set.
+    """
+
+    def __init__(self, task: asyncio.Task[Any], progress: ScoreProgress) -> None:
+        self.task = task
+        self.progress = progress
+        self.scoring = True
+        """False once the loop is in its clean-up: a signal then must not cancel the output's end."""
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if handler in (signal.SIG_IGN, None):  # ignored by whoever started us, or set outside Python
+                continue
+            try:
+                loop.add_signal_handler(signum, self._stop, signum)
+            except NotImplementedError:  # event loops without signal support (Windows)
+                continue
+            self.previous[signum] = handler
+        return self
+
+    def _stop(self, signum: int) -> None:
+        if self.progress.stopped_by is None:
+            self.progress.stopped_by = signum
+            if self.scoring:
+                self.task.cancel()
+        # A second signal while the run stops acts as with no handler of ours (Ctrl-C: KeyboardInterrupt).
+        asyncio.get_running_loop().remove_signal_handler(signum)
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+    def __exit__(self, *_exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for signum, handler in self.previous.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
 
 
 async def _score_rows(
@@ -260,38 +339,46 @@ async def _score_rows(
             task.result()  # on_failure=raise (or a bug) stops the run here
 
     started = time.monotonic()
-    try:
-        for item in iter_input_rows(job.input_path, job.id_field):
-            if item.key in done:
-                progress.skipped += 1
-                bar.update(1)
-                continue
-            first = first_line.setdefault(item.key, item.line)
-            if first != item.line:
-                item.sample, item.error = None, f"duplicate {job.id_field} (first on line {first})"
-            if item.sample is None:
-                emit(invalid_row(item, fallback_score), item.key)
-                continue
-            # A bounded set of tasks, not one per row: a million-row file holds `concurrency` rows.
-            while len(in_flight) >= job.concurrency:
+    task = asyncio.current_task()
+    assert task is not None  # run by asyncio.run
+    with _StopOnSignals(task, progress) as stopping:
+        try:
+            for item in iter_input_rows(job.input_path, job.id_field):
+                if item.key in done:
+                    progress.skipped += 1
+                    bar.update(1)
+                    continue
+                first = first_line.setdefault(item.key, item.line)
+                if first != item.line:
+                    item.sample, item.error = None, f"duplicate {job.id_field} (first on line {first})"
+                if item.sample is None:
+                    emit(invalid_row(item, fallback_score), item.key)
+                    continue
+                # A bounded set of tasks, not one per row: a million-row file holds `concurrency` rows.
+                while len(in_flight) >= job.concurrency:
+                    await wait_for_one()
+                in_flight.add(asyncio.create_task(score_and_emit(item)))
+            while in_flight:
                 await wait_for_one()
-            in_flight.add(asyncio.create_task(score_and_emit(item)))
-        while in_flight:
-            await wait_for_one()
-    finally:
-        for task in in_flight:
-            task.cancel()
-        await asyncio.gather(*in_flight, return_exceptions=True)
-        if previous is not None:
-            # Failed rows this run did not score again stay as they were: every row once.
-            output.flush()
-            with open(target, "ab") as rest:
-                for key, raws in previous.failed.items():
-                    if key not in written_keys:
-                        rest.writelines(raws)
-        output.close()
-        if previous is not None:
-            os.replace(target, job.output_path)
-        bar.close()
-        await close_sessions()
-        progress.elapsed_s = time.monotonic() - started
+        except asyncio.CancelledError:
+            if progress.stopped_by is None:  # not our signal: someone else's cancellation
+                raise
+            task.uncancel()  # stopped by a signal: clean up below, then score_file raises KeyboardInterrupt
+        finally:
+            stopping.scoring = False
+            for pending in in_flight:
+                pending.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            if previous is not None:
+                # Failed rows this run did not score again stay as they were: every row once.
+                output.flush()
+                with open(target, "ab") as rest:
+                    for key, raws in previous.failed.items():
+                        if key not in written_keys:
+                            rest.writelines(raws)
+            output.close()
+            if previous is not None:
+                os.replace(target, job.output_path)
+            bar.close()
+            await close_sessions()
+            progress.elapsed_s = time.monotonic() - started

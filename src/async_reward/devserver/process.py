@@ -22,7 +22,7 @@ class ServerProcess:
     """``async-reward serve`` in a child process on a free loopback port."""
 
     def __init__(self, *serve_args: str, start_timeout_s: float = 60.0) -> None:
-        self._args = [sys.executable, "-m", "async_reward.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+        self._args = [sys.executable, "-m", "async_reward_cli", "serve", "--host", "127.0.0.1", "--port", "0"]
         self._args += list(serve_args)
         self._start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[str] | None = None
