@@ -134,6 +134,7 @@ class _StandaloneSync:
             bench.sleep(bench.weight_sync_s)
             step = (global_steps or 0) - 1  # at step s's end: the record of step s - 1 (0-based)
             bench.events.append(TimelineEvent("weight_sync", start, bench.clock(), step))
+        bench.agent_loop.set_version(global_steps or 0)
         bench.agent_loop.resume()
         return {}
 
