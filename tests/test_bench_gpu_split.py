@@ -128,6 +128,8 @@ def test_the_split_flags_reach_the_run_and_the_regime_summary():
         (["--total-gpus", "1", "--strategies", "v1_separate_async"], "need at least 2 GPUs"),
         (["--total-gpus", "0"], "total GPUs must be >= 1"),
         (["--weight-sync-s", "-1"], "weight sync must be >= 0"),
+        (["--weight-sync-s", "5", "--strategies", "both"], "none is selected"),
+        (["--rollout-gpus", "3", "--strategies", "v1_sync"], "none is selected"),
     ],
 )
 def test_bad_split_settings_exit_2_without_running(tmp_path, capsys, argv, error):

@@ -59,12 +59,14 @@ class BenchConfig:
     (``gpu_split``). The calibration ran on 8; other totals scale every GPU stage linearly."""
     rollout_gpus: int | None = None
     """Standalone rollout GPUs of the separate strategies (the rest train). None: per regime, the
-    integer split minimising their GPU bound (``gpu_split.best_rollout_gpus``)."""
+    integer split minimising their GPU bound (``gpu_split.best_rollout_gpus``). Set without a
+    separate strategy, it is refused."""
     weight_sync_s: float = 0.0
     """Recipe seconds one weight push costs a separate strategy, once per step: the trainer waits and
     generation pauses (``on_step_end``'s ``update_weights``). 0: free, as the colocated ``gen``
     median already includes one; 5 is about a 7B NCCL broadcast with abort and resume. Colocated
-    strategies ignore it (their sync is inside the calibrated rollout)."""
+    strategies have none of their own (theirs is inside the calibrated rollout); set without a
+    separate strategy, it is refused."""
     judge_faults: tuple[str, ...] = ()
     """Faults the judge injects, ``KIND=RATE`` as ``async-reward serve --fault`` takes them (e.g.
     ``400=1`` answers every request with an error, which the verdict must then fail)."""
@@ -115,6 +117,11 @@ class BenchConfig:
             )
         if not self.weight_sync_s >= 0:
             raise ValueError(f"weight sync must be >= 0 s, got {self.weight_sync_s}")
+        if not separate and (self.rollout_gpus is not None or self.weight_sync_s > 0):
+            raise ValueError(
+                "rollout GPUs and weight sync apply to strategies on standalone rollout GPUs "
+                f"({', '.join(SEPARATE_STRATEGIES)}); none is selected"
+            )
         if self.checks not in ("full", "quick"):
             raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
         from async_reward.devserver import DevServerConfig
