@@ -44,6 +44,11 @@ from tests.conftest import compose_verl_config, shutdown_reward_loop
 
 #: A scripted response starting ``@@sleep:<seconds>@@`` is answered that much later, without the marker.
 SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
+#: A scripted response starting ``@@version:<k>@@`` (after any ``@@sleep@@``) is answered once the
+#: policy version (``set_version``, each weight sync) reaches k, with that version.
+AT_VERSION = re.compile(r"@@version:([0-9]+)@@")
+#: A scripted response starting with this (after any ``@@sleep@@``) raises in the server instead.
+GENERATION_ERROR = "@@error@@"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
@@ -107,6 +112,10 @@ class ScriptedLLMServer:
     def set_version(self, version: int) -> None:
         self.version = version
 
+    def requests(self) -> int:
+        """Generation requests answered or raised since :meth:`start`."""
+        return sum(self.calls.values())
+
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **_: Any
     ) -> Any:
@@ -123,6 +132,13 @@ class ScriptedLLMServer:
         if delay:  # a slow generation: the test needs it to finish after a given point of the run
             await asyncio.sleep(float(delay.group(1)))
             text = text[delay.end() :]
+        version = AT_VERSION.match(text)
+        if version:  # answered once the policy reaches a version: generated with those weights
+            while self.version < int(version.group(1)):
+                await asyncio.sleep(0.05)
+            text = text[version.end() :]
+        if text.startswith(GENERATION_ERROR):  # a replica error: the session raises in generation
+            raise RuntimeError(f"scripted generation error for {question!r}")
         token_ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
         log_probs = [-1.0] * len(token_ids) if sampling_params.get("logprobs") else None
         return TokenOutput(
@@ -446,7 +462,7 @@ def run_v1_training(
         trainer.distillation_config = None
         trainer.llm_server_manager = StandInServerManager(config, rollout.load_balancer)
         trainer.checkpoint_manager = StandInCheckpointManager(rollout.server)
-        if config.trainer.v1.trainer_mode == "separate_async":
+        if config.trainer.v1.trainer_mode in ("separate_async", "decoupled"):
             install_separate_async_standins(trainer, config, rollout)
         trainer._load_checkpoint()
         trainer.on_init_end()

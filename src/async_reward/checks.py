@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 from async_reward._config_rules import bad_value, names_config_errors, plain_container, select_key
 from async_reward.errors import ConfigError
+from async_reward.v1.decoupled_config import is_decoupled_mode, load_decoupled_mode_config
 from async_reward.v1.pipelined_config import is_pipelined_mode, load_pipelined_mode_config
 from async_reward.v1.settings import (
     REPLAY_BUFFER_NAME,
@@ -334,6 +335,8 @@ def check_v1(verl_config: Any) -> None:
         )
     if is_pipelined_mode(verl_config):  # our trainer mode: its schedule and what it cannot honour
         load_pipelined_mode_config(verl_config)
+    if is_decoupled_mode(verl_config):  # our other mode: its windows and what it cannot honour
+        load_decoupled_mode_config(verl_config)
     max_untrained_skips(select_key(verl_config, "trainer.v1.sampler.sampler_kwargs"))
     _check_untrained_batches_can_be_regenerated(verl_config)
     filtering = select_key(verl_config, "algorithm.filter_groups.enable")

@@ -1,4 +1,5 @@
-"""Register the ``pipelined`` v1 trainer mode in a process as soon as verl's v1 trainer loads there.
+"""Register our v1 trainer modes (``pipelined``, ``decoupled``) in a process as soon as verl's v1 trainer
+loads there.
 
 verl's ``TaskRunnerV1`` (a Ray actor) looks the mode up in its registry
 (``verl.trainer.ppo.v1.get_trainer_cls``), so our trainer must be registered in that actor's process.
@@ -10,6 +11,7 @@ right after ``verl.trainer.ppo.v1`` is imported, in whichever process imports it
 
 from __future__ import annotations
 
+import importlib
 import logging
 from types import ModuleType
 
@@ -23,12 +25,14 @@ VERL_V1_PACKAGE = "verl.trainer.ppo.v1"
 
 
 def register_pipelined_mode_on_verl_import() -> None:
-    """Register ``trainer_mode=pipelined`` now if verl's v1 trainer is loaded, else once it is."""
+    """Register ``trainer_mode=pipelined`` and ``decoupled`` now if verl's v1 trainer is loaded, else once
+    it is."""
     wrapt.register_post_import_hook(_register, VERL_V1_PACKAGE)
 
 
 def _register(_: ModuleType) -> None:
-    try:
-        import async_reward.v1.pipelined_trainer  # noqa: F401  (registers on import)
-    except Exception:  # verl v1 must keep working for the other modes; the mode's lookup then fails
-        logger.exception("async-reward could not register verl v1 trainer_mode=pipelined")
+    for mode in ("pipelined", "decoupled"):
+        try:
+            importlib.import_module(f"async_reward.v1.{mode}_trainer")  # registers on import
+        except Exception:  # verl v1 must keep working for the other modes; the mode's lookup then fails
+            logger.exception("async-reward could not register verl v1 trainer_mode=%s", mode)

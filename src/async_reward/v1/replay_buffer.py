@@ -440,4 +440,18 @@ def build_builtin_replay_buffer(
     with open_dict(config):
         config.trainer.v1.sampler.custom_sampler = None
     factory = _VerlSamplerFactory(config, trainer_mode, refill_fn)
-    return PPOTrainer._build_replay_buffer(cast(PPOTrainer, factory))
+    builtin = PPOTrainer._build_replay_buffer(cast(PPOTrainer, factory))
+    if trainer_mode == "decoupled":
+        # verl builds its ReplayBufferAsync for any async mode (with the kwargs it gives its own);
+        # our subclass adds methods only, so the instance takes its class rather than a copy of
+        # verl's constructor arguments.
+        from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+        from async_reward.v1.decoupled_replay_buffer import DecoupledReplayBufferAsync
+
+        if type(builtin) is not ReplayBufferAsync:
+            raise TypeError(
+                f"verl built {type(builtin).__name__} for trainer_mode=decoupled, not ReplayBufferAsync"
+            )
+        builtin.__class__ = DecoupledReplayBufferAsync
+    return builtin

@@ -1,0 +1,236 @@
+"""The decoupled mode's bookkeeping, free of Ray and verl: the window read from prompt tags, how many
+prompts to dispatch, and the prompt ledger.
+
+Every prompt group verl dispatches has a prompt key in TransferQueue's ``train`` partition whose tag
+verl writes (``status``: pending, running, finished, failure; ``global_steps``: the dispatch step)
+and our agent-loop worker adds to (:mod:`async_reward.v1.decoupled_agent_loop`):
+
+* ``gen_done`` / ``gen_n``: sessions that left generation (generated or failed there) / all of them;
+* ``unscored``: sessions generated and not yet scored (the group's share of the reward backlog);
+* ``gen_version``: the oldest policy version that generated a token of the group;
+* ``failure_reason``: why the group failed (``generation_error``, ``reward_error``).
+
+One listing of those tags gives the whole pipeline's state (:class:`WindowState`), from which the
+trainer decides how many prompts to dispatch (:func:`top_up_count`). The :class:`PromptLedger`
+accounts every dispatched prompt exactly once: trained, evicted with a reason, or still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from async_reward.v1.decoupled_config import DecoupledWindows
+
+__all__ = [
+    "EVICTION_REASONS",
+    "LedgerError",
+    "LedgerReport",
+    "PromptLedger",
+    "WindowState",
+    "top_up_count",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Reasons a dispatched group can leave without being trained (``ledger/evicted/<reason>``).
+EVICTION_REASONS = ("stale", "dapo", "generation_error", "reward_error", "failure", "untrained")
+
+
+@dataclass(frozen=True)
+class WindowState:
+    """The pipeline at one listing of the prompt tags."""
+
+    generating: int
+    """Groups pending or with a session still generating: the generation window's occupancy."""
+    backlog: int
+    """Sessions generated and not yet scored (the reward backlog)."""
+    pending_groups: int
+    """Groups with a session generated and not yet terminal (waiting for scores)."""
+    sampleable: int
+    """Groups terminal (finished or failed) and not yet sampled or evicted."""
+    in_flight: frozenset[str]
+    """Every prompt key in the partition: dispatched and not yet sampled or evicted."""
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.in_flight)
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, Mapping[str, Any]]) -> WindowState:
+        """From one ``tq.kv_list`` of a partition (prompt keys and trajectory keys mixed)."""
+        generating = backlog = pending = sampleable = 0
+        uids = []
+        for key, tag in tags.items():
+            if not tag.get("is_prompt", False):
+                continue
+            uids.append(key)
+            status = tag.get("status")
+            if status in ("finished", "failure"):
+                sampleable += 1
+                continue
+            done, size = int(tag.get("gen_done") or 0), tag.get("gen_n")
+            if status == "pending" or size is None or done < int(size):
+                generating += 1
+            unscored = int(tag.get("unscored") or 0)
+            backlog += unscored
+            if done > 0:
+                pending += 1
+        return cls(generating, backlog, pending, sampleable, frozenset(uids))
+
+
+def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
+    """Prompts to dispatch now: fill the generation window, unless the reward backlog is at its bound
+    (backpressure: dispatch pauses, nothing is dropped) or the groups outstanding are at
+    ``windows.outstanding_cap`` (the staleness bound)."""
+    if state.backlog >= windows.reward_backlog:
+        return 0
+    free = windows.generation_window - state.generating
+    room = windows.outstanding_cap - state.outstanding
+    return max(0, min(free, room))
+
+
+class LedgerError(RuntimeError):
+    """A dispatched prompt was lost or counted twice (``trainer.v1.decoupled.ledger=raise``)."""
+
+
+@dataclass
+class LedgerReport:
+    """One check of the ledger against the prompts in flight."""
+
+    unaccounted: list[str] = field(default_factory=list)
+    """Dispatched prompts neither trained, evicted nor in flight: lost."""
+    unknown: list[str] = field(default_factory=list)
+    """Prompts in flight the ledger never saw dispatched."""
+    double_counted: list[str] = field(default_factory=list)
+    """Prompts settled (trained or evicted) twice, or settled without being open."""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.unaccounted or self.unknown or self.double_counted)
+
+    def describe(self) -> str:
+        parts = []
+        for name in ("unaccounted", "unknown", "double_counted"):
+            values = getattr(self, name)
+            if values:
+                parts.append(f"{len(values)} {name} (e.g. {sorted(values)[:3]})")
+        return "; ".join(parts) or "balanced"
+
+
+class PromptLedger:
+    """Every dispatched prompt accounted once: ``dispatched (+ carried over) == trained + evicted +
+    in flight``, checked by :meth:`check` at the end of each step.
+
+    A prompt is *open* from its dispatch until it is settled: evicted (with a reason) by the sampler,
+    or sampled into a training batch and then, at the step's end, trained (its uid is in the batch
+    handed to the actor) or evicted ``untrained`` (dropped after sampling: every session excluded).
+    Counts are kept, not the settled uids, so memory does not grow with the run.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, str] = {}
+        self._sampled: set[str] = set()
+        self._double: list[str] = []
+        self.refill_credit = 0
+        """Groups evicted whose replacement the window has not dispatched yet."""
+        self.counts: Counter[str] = Counter()
+
+    def dispatched(self, uids: Iterable[str], reason: str) -> None:
+        """New prompts sent to generation (``reason``: ``window`` or ``refill``)."""
+        for uid in uids:
+            if uid in self._open:
+                self._double.append(uid)
+                continue
+            self._open[uid] = reason
+            self.counts[f"dispatched/{reason}"] += 1
+            self.counts["dispatched"] += 1
+
+    def carried_over(self, uids: Iterable[str]) -> None:
+        """Prompts found in flight at start (restored from a checkpoint): open, not new dispatches."""
+        for uid in uids:
+            if uid not in self._open:
+                self._open[uid] = "carried_over"
+                self.counts["carried_over"] += 1
+
+    def take_refills(self, count: int) -> int:
+        """Of ``count`` prompts about to be dispatched, how many replace evicted ones."""
+        refills = min(count, self.refill_credit)
+        self.refill_credit -= refills
+        return refills
+
+    def evicted(self, uid: str, reason: str) -> None:
+        """A group cleared without training (``reason`` in :data:`EVICTION_REASONS`)."""
+        if self._open.pop(uid, None) is None:
+            self._double.append(uid)
+            return
+        self.counts[f"evicted/{reason}"] += 1
+        self.counts["evicted"] += 1
+
+    def sampled(self, uids: Iterable[str]) -> None:
+        """Groups handed out for training (their prompt keys leave TransferQueue)."""
+        for uid in uids:
+            if self._open.pop(uid, None) is None:
+                self._double.append(uid)
+            else:
+                self._sampled.add(uid)
+
+    def step_trained(self, trained_uids: Iterable[str]) -> None:
+        """The step's batch went to the actor: its uids are trained; the rest sampled this step were
+        dropped after sampling (every session without a loss token) and count as ``untrained``."""
+        trained = set(trained_uids)
+        for uid in trained - self._sampled:
+            self._double.append(uid)
+        for uid in self._sampled:
+            if uid in trained:
+                self.counts["trained"] += 1
+            else:
+                self.counts["evicted/untrained"] += 1
+                self.counts["evicted"] += 1
+        self._sampled.clear()
+
+    def check(self, in_flight: Iterable[str]) -> LedgerReport:
+        """Compare the open prompts with those in TransferQueue; lost ones are closed as
+        ``unaccounted`` (counted once, then forgotten)."""
+        present = set(in_flight)
+        report = LedgerReport(
+            unaccounted=sorted(set(self._open) - present - self._sampled),
+            unknown=sorted(present - set(self._open)),
+            double_counted=sorted(self._double),
+        )
+        for uid in report.unaccounted:
+            del self._open[uid]
+        self.counts["lost"] += len(report.unaccounted)
+        self.counts["unaccounted"] += len(report.unaccounted) + len(report.unknown)
+        self.counts["double_counted"] += len(report.double_counted)
+        self._double.clear()
+        return report
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._open) + len(self._sampled)
+
+    def metrics(self, report: LedgerReport) -> dict[str, float]:
+        """``ledger/*``: cumulative counts, plus this check's unaccounted prompts."""
+        counts = self.counts
+        metrics = {
+            "ledger/dispatched": float(counts["dispatched"]),
+            "ledger/carried_over": float(counts["carried_over"]),
+            "ledger/refilled": float(counts["dispatched/refill"]),
+            "ledger/trained": float(counts["trained"]),
+            "ledger/evicted": float(counts["evicted"]),
+            "ledger/in_flight": float(self.in_flight),
+            "ledger/unaccounted": float(len(report.unaccounted) + len(report.unknown)),
+            "ledger/double_counted": float(len(report.double_counted)),
+        }
+        for reason in EVICTION_REASONS:
+            metrics[f"ledger/evicted/{reason}"] = float(counts[f"evicted/{reason}"])
+        return metrics
+
+    def balanced(self) -> bool:
+        """``dispatched + carried over == trained + evicted + in flight + lost``."""
+        c = self.counts
+        return c["dispatched"] + c["carried_over"] == c["trained"] + c["evicted"] + self.in_flight + c["lost"]

@@ -1,0 +1,345 @@
+"""verl v1 trainer mode ``decoupled`` (``async_reward.v1.decoupled_trainer``), on CPU, through verl's code.
+
+Each run is verl's real ``PPOTrainerSeparateAsync.fit`` (our subclass), with our decoupled agent-loop
+worker, verl's ``RewardLoopManager`` whose Ray workers run our managers (real HTTP to the local judge
+server), TransferQueue and verl's replay buffer (our subclass); stand-ins only for the standalone
+rollout (the scripted token server behind verl's real load balancer), the actor's model and the
+weight sync (tests/v1_standins.py). Four runs, each shared by the tests asserting on it (module
+fixtures): every run keeps the prompt ledger at ``raise``, so any lost or double-counted prompt
+stops it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from async_reward.v1 import V1_OVERRIDES
+from async_reward.v1.registration import register_pipelined_mode_on_verl_import
+from tests.conftest import reset_judge_server
+from tests.test_v1 import FAST_RETRY, step_logs
+from tests.v1_standins import (
+    GENERATION_ERROR,
+    SEPARATE_ASYNC_OVERRIDES,
+    ScriptedRollout,
+    TrainingRun,
+    base_overrides,
+    compose_v1_config,
+    run_v1_training,
+    sessions,
+    write_dataset,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+#: Enough distinct rows that no run's dataloader comes back to row 0 (the scripted server cycles each
+#: question's responses, so a second pass would meet a marker again).
+ROWS = [(f"What is {a}+{b}?", str(a + b)) for a in range(1, 9) for b in range(1, 6)]
+SYNC_EVERY = 2  # mini-batches (one group each) per step
+PROMPTS, N = 2, 2
+
+
+def script_for(special: dict[int, list[str]]) -> dict[str, list[str]]:
+    """Right and wrong answer per row; ``special`` rows get their own responses."""
+    script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
+    for index, responses in special.items():
+        script[ROWS[index][0]] = responses
+    return script
+
+
+def judge_lines(url: str, on_failure: str, *extra: str) -> list[str]:
+    return [
+        "reward.reward_manager.name=llm_judge",
+        f"+reward.async_reward.judge.base_url={url}/v1",
+        f"+reward.async_reward.on_failure={on_failure}",
+        "+reward.async_reward.retry.max_attempts=1",
+        "reward.num_workers=2",
+        *FAST_RETRY,
+        *extra,
+    ]
+
+
+def train(
+    tmp_path: Path,
+    model_dir: Path,
+    rollout: ScriptedRollout,
+    script: dict[str, list[str]],
+    reward_lines: list[str],
+    *,
+    steps: int,
+    mode: str = "decoupled",
+    extra: tuple[str, ...] = (),
+) -> TrainingRun:
+    # What the setup hook does in verl's task-runner process (here the test's): register our modes.
+    register_pipelined_mode_on_verl_import()
+    dataset = write_dataset(tmp_path / "train.parquet", ROWS)
+    overrides = [
+        *base_overrides(
+            model_dir, dataset, steps=steps, prompts=PROMPTS, n=N, mini_batch=PROMPTS // SYNC_EVERY
+        ),
+        f"trainer.v1.trainer_mode={mode}",
+        f"trainer.v1.separate_async.parameter_sync_step={SYNC_EVERY}",
+        *SEPARATE_ASYNC_OVERRIDES,
+        *V1_OVERRIDES,
+        *reward_lines,
+        "trainer.val_before_train=false",
+        *(["+trainer.v1.decoupled.ledger=raise"] if mode == "decoupled" else []),
+        *extra,
+    ]
+    return run_v1_training(compose_v1_config(overrides), rollout, script, tmp_path / "metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def judge(judge_server: Any) -> Iterator[Any]:
+    reset_judge_server(judge_server)
+    yield judge_server
+    reset_judge_server(judge_server)
+
+
+def trained_rows(run: TrainingRun) -> list[Any]:
+    return [row for update in run.updates for row in sessions(update)]
+
+
+def trained_step(run: TrainingRun, index: int) -> int:
+    """The step that trained dataset row ``index`` (SYNC_EVERY updates per step)."""
+    (update,) = {
+        position
+        for position, update in enumerate(run.updates)
+        for row in sessions(update)
+        if row.index == index
+    }
+    return update // SYNC_EVERY + 1
+
+
+DECOUPLED_METRICS = (
+    "monitor/queue/reward_queue_size",
+    "reward_queue/backlog_max",
+    "static/max_reward_queue_size",
+    "reward_queue/total_produced",
+    "reward_queue/total_consumed",
+    "reward_queue/dropped_samples",
+    "aggregator/pending_groups_count",
+    "timing_s/reward_compute/mean",
+    "timing_s/reward_compute/max",
+    "timing_s/reward_compute/tp95",
+    "decoupled/window/generating",
+    "decoupled/window/limit",
+    "decoupled/backpressure_s",
+    "decoupled/rollout_idle_s",
+    "ledger/dispatched",
+    "ledger/trained",
+    "ledger/in_flight",
+    "ledger/unaccounted",
+    "reward/status_ok",
+)
+
+
+def assert_accounted_every_step(run: TrainingRun, steps: int) -> list[dict[str, Any]]:
+    """Every step trained a full batch, logged the mode's metrics, and balanced its ledger:
+    dispatched = trained + evicted + in flight, nothing unaccounted, nothing dropped."""
+    logs = step_logs(run)
+    assert len(logs) == steps
+    for metrics in logs:
+        missing = [key for key in DECOUPLED_METRICS if key not in metrics]
+        assert not missing, missing
+        assert metrics["ledger/unaccounted"] == 0 and metrics["ledger/double_counted"] == 0
+        assert metrics["reward_queue/dropped_samples"] == 0
+        assert metrics["ledger/dispatched"] == (
+            metrics["ledger/trained"] + metrics["ledger/evicted"] + metrics["ledger/in_flight"]
+        )
+        assert metrics["ledger/refilled"] <= metrics["ledger/evicted"]
+    assert [m["ledger/trained"] for m in logs] == [PROMPTS * (s + 1) for s in range(steps)]
+    rows = trained_rows(run)
+    assert len(rows) == steps * PROMPTS * N
+    assert not [key for key, count in Counter(row.key for row in rows).items() if count > 1]
+    return logs
+
+
+# ----------------------------------------------------------------- a slow judge: ours against verl's
+
+SLOW_JUDGE_MS = (400.0, 400.0)
+SLOW_STEPS = 3
+#: Row 3: the judge hangs on one session (deadline 1 s: status timeout); row 4: the judge answers 400
+#: to one (status error); both trained with the fallback score (on_failure: fallback).
+SLOW_SCRIPT = script_for(
+    {
+        3: ["The answer is 5 @@fault:hang@@", "The answer is 0"],
+        4: ["The answer is 6 @@fault:400@@", "The answer is 6"],
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def slow_judge_runs(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> dict[str, Any]:
+    """The same script and slow judge (400 ms a call) under ours and verl's ``separate_async``."""
+    judge.update_config(latency_ms=SLOW_JUDGE_MS)
+    runs: dict[str, Any] = {}
+    for mode in ("decoupled", "separate_async"):
+        run = train(
+            tmp_path_factory.mktemp(mode),
+            model_dir,
+            rollout,
+            SLOW_SCRIPT,
+            judge_lines(judge.url, "fallback", "+reward.async_reward.timeout_s=1.0"),
+            steps=SLOW_STEPS,
+            mode=mode,
+        )
+        runs[mode] = run
+        runs[f"{mode}/generation_requests"] = ray.get(rollout.server.requests.remote())
+    reset_judge_server(judge)
+    return runs
+
+
+def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metrics(slow_judge_runs):
+    """Baseline: every step trains its batch once, logs verl-recipe's reward-queue metrics, ours and
+    ``reward/*``; the ledger balances every step; a hanging judge became a timeout and a 400 an error,
+    both trained with the fallback score, neither a silent number."""
+    run = slow_judge_runs["decoupled"]
+    logs = assert_accounted_every_step(run, SLOW_STEPS)
+    assert all(m["static/max_reward_queue_size"] == logs[0]["static/max_reward_queue_size"] > 0 for m in logs)
+    assert logs[-1]["reward_queue/total_consumed"] >= SLOW_STEPS * PROMPTS * N
+    assert all(m["timing_s/reward_compute/max"] >= SLOW_JUDGE_MS[0] / 1000 for m in logs)
+    statuses = {
+        row.index: row.reward_extra_info["status"]
+        for row in trained_rows(run)
+        if row.reward_extra_info["status"] != "ok"
+    }
+    assert statuses == {3: "timeout", 4: "error"}
+    failed = [
+        row for row in trained_rows(run) if row.index in statuses and row.reward_extra_info["status"] != "ok"
+    ]
+    assert all(row.score == 0.0 and row.reward_extra_info["failure_reason"] for row in failed)
+
+
+def test_a_generated_group_releases_its_place_while_it_is_scored(slow_judge_runs):
+    """Under a judge slower than generation, ours keeps generating while groups wait for scores: at a
+    step's end more groups are in flight (generating + in scoring) than verl's window of
+    ``(num_warmup_batches + 1) x train_batch_size`` holds, and by the end the rollout served more
+    sessions than under verl's ``separate_async`` with the same judge."""
+    logs = step_logs(slow_judge_runs["decoupled"])
+    verl_window = 2 * PROMPTS
+    in_flight = [m["decoupled/window/generating"] + m["aggregator/pending_groups_count"] for m in logs]
+    assert max(in_flight) > verl_window, in_flight
+    assert max(m["ledger/in_flight"] for m in logs) > verl_window
+    ours, verls = (slow_judge_runs[f"{mode}/generation_requests"] for mode in ("decoupled", "separate_async"))
+    assert ours > verls, (ours, verls)
+    assert len(step_logs(slow_judge_runs["separate_async"])) == SLOW_STEPS
+
+
+# ------------------------------------------------- failures under raise, staleness from generation
+
+FAILURE_STEPS = 7
+#: Row 0: generated only once the policy reaches version 5 (dispatched in step 1: a submission span of
+#: 6 or more when trained, beyond the threshold 4). Row 1: a session fails in generation at once, its
+#: sibling finishes generating later and must not be scored. Row 2: the judge answers 400 to a session
+#: (on_failure: raise: the group is evicted with reward_error).
+FAILURE_SCRIPT = script_for(
+    {
+        0: ["@@version:5@@The answer is 2", "@@version:5@@The answer is 0"],
+        1: [GENERATION_ERROR, "@@sleep:1.0@@The answer is 3"],
+        2: ["The answer is 4 @@fault:400@@", "The answer is 4"],
+    }
+)
+STALENESS_THRESHOLD = 4
+
+
+@pytest.fixture(scope="module")
+def failure_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> tuple[TrainingRun, dict]:
+    reset_judge_server(judge)
+    run = train(
+        tmp_path_factory.mktemp("failures"),
+        model_dir,
+        rollout,
+        FAILURE_SCRIPT,
+        judge_lines(judge.url, "raise"),
+        steps=FAILURE_STEPS,
+        extra=(
+            f"trainer.v1.sampler.max_off_policy_threshold={STALENESS_THRESHOLD}",
+            "+trainer.v1.decoupled.generation_window=2",
+        ),
+    )
+    return run, judge.stats()
+
+
+def test_failed_generation_evicts_and_replaces_its_group_without_scoring_its_siblings(failure_run):
+    """A session raising in generation fails its group, which is evicted with its reason and
+    replaced; its sibling, generated after the failure, is never sent to the judge: the judge saw
+    exactly one request per session scored, and the skipped one is counted."""
+    run, judge_stats = failure_run
+    logs = assert_accounted_every_step(run, FAILURE_STEPS)
+    assert logs[-1]["ledger/evicted/generation_error"] == 1
+    assert 1 not in {row.index for row in trained_rows(run)}
+    assert sum(m["decoupled/skipped_scoring"] for m in logs) >= 1
+    judged = judge_stats["requests_by_path"].get("/v1/chat/completions", 0)
+    assert judged == logs[-1]["reward_queue/total_consumed"]
+    assert (
+        logs[-1]["reward_queue/total_produced"]
+        == judged
+        + sum(m["decoupled/skipped_scoring"] for m in logs)
+        + (logs[-1]["monitor/queue/reward_queue_size"])
+    )
+
+
+def test_reward_failure_under_raise_evicts_the_group_with_its_reason(failure_run):
+    run, _ = failure_run
+    logs = step_logs(run)
+    assert logs[-1]["ledger/evicted/reward_error"] == 1
+    assert 2 not in {row.index for row in trained_rows(run)}
+    assert logs[-1]["ledger/refilled"] == logs[-1]["ledger/evicted"] == 2
+
+
+def test_staleness_counts_from_generation_so_a_slow_generation_is_trained_not_evicted(failure_run):
+    """Row 0 was dispatched in step 1 and generated with the weights of step 5: trained at step 6 or
+    later, its span from submission is beyond the threshold (verl's separate_async would evict it),
+    its span from generation is not; no group was evicted as stale."""
+    run, _ = failure_run
+    step = trained_step(run, 0)
+    assert step - 1 + 1 > STALENESS_THRESHOLD
+    logs = step_logs(run)
+    assert sum(m.get("training/off_policy/evicted_samples", 0) for m in logs) == 0
+    assert logs[-1]["ledger/evicted/stale"] == 0
+
+
+# ------------------------------------------------------------------ a full backlog, under exclude
+
+BACKLOG_STEPS = 3
+BACKLOG_SCRIPT = script_for({5: ["The answer is 7 @@fault:400@@", "The answer is 0"]})
+
+
+@pytest.fixture(scope="module")
+def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> TrainingRun:
+    """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait."""
+    reset_judge_server(judge)
+    judge.update_config(latency_ms=(300.0, 300.0))
+    run = train(
+        tmp_path_factory.mktemp("backlog"),
+        model_dir,
+        rollout,
+        BACKLOG_SCRIPT,
+        judge_lines(judge.url, "exclude"),
+        steps=BACKLOG_STEPS,
+        extra=("+trainer.v1.decoupled.reward_backlog=2",),
+    )
+    reset_judge_server(judge)
+    return run
+
+
+def test_a_full_backlog_pauses_dispatch_and_drops_nothing(backlog_run):
+    logs = assert_accounted_every_step(backlog_run, BACKLOG_STEPS)
+    assert all(m["static/max_reward_queue_size"] == 2 for m in logs)
+    assert sum(m["decoupled/backpressure_s"] for m in logs) > 0
+    generation_window = logs[0]["decoupled/window/limit"]
+    assert all(m["reward_queue/backlog_max"] <= 2 + generation_window * N for m in logs)
+    assert all(m["reward_queue/dropped_samples"] == 0 for m in logs)
+
+
+def test_exclude_masks_the_failed_session_and_trains_its_group(backlog_run):
+    rows = [row for row in trained_rows(backlog_run) if row.index == 5]
+    (excluded,) = [row for row in rows if row.reward_extra_info["excluded"]]
+    assert excluded.reward_extra_info["status"] == "error" and excluded.mask_tokens == 0
+    assert step_logs(backlog_run)[-1]["ledger/evicted/reward_error"] == 0

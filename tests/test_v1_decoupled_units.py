@@ -1,0 +1,186 @@
+"""The decoupled mode's pure parts, without Ray: its config (defaults derived, refusals named), the
+window read from prompt tags, the top-up rule and the prompt ledger."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from async_reward.config import ConfigError
+from async_reward.v1.decoupled_config import (
+    DecoupledModeConfig,
+    derive_windows,
+    is_decoupled_mode,
+    load_decoupled_mode_config,
+)
+from async_reward.v1.decoupled_window import PromptLedger, WindowState, top_up_count
+
+
+def verl_config(
+    *,
+    batch: int = 128,
+    n: int = 5,
+    mini: int = 32,
+    warmup: float = 1,
+    workers: int = 8,
+    concurrency: int | None = 64,
+    threshold: int | None = 8,
+    decoupled: dict | None = None,
+    **extra: object,
+) -> object:
+    config = {
+        "data": {"train_batch_size": batch},
+        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": mini}},
+        "reward": {"num_workers": workers, "async_reward": {"limits": {"max_concurrency": concurrency}}},
+        "trainer": {
+            "use_v1": True,
+            "v1": {
+                "trainer_mode": "decoupled",
+                "separate_async": {
+                    "parameter_sync_step": batch // mini,
+                    "num_warmup_batches": warmup,
+                    "hybrid_rollout": {"enable_switch": False},
+                },
+                "sampler": {"max_off_policy_threshold": threshold, "max_off_policy_strategy": "drop"},
+                "decoupled": decoupled or {},
+            },
+        },
+    }
+    return OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(extra))
+
+
+def test_defaults_follow_verl_settings_and_the_service_capacity():
+    """verl's defaults (B=128, n=5, 8 reward workers, W=1) with ours (max_concurrency 64): the design's
+    worked example, G=256, R=1024 sessions, S=128, H=589, span bound 6 <= 8."""
+    config = verl_config()
+    windows = derive_windows(load_decoupled_mode_config(config), config)
+    assert (windows.generation_window, windows.reward_backlog, windows.sampleable_buffer) == (256, 1024, 128)
+    assert windows.outstanding_cap == 589 and windows.staleness_bound == 6
+    assert is_decoupled_mode(config)
+
+
+def test_default_backlog_is_clamped_to_one_mini_batch_and_to_the_staleness_bound():
+    small = verl_config(workers=1, concurrency=1)  # 2 sessions < one mini-batch (32 x 5)
+    assert derive_windows(DecoupledModeConfig(), small).reward_backlog == 160
+    tight = verl_config(threshold=4)  # (4-1) x 128 = 384 outstanding: R = (384 - 256 - 128) x 5 = 0 < 160
+    with pytest.raises(ConfigError) as refused:
+        derive_windows(DecoupledModeConfig(), tight)
+    assert refused.value.key == "trainer.v1.decoupled.generation_window"
+    assert "at most 224" in str(refused.value)  # 384 - 128 - 32 groups of the smallest backlog
+    assert derive_windows(DecoupledModeConfig(generation_window=224), tight).reward_backlog == 160
+
+
+def test_a_backlog_beyond_the_staleness_bound_is_refused_naming_the_largest_that_fits():
+    config = verl_config(decoupled={"reward_backlog": 5000})
+    with pytest.raises(ConfigError) as refused:
+        load_decoupled_mode_config(config)
+    assert refused.value.key == "trainer.v1.decoupled.reward_backlog"
+    assert "at most 2560" in str(refused.value)  # ((8-1) x 128 - 256 - 128) x 5
+    assert derive_windows(DecoupledModeConfig(reward_backlog=2560), config).staleness_bound == 8
+    unbounded = verl_config(threshold=None, decoupled={"reward_backlog": 5000})
+    assert derive_windows(load_decoupled_mode_config(unbounded), unbounded).reward_backlog == 5000
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (
+            {"trainer": {"v1": {"separate_async": {"hybrid_rollout": {"enable_switch": True}}}}},
+            "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+        ),
+        ({"skip": {"rollout_tq": {"enable": True}}}, "skip.rollout_tq.enable"),
+        (
+            {"trainer": {"v1": {"sampler": {"max_off_policy_strategy": "wait"}}}},
+            "trainer.v1.sampler.max_off_policy_strategy",
+        ),
+        (
+            {"trainer": {"v1": {"sampler": {"custom_sampler": {"path": "pkg://mine", "name": "X"}}}}},
+            "trainer.v1.sampler.custom_sampler",
+        ),
+        (
+            {"trainer": {"v1": {"decoupled": {"parameter_sync_step": 2}}}},
+            "trainer.v1.decoupled.parameter_sync_step",
+        ),
+        ({"trainer": {"v1": {"decoupled": {"windw": 2}}}}, "trainer.v1.decoupled.windw"),
+        ({"trainer": {"v1": {"decoupled": {"reward_backlog": 0}}}}, "trainer.v1.decoupled.reward_backlog"),
+        (
+            {
+                "trainer": {
+                    "v1": {"decoupled": {"sampleable_buffer": 1, "generation_window": 1, "reward_backlog": 1}}
+                },
+                "data": {"train_batch_size": 4},
+                "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}},
+            },
+            "trainer.v1.decoupled.sampleable_buffer",
+        ),
+    ],
+)
+def test_what_the_mode_cannot_honour_is_refused_naming_the_key(change, key):
+    config = OmegaConf.merge(verl_config(), OmegaConf.create(change))
+    with pytest.raises(ConfigError) as refused:
+        load_decoupled_mode_config(config)
+    assert refused.value.key == key
+
+
+def test_separate_async_keys_copied_into_the_node_are_accepted_when_equal():
+    config = verl_config(decoupled={"parameter_sync_step": 4, "num_warmup_batches": 1, "ledger": "raise"})
+    assert load_decoupled_mode_config(config).ledger == "raise"
+
+
+def tags(**groups: dict) -> dict[str, dict]:
+    return {uid: {"is_prompt": True, "global_steps": 1, **tag} for uid, tag in groups.items()}
+
+
+def test_window_counts_only_groups_still_generating_and_the_backlog_in_sessions():
+    listing = {
+        **tags(
+            a={"status": "pending"},
+            b={"status": "running"},  # started, nothing generated yet
+            c={"status": "running", "gen_done": 1, "gen_n": 2, "unscored": 1},  # half generated
+            d={"status": "running", "gen_done": 2, "gen_n": 2, "unscored": 2},  # generated: in scoring
+            e={"status": "finished", "gen_done": 2, "gen_n": 2, "unscored": 0},
+            f={"status": "failure", "gen_done": 2, "gen_n": 2, "unscored": 0},
+        ),
+        "e_0_0": {"status": "success"},  # a trajectory key: not a group
+    }
+    state = WindowState.from_tags(listing)
+    assert (state.generating, state.backlog, state.pending_groups, state.sampleable) == (3, 3, 2, 2)
+    assert state.in_flight == {"a", "b", "c", "d", "e", "f"}
+
+
+def test_top_up_fills_the_window_and_pauses_on_a_full_backlog_or_the_outstanding_cap():
+    config = verl_config(batch=4, n=2, mini=2, workers=1, concurrency=2)
+    windows = derive_windows(DecoupledModeConfig(generation_window=4), config)  # R = 4, H = 4 + 2 + 4
+    assert (windows.reward_backlog, windows.outstanding_cap) == (4, 10)
+    empty = WindowState(0, 0, 0, 0, frozenset())
+    assert top_up_count(empty, windows) == 4
+    scoring = WindowState(1, 3, 3, 0, frozenset("abcd"))  # three groups released at generation
+    assert top_up_count(scoring, windows) == 3
+    full_backlog = WindowState(1, 4, 3, 0, frozenset("abcd"))
+    assert top_up_count(full_backlog, windows) == 0
+    at_cap = WindowState(0, 0, 0, 9, frozenset("abcdefghi"))
+    assert top_up_count(at_cap, windows) == 1
+
+
+def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones():
+    ledger = PromptLedger()
+    ledger.dispatched(["a", "b", "c", "d"], "window")
+    ledger.evicted("c", "generation_error")
+    ledger.refill_credit += 1
+    assert ledger.take_refills(3) == 1
+    ledger.dispatched(["e"], "refill")
+    ledger.sampled(["a", "b"])
+    ledger.step_trained(["a"])  # b was sampled and dropped (every session excluded)
+    report = ledger.check(["d", "e"])
+    assert report.ok and ledger.balanced()
+    metrics = ledger.metrics(report)
+    assert metrics["ledger/dispatched"] == 5 and metrics["ledger/refilled"] == 1
+    assert metrics["ledger/trained"] == 1 and metrics["ledger/in_flight"] == 2
+    assert metrics["ledger/evicted/generation_error"] == 1 and metrics["ledger/evicted/untrained"] == 1
+    assert metrics["ledger/unaccounted"] == 0
+
+    ledger.evicted("a", "stale")  # already trained
+    lost = ledger.check(["e", "zz"])  # d vanished; zz was never dispatched
+    assert lost.unaccounted == ["d"] and lost.unknown == ["zz"] and lost.double_counted == ["a"]
+    assert not lost.ok and ledger.metrics(lost)["ledger/unaccounted"] == 2
+    assert ledger.balanced()
