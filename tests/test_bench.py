@@ -24,7 +24,7 @@ from async_reward_bench.report import measured_steps, probe_lag_ms, service_busy
 from async_reward_bench.scenarios import regime_latency, regime_stages
 
 OURS = ["baseline", "mini_batch", "one_step_off", "both", "recipe_style"]
-V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both", "v1_separate_async"]
+V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both", "v1_separate_async", "v1_decoupled"]
 TINY = ["--steps", "3", "--time-scale", "0.002", "--prompts", "16", "--capacity", "4", "--no-progress"]
 STRUCTURAL = {
     "staleness_by_schedule",
@@ -107,6 +107,16 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     assert separate["rollout_idle_fraction"] >= 0.95 * 200 / separate["step_s"]  # paused for it
     assert 0 < separate["gpu_busy_fraction"] <= 1 and 0 < separate["trainer_busy_fraction"] <= 1
     assert separate["staleness"][0] == 0 and 1 <= max(separate["staleness"]) <= 8  # verl's threshold
+    # Our decoupled mode on the same split and bound; its prompt ledger balanced every step (16
+    # prompts trained a step, none lost, none dropped by backpressure).
+    decoupled = strategies["v1_decoupled"]
+    assert decoupled["gpus"] == "2+6" and decoupled["bound_s"] == split["bound_s"]
+    assert decoupled["step_s"] >= 0.99 * split["bound_s"]
+    mode = decoupled["mode_metrics"]
+    assert mode["ledger/trained"] == [16, 32, 48] and mode["ledger/unaccounted"] == [0, 0, 0]
+    assert mode["reward_queue/dropped_samples"] == [0, 0, 0] and mode["ledger/evicted"] == [0, 0, 0]
+    assert max(decoupled["staleness"]) <= 8
+    assert "mode_metrics" in separate and not separate["mode_metrics"]  # verl's mode has none of ours
     for name in ("both", "v1_colocate_async"):  # colocated: idle only when neither generating nor training
         summary = strategies[name]
         assert summary["rollout_idle_fraction"] == pytest.approx(1 - summary["gpu_stage_fraction"])

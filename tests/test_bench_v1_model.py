@@ -190,7 +190,9 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
     store = TagStore()
     for uid in ("g", "h"):
         store.kv_put(uid, "train", tag={"is_prompt": True, "status": "pending", "global_steps": 1})
-    loop = V1AgentLoop(rewards.reward_loop_worker_handles, store, full_speed_slots=2).start()
+    loop = V1AgentLoop(rewards.reward_loop_worker_handles, store, full_speed_slots=2, write_progress=True)
+    loop.start()
+    loop.set_version(3)  # the weights' policy version, as a weight push sets it
     deadline = time.monotonic() + 120
 
     def wait_for(condition) -> None:  # type: ignore[no-untyped-def]
@@ -208,11 +210,19 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
         tags = store.kv_list("train")["train"]
         assert tags["g_0_0"] == {"status": "success", "global_steps": 1}  # scored without its group
         assert tags["g"]["status"] == "running" and "g_1_0" not in tags and len(loop.engine) == 1
+        # The decoupled mode's progress tags: one of g's two sessions generated and scored.
+        assert {k: tags["g"][k] for k in ("gen_done", "gen_n", "unscored", "gen_version")} == {
+            "gen_done": 1,
+            "gen_n": 2,
+            "unscored": 0,
+            "gen_version": 3,
+        }
         assert tags["h"]["status"] == "failure" and "h_0_0" not in tags  # the raising session
         loop.resume()
         wait_for(lambda: store.kv_list("train")["train"]["g"]["status"] != "running")
         tags = store.kv_list("train")["train"]
         assert tags["g"]["status"] == "finished" and tags["g_1_0"]["status"] == "success"
+        assert (tags["g"]["gen_done"], tags["g"]["unscored"], tags["h"]["gen_done"]) == (2, 0, 1)
         scores = [v["score"] for v in store.values(["g_0_0", "g_1_0"], "train")]
         extras = store.values(["g_0_0"], "train")[0]["extras"]
         assert scores == [1.0, 0.0] and extras["status"] == "ok"  # the judge's verdicts, right and wrong

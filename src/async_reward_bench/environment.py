@@ -91,7 +91,8 @@ def _v1_trainer_config(
     """verl's config for its v1 trainer as ``strategy`` runs it, shaped like the benchmark's step: GRPO
     with a reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples,
     ``mini_batches`` actor updates; our ``pipelined`` mode with the strategy's schedule flags; a
-    separate mode on ``split``: standalone rollout GPUs only (``hybrid_engine=false``), a non-naive
+    separate mode (verl's ``separate_async``, our ``decoupled``, which reads the same settings) on
+    ``split``: standalone rollout GPUs only (``hybrid_engine=false``), a non-naive
     weight-sync backend (which ``separate_async`` requires; the harness replaces it),
     ``parameter_sync_step`` = mini-batches (one weight push per step, as ``train_batch_size =
     parameter_sync_step x ppo_mini_batch_size`` demands) and ``gen_batch_size=1`` (what verl's

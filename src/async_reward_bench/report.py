@@ -29,6 +29,9 @@ STEADY_STATE_RULE = (
 )
 _GPU_STAGES = ("rollout", "prepare", "update")
 _TRAINING_STAGES = ("prepare", "update")
+#: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
+#: queue and prompt ledger).
+_MODE_METRICS = ("decoupled/", "ledger/", "reward_queue/")
 
 
 def busy_time(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
@@ -144,6 +147,10 @@ def summarize(
         ],
         "reward_latency_p50_s": [r.metrics.get("reward/latency_p50", math.nan) / time_scale for r in records],
         "reward_status_ok": [r.metrics.get("reward/status_ok", math.nan) for r in records],
+        "mode_metrics": {
+            key: [r.metrics.get(key, math.nan) for r in records]
+            for key in sorted({k for r in records for k in r.metrics if k.startswith(_MODE_METRICS)})
+        },
         **schedule_facts(records, time_scale),
     }
 

@@ -44,13 +44,15 @@ V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | float]] = {
     "v1_pipelined_both_fill": {"mini_batch": True, "one_step_off_policy": True, "fill_rollout_tail_at": 0.5},
 }
 #: verl's v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them): verl's own
-#: modes, and ours in each schedule. ``v1_separate_async`` runs on standalone rollout GPUs and trainer
-#: GPUs (``gpu_split``).
+#: modes, and ours in each schedule. ``v1_separate_async`` (verl's) and ``v1_decoupled`` (ours, the
+#: same with scoring decoupled from generation) run on standalone rollout GPUs and trainer GPUs
+#: (``gpu_split``).
 V1_STRATEGIES: dict[str, str] = {
     "v1_sync": "sync",
     "v1_colocate_async": "colocate_async",
     **dict.fromkeys(V1_PIPELINED_SCHEDULES, "pipelined"),
     "v1_separate_async": "separate_async",
+    "v1_decoupled": "decoupled",
 }
 STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
 #: The strategies on standalone rollout GPUs and trainer GPUs (``gpu_split.SEPARATE_MODES``).

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 __all__ = ["run_v1_strategy", "scored_during_rollout", "wait_until_idle"]
 
+#: Modules of our trainer modes that read TransferQueue's tags themselves (besides verl's replay buffer).
+_TAG_READERS: dict[str, tuple[str, ...]] = {
+    "decoupled": ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer"),
+}
+
 
 def run_v1_strategy(
     env: dict[str, Any],
@@ -53,6 +58,8 @@ def run_v1_strategy(
         seed=cfg.seed,
         # our pipelined mode's agent loop writes each trajectory when generated, scores it after
         write_when_generated=V1_STRATEGIES[strategy] == "pipelined",
+        # our decoupled mode's agent loop keeps each group's progress on its prompt tag
+        write_progress=V1_STRATEGIES[strategy] == "decoupled",
     ).start()
 
     def durations(number: int, samples: int) -> np.ndarray:
@@ -78,7 +85,7 @@ def run_v1_strategy(
     origin = time.perf_counter()
     records = []
     try:
-        with serving_replay_buffer(store):
+        with serving_replay_buffer(store, *_TAG_READERS.get(V1_STRATEGIES[strategy], ())):
             for record in run_v1_steps(trainer, cfg.steps):
                 records.append(record)
                 bar.update(1)

@@ -47,6 +47,7 @@ from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
 from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync
 
 from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+from async_reward.v1.decoupled_trainer import PPOTrainerDecoupled
 from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
 from async_reward_bench.calibration import StageMedians
 from async_reward_bench.gpu_split import SEPARATE_MODES
@@ -60,10 +61,17 @@ V1_MODES: dict[str, str] = {
     "v1_sync": "sync",
     "v1_colocate_async": "colocate_async",
     "v1_separate_async": "separate_async",
+    "v1_decoupled": "decoupled",
 }
 #: Least time between two polls of our v1 mode's trainer, in scaled (recipe) seconds: at most about
 #: 200 tag listings a second of wall time at the default time scale, each about 1 ms of CPU.
 POLL_GAP_S = 0.5
+#: Least poll interval of the decoupled mode's sampler, in scaled (recipe) seconds. Its default is
+#: 0.2 s of wall time (each poll lists the tags twice and tops up the window, about 3 ms of CPU here):
+#: at the time scale that would be a poll every 2 ms, so the benchmark polls every recipe second
+#: (coarser than the real default, never finer; the window is also topped up at every sample and
+#: before every GPU stage, as the mode does).
+DECOUPLED_POLL_S = 1.0
 
 
 @dataclass
@@ -97,6 +105,12 @@ class _PromptBatch:
     global_steps: int
     durations: np.ndarray
     """Each row's decoding time (real seconds), drawn per benchmark batch and sliced with its rows."""
+
+    def __getitem__(self, key: str) -> list[str]:
+        """``batch["uid"]``, as on verl's prompt batch: one uid per prompt (the rows here are sessions)."""
+        if key != "uid":
+            raise KeyError(key)
+        return list(dict.fromkeys(str(u) for u in self.data.non_tensor_batch["uid"]))
 
 
 class _EngineSwitch:
@@ -260,6 +274,16 @@ class _BenchSeparateAsync(_CalibratedStages, PPOTrainerSeparateAsync):
     dispatched per step, ``parameter_sync_step`` sample+update rounds, one weight push per step."""
 
 
+class _BenchDecoupled(PPOTrainerDecoupled, _BenchSeparateAsync):
+    """Our ``PPOTrainerDecoupled`` (``trainer.v1.trainer_mode=decoupled``). Its overrides come first in
+    the MRO and reach the calibrated stages through ``super()``, as they reach verl's GPU stages: the
+    ledger at each dispatch, the window's top-up at each step start, sample, poll and before each GPU
+    stage, one weight push per step. The agent loop writes the progress tags the window reads
+    (``V1AgentLoop(write_progress=True)``)."""
+
+    announce = False
+
+
 class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
     """Our ``PPOTrainerPipelined`` (``trainer.v1.trainer_mode=pipelined``): its step, chunking and
     waits run unchanged against the tag store; reads of TransferQueue values it makes come from the
@@ -300,6 +324,7 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
         "colocate_async": _BenchColocateAsync,
         "pipelined": _BenchPipelined,
         "separate_async": _BenchSeparateAsync,
+        "decoupled": _BenchDecoupled,
     }
     mode = str(config.trainer.v1.trainer_mode)
     if mode not in classes:
@@ -323,6 +348,12 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
     trainer._bench_batches = 0
     trainer._prefetched = {}
     trainer._leftover = None
+    if mode == "decoupled":
+        # Our RewardReplayBuffer wraps the mode's sampler to add reward/* metrics and `exclude`
+        # handling, reading values TransferQueue holds (the tag store serves tags only); every sample
+        # here is scored ok and trains, so the benchmark samples through the mode's sampler itself.
+        trainer.replay_buffer = trainer.replay_buffer._builtin
+        trainer.replay_buffer.poll_interval = max(trainer.replay_buffer.poll_interval, DECOUPLED_POLL_S)
     # verl polls TransferQueue every poll_interval (2 s) of wall time: scale it like every duration.
     trainer.replay_buffer.poll_interval = trainer.replay_buffer.poll_interval * harness.time_scale
     return trainer
@@ -349,6 +380,7 @@ def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
         trainer.on_step_begin()
         batch = trainer.step(metrics, trainer.timing_raw)
         trainer.on_step_end()
+        metrics.update(trainer._consume_sync_metrics())  # fit merges them into the step's log
         end = bench.clock()
         record = _record(trainer, batch, metrics, step_start, end, first)
         bench.store.kv_clear(keys=batch.keys, partition_id=batch.partition_id)  # fit: cleanup
