@@ -192,6 +192,7 @@ def test_the_dataloader_hands_out_exact_prompt_counts_in_whole_groups(tokenizer_
     uids = [str(u) for u in first.data.non_tensor_batch["uid"]]
     assert len(uids) == 6 and len(set(uids)) == 3 and uids[0] == uids[1]
     assert list(first.durations) == [0, 1, 2, 3, 4, 5]
+    assert first["uid"] == list(dict.fromkeys(uids))  # one uid per prompt, as verl's prompt batch
     second = trainer._next_train_batch(3)  # batch 0's last group, then two of batch 1
     assert list(second.durations) == [6, 7, 100, 101, 102, 103]
     assert len(set(second.data.non_tensor_batch["uid"]) & set(uids)) == 0

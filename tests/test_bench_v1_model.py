@@ -130,6 +130,19 @@ def test_verl_sync_replay_buffer_samples_finished_groups_oldest_first():
     assert replay_buffer.tq is not store  # put back after the block
 
 
+def test_the_store_serves_our_modes_tag_readers_too_for_the_block_only():
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    from async_reward.v1 import decoupled_replay_buffer, decoupled_trainer
+
+    before = (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq)
+    store = TagStore()
+    names = ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer")
+    with serving_replay_buffer(store, *names):
+        assert replay_buffer.tq is decoupled_trainer.tq is decoupled_replay_buffer.tq is store
+    assert (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq) == before
+
+
 def test_verl_sync_replay_buffer_waits_until_enough_groups_finish():
     store = TagStore()
     _put_group(store, "a", 1, "finished")
