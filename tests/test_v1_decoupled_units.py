@@ -165,6 +165,7 @@ def test_top_up_fills_the_window_and_pauses_on_a_full_backlog_or_the_outstanding
 def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones():
     ledger = PromptLedger()
     ledger.dispatched(["a", "b", "c", "d"], "window")
+    assert [ledger.dispatch_order(uid) for uid in "dbz"] == [3, 1, 4]  # the sampler's tie-break
     ledger.evicted("c", "generation_error")
     ledger.refill_credit += 1
     assert ledger.take_refills(3) == 1

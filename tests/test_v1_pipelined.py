@@ -94,12 +94,14 @@ def test_the_setup_hook_registers_the_mode_when_verl_v1_loads() -> None:
         "setup_worker()\n"
         "assert 'verl.trainer.ppo.v1' not in sys.modules\n"
         "from verl.trainer.ppo.v1 import get_trainer_cls\n"
-        "cls = get_trainer_cls('pipelined')\n"
-        "print('RESOLVED', cls.__module__ + '.' + cls.__qualname__)\n"
+        "for mode in ('pipelined', 'decoupled'):\n"
+        "    cls = get_trainer_cls(mode)\n"
+        "    print('RESOLVED', cls.__module__ + '.' + cls.__qualname__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RESOLVED async_reward.v1.pipelined_trainer.PPOTrainerPipelined" in result.stdout
+    assert "RESOLVED async_reward.v1.decoupled_trainer.PPOTrainerDecoupled" in result.stdout
 
 
 # ----------------------------------------------------------------------------- start-up refusals

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, open_dict
 from async_reward._config_rules import bad_value, names_config_errors, plain_container, select_key
 from async_reward.checks import PIPELINED_TRAINER_KEY, apply_legacy_and_check, check_reward, check_v1
 from async_reward.errors import ConfigError
+from async_reward.v1.decoupled_config import is_decoupled_mode
 from async_reward.v1.pipelined_config import is_pipelined_mode
 from async_reward.v1.registration import register_pipelined_mode_on_verl_import
 from async_reward.v1.settings import (
@@ -241,7 +242,9 @@ def prepare_v1_config(config: DictConfig) -> DictConfig:
     """
     check_v1(config)
     if is_pipelined_mode(config):  # registers trainer_mode=pipelined in this (the launcher's) process
-        import async_reward.v1.pipelined_trainer  # noqa: F401
+        import async_reward.v1.pipelined_trainer
+    if is_decoupled_mode(config):  # the same for trainer_mode=decoupled
+        import async_reward.v1.decoupled_trainer  # noqa: F401
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         current = agent.get("agent_loop_manager_class")

@@ -3,7 +3,7 @@ sampling and eviction records.
 
 It is the built-in sampler :class:`~async_reward.v1.replay_buffer.RewardReplayBuffer` wraps for
 ``trainer_mode=decoupled`` (so the ``reward/*`` metrics, ``exclude`` handling and untrained skips
-apply unchanged). Three changes to verl's ``ReplayBufferAsync``, each an override of one method:
+apply unchanged). Changes to verl's ``ReplayBufferAsync``, each an override of one method:
 
 * **staleness counted from generation** (``staleness_from: generation``): verl keys every staleness
   rule (the ``drop`` eviction, oldest-first selection, the eviction metrics and ``sample``'s own
@@ -14,6 +14,8 @@ apply unchanged). Three changes to verl's ``ReplayBufferAsync``, each an overrid
   groups not yet generated keep the dispatch step (conservative).
 * **eviction reasons** go to the trainer's prompt ledger (failure with the worker's
   ``failure_reason`` > DAPO > stale, when verl's reason sets overlap);
+* **first in, first trained** among groups of one policy version (verl's tie-break is a set's
+  iteration order);
 * **each poll tops up the generation window** before sleeping, so the rollout is refilled while
   the trainer waits for scored groups, not only once per step.
 """
@@ -91,6 +93,18 @@ class DecoupledReplayBufferAsync(ReplayBufferAsync):
         if partition_id == PARTITION and ledger is not None:
             ledger.sampled(selected_prompt_uids)
         return batch
+
+    def _select_prompt_uids(
+        self, partition_id: str, sampleable_keys: set[str], batch_size: int
+    ) -> tuple[list[str], dict[str, dict], dict[str, int]]:
+        """verl's oldest-first selection, ties (groups of one policy version) broken by dispatch
+        order rather than by set iteration order: first in, first trained."""
+        ledger = getattr(self._trainer, "ledger", None)
+        if partition_id != PARTITION or ledger is None:
+            return super()._select_prompt_uids(partition_id, sampleable_keys, batch_size)
+        steps = dict(self.prompt_global_steps[partition_id])
+        ordered = sorted(sampleable_keys, key=lambda key: (steps.get(key, 0), ledger.dispatch_order(key)))
+        return ordered[:batch_size], dict(self.partitions[partition_id]), steps
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         if partition_id == PARTITION and self._trainer is not None:

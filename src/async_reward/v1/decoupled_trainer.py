@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -107,12 +108,18 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         what the windows allow. Runs on the trainer's thread only (verl's dataloader iterator)."""
         listing = (tq.kv_list(PARTITION) or {}).get(PARTITION, {})
         state = WindowState.from_tags(listing)
-        self._account_time(state)
         count = top_up_count(state, self.windows)
         if count > 0:
-            self._submit_batch_to_rollout(self._next_train_batch(count))
+            uids = [str(uid) for uid in self._submit_batch_to_rollout_uids(count)]
+            state = replace(state, generating=state.generating + count, in_flight=state.in_flight | set(uids))
+        self._account_time(state)
         self._backlog_max = max(self._backlog_max, state.backlog)
         return state
+
+    def _submit_batch_to_rollout_uids(self, count: int) -> list[str]:
+        batch = self._next_train_batch(count)
+        self._submit_batch_to_rollout(batch)
+        return [str(uid) for uid in batch["uid"]]
 
     def _account_time(self, state: WindowState) -> None:
         """Charge the time since the last look to what the pipeline was doing then: no group

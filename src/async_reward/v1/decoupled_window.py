@@ -133,6 +133,8 @@ class PromptLedger:
 
     def __init__(self) -> None:
         self._open: dict[str, str] = {}
+        self._order: dict[str, int] = {}
+        self._dispatches = 0
         self._sampled: set[str] = set()
         self._double: list[str] = []
         self.refill_credit = 0
@@ -146,6 +148,8 @@ class PromptLedger:
                 self._double.append(uid)
                 continue
             self._open[uid] = reason
+            self._order[uid] = self._dispatches
+            self._dispatches += 1
             self.counts[f"dispatched/{reason}"] += 1
             self.counts["dispatched"] += 1
 
@@ -154,7 +158,14 @@ class PromptLedger:
         for uid in uids:
             if uid not in self._open:
                 self._open[uid] = "carried_over"
+                self._order[uid] = self._dispatches
+                self._dispatches += 1
                 self.counts["carried_over"] += 1
+
+    def dispatch_order(self, uid: str) -> int:
+        """Position of an open prompt among all dispatches (the sampler's tie-break: first in, first
+        trained among groups of one policy version); unknown prompts come last."""
+        return self._order.get(uid, self._dispatches)
 
     def take_refills(self, count: int) -> int:
         """Of ``count`` prompts about to be dispatched, how many replace evicted ones."""
@@ -164,6 +175,7 @@ class PromptLedger:
 
     def evicted(self, uid: str, reason: str) -> None:
         """A group cleared without training (``reason`` in :data:`EVICTION_REASONS`)."""
+        self._order.pop(uid, None)
         if self._open.pop(uid, None) is None:
             self._double.append(uid)
             return
@@ -173,6 +185,7 @@ class PromptLedger:
     def sampled(self, uids: Iterable[str]) -> None:
         """Groups handed out for training (their prompt keys leave TransferQueue)."""
         for uid in uids:
+            self._order.pop(uid, None)
             if self._open.pop(uid, None) is None:
                 self._double.append(uid)
             else:
@@ -203,6 +216,7 @@ class PromptLedger:
         )
         for uid in report.unaccounted:
             del self._open[uid]
+            self._order.pop(uid, None)
         self.counts["lost"] += len(report.unaccounted)
         self.counts["unaccounted"] += len(report.unaccounted) + len(report.unknown)
         self.counts["double_counted"] += len(report.double_counted)
