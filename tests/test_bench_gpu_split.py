@@ -9,6 +9,7 @@ import pytest
 
 from async_reward_bench import speedup
 from async_reward_bench.calibration import StageMedians, load_medians
+from async_reward_bench.generation import rollout_work
 from async_reward_bench.gpu_split import (
     CALIBRATION_GPUS,
     GpuSplit,
@@ -29,31 +30,49 @@ def _stages(regime: str = "recipe") -> StageMedians:
 # -- the split and its bound ---------------------------------------------------------------------------
 
 
+def test_generation_work_is_what_a_continuously_fed_engine_needs_per_batch():
+    # Equal responses: the work is the makespan (each of the slots decodes one response).
+    assert rollout_work(40.0, 0.0, samples=640, slots=640) == pytest.approx(40.0)
+    assert rollout_work(40.0, 0.0, samples=640, slots=320) == pytest.approx(80.0)  # two rounds of slots
+    # The regimes' log-normal lengths: the mean response is 0.28 of the longest (0.10 in the long tail).
+    assert rollout_work(1.0, REGIMES["recipe"].gen_sigma, 640, 640) == pytest.approx(0.28, abs=0.02)
+    assert rollout_work(1.0, REGIMES["long_tail"].gen_sigma, 640, 640) == pytest.approx(0.10, abs=0.02)
+    with pytest.raises(ValueError):
+        rollout_work(1.0, 0.45, 0, 640)
+
+
 def test_the_default_split_minimises_the_gpu_bound_in_each_regime():
     recipe, long_tail = _stages("recipe"), _stages("long_tail")
     train = recipe.prepare_s + recipe.update_actor_s  # 197.8 s on the 8 calibration GPUs
 
-    def gpu_bound(stages: StageMedians, total: int, r: int) -> float:
-        return max(stages.gen_s * CALIBRATION_GPUS / r, train * CALIBRATION_GPUS / (total - r))
+    def gpu_bound(work: float, total: int, r: int) -> float:
+        return max(work * CALIBRATION_GPUS / r, train * CALIBRATION_GPUS / (total - r))
 
-    for stages, total in ((recipe, 8), (long_tail, 8), (recipe, 16), (long_tail, 3)):
-        best = best_rollout_gpus(stages, total)
-        assert all(gpu_bound(stages, total, best) <= gpu_bound(stages, total, r) for r in range(1, total))
-    # The numbers the docs state: recipe 2 + 6 (rollout 159.2 s, trainer 263.7 s: 11 % above the
-    # colocated 237.6 s); long tail 4 + 4 (318.4 s, 395.6 s against 357 s colocated).
-    assert best_rollout_gpus(recipe, 8) == 2 and best_rollout_gpus(long_tail, 8) == 4
-    terms = GpuSplit(8, 2).terms(recipe, reward_work_s=0.0)
-    assert terms["rollout_s"] == pytest.approx(159.2) and terms["trainer_s"] == pytest.approx(
-        263.73, abs=0.01
+    for work, total in ((11.2, 8), (159.2, 8), (39.8, 8), (11.2, 16), (60.0, 16), (15.6, 3)):
+        best = best_rollout_gpus(recipe, work, total)
+        assert all(gpu_bound(work, total, best) <= gpu_bound(work, total, r) for r in range(1, total))
+    # Generation work (0.28 of the 39.8 s makespan, 0.10 of the long tail's 159.2 s) is a small share
+    # of the GPU work: at 8 GPUs one rollout GPU is enough in every regime, and the split's GPU bound
+    # is the 7 trainer GPUs' 226.1 s, below the colocated 237.6 s.
+    for stages in (recipe, long_tail):
+        work = rollout_work(stages.gen_s, 0.45 if stages is recipe else 0.9, 640, 640)
+        assert best_rollout_gpus(stages, work, 8) == 1
+        terms = GpuSplit(8, 1).terms(stages, work, reward_work_s=0.0)
+        assert terms["trainer_s"] == pytest.approx(226.06, abs=0.01) and terms["rollout_s"] < 130
+    assert GpuSplit(8, 1).bound(recipe, 11.2, 0.0) / colocated_bound(recipe, 0.0) == pytest.approx(
+        0.951, abs=0.001
     )
-    assert GpuSplit(8, 2).bound(recipe, 0.0) / colocated_bound(recipe, 0.0) == pytest.approx(1.11, abs=0.005)
-    assert GpuSplit(8, 4).terms(long_tail, 0.0)["trainer_s"] == pytest.approx(395.6)
-    # At 16 GPUs the split's granularity costs less: 3 + 13, 2.4 % above colocated on 16.
-    sixteen = split_for(recipe, 16)
-    assert (sixteen.rollout, sixteen.trainer) == (3, 13)
+    # A split balanced on the makespan instead (2 + 6 for the recipe's stages, as verl's docs size
+    # it) is 11 % above colocated: the trainer loses a quarter of its GPUs.
+    assert best_rollout_gpus(recipe, recipe.gen_s, 8) == 2
+    assert GpuSplit(8, 2).bound(recipe, recipe.gen_s, 0.0) / 237.6 == pytest.approx(1.11, abs=0.005)
+    assert best_rollout_gpus(long_tail, long_tail.gen_s, 8) == 4
+    # 16 GPUs: colocated halves; the split 1 + 15 trains in 105.5 s.
+    sixteen = split_for(recipe, 11.2, 16)
+    assert (sixteen.rollout, sixteen.trainer) == (1, 15)
     colocated_16 = colocated_bound(colocated_stages(recipe, 16), 0.0)
     assert colocated_16 == pytest.approx(237.6 / 2)
-    assert sixteen.bound(recipe, 0.0) / colocated_16 == pytest.approx(1.024, abs=0.001)
+    assert sixteen.bound(recipe, 11.2, 0.0) == pytest.approx(197.8 * 8 / 15)
 
 
 def test_a_split_scales_generation_and_training_and_adds_the_weight_sync():
@@ -64,14 +83,14 @@ def test_a_split_scales_generation_and_training_and_adds_the_weight_sync():
     assert run.old_log_prob_s == pytest.approx(45.2 * 8 / 6) and run.ref_s == pytest.approx(36.3 * 8 / 6)
     assert run.update_actor_s == pytest.approx(116.3 * 8 / 6)
     assert (run.reward_s, run.adv_s, run.step_s) == (recipe.reward_s, recipe.adv_s, recipe.step_s)
-    terms = split.terms(recipe, reward_work_s=410.0)
-    assert terms == pytest.approx({"rollout_s": 164.2, "trainer_s": 268.733, "reward_s": 410.0}, abs=1e-3)
-    assert split.bound(recipe, 410.0) == 410.0 and split.bound(recipe, 100.0) == pytest.approx(
-        268.733, abs=1e-3
-    )
+    terms = split.terms(recipe, rollout_work_s=10.0, reward_work_s=410.0)
+    assert terms == pytest.approx({"rollout_s": 45.0, "trainer_s": 268.733, "reward_s": 410.0}, abs=1e-3)
+    assert split.bound(recipe, 10.0, 410.0) == 410.0
+    assert split.bound(recipe, 10.0, 100.0) == pytest.approx(268.733, abs=1e-3)
+    assert split.bound(recipe, 80.0, 100.0) == pytest.approx(325.0)  # generation-bound
     assert colocated_stages(recipe, 8) is recipe  # the calibration's own GPUs: unchanged
     assert colocated_stages(recipe, 16).update_actor_s == pytest.approx(116.3 / 2)
-    assert split_for(recipe, 8, rollout=5, weight_sync_s=2.0) == GpuSplit(8, 5, 2.0)
+    assert split_for(recipe, 10.0, 8, rollout=5, weight_sync_s=2.0) == GpuSplit(8, 5, 2.0)
     for bad in ((8, 0), (8, 8), (1, 1)):
         with pytest.raises(ValueError, match="at least 1 rollout and 1 trainer GPU"):
             GpuSplit(*bad)
@@ -105,7 +124,7 @@ def test_the_split_flags_reach_the_run_and_the_regime_summary():
     cfg.validate()
     assert "v1_separate_async" in SEPARATE_STRATEGIES and "v1_separate_async" in cfg.strategies
     regime = REGIMES["long_tail"]
-    split = split_for(_stages("long_tail"), cfg.total_gpus, cfg.rollout_gpus, cfg.weight_sync_s)
+    split = split_for(_stages("long_tail"), 15.6, cfg.total_gpus, cfg.rollout_gpus, cfg.weight_sync_s)
     summary = speedup._regime_summary(regime, cfg, colocated_stages(_stages("long_tail"), 16), split)
     assert summary["total_gpus"] == 16 and summary["gpu_work_s"] == pytest.approx((159.2 + 197.8) / 2)
     assert summary["bound_s"] == pytest.approx(
@@ -113,7 +132,9 @@ def test_the_split_flags_reach_the_run_and_the_regime_summary():
     )
     reported = summary["gpu_split"]
     assert (reported["rollout"], reported["trainer"], reported["chosen"]) == (5, 11, "--rollout-gpus")
-    assert reported["terms_s"]["rollout_s"] == pytest.approx(159.2 * 8 / 5 + 5)
+    work = rollout_work(159.2, regime.gen_sigma, 640, 640)  # the run's batch: 128 x 5, slots one batch
+    assert reported["rollout_work_s"] == pytest.approx(work) and work < 0.15 * 159.2
+    assert reported["terms_s"]["rollout_s"] == pytest.approx(work * 8 / 5 + 5)
     assert reported["terms_s"]["trainer_s"] == pytest.approx(197.8 * 8 / 11 + 5)
     assert reported["bound_s"] == pytest.approx(max(reported["terms_s"].values()))
     defaults = BenchConfig()

@@ -13,10 +13,16 @@ data-parallel replicas and FSDP at 7B come close to linear, never above it):
 * weight sync: the trainer pushes weights once per step (``on_step_end``), pausing generation for
   ``weight_sync_s`` (default 0: the colocated ``gen`` median already includes a sync).
 
-The bound of a step is then ``max(gen x C/R, train x C/T, reward work / capacity)``, each GPU term
-plus the sync, against the colocated ``max((gen + train) x C/N, reward work / capacity)``. The default R is
-the integer that minimises the GPU part of the separate bound in each regime (it moves toward the
-rollout when generation is long).
+The bound of a step is then ``max(generation work x C/R, train x C/T, reward work / capacity)``, each
+GPU term plus the sync, against the colocated ``max((gen + train) x C/N, reward work / capacity)``.
+Generation *work* (``generation.rollout_work``: decoding time summed over a batch's responses, over
+the engine's full-speed slots) is below the ``gen`` makespan: the standalone rollout is fed
+continuously, so while one batch's longest responses finish it decodes the next batch's bulk (0.28x
+the makespan with the regimes' response lengths, 0.10x with the long tail's). A makespan term would
+not be a bound: verl's ``separate_async`` ran at 0.77x of one on a single rollout GPU. The colocated
+bound keeps today's makespan (a colocated rollout stops while the GPUs train; ``colocate_async`` can
+go below it too). The default R is the integer that minimises the GPU part of the separate bound in
+each regime (at 8 GPUs: 1, training is the larger share everywhere).
 
 Pure arithmetic, cheap to import (the command line uses it before anything heavy is loaded).
 """
@@ -112,33 +118,36 @@ class GpuSplit:
         """The calibration's ``stages`` as this split runs them: generation x C/R, training x C/T."""
         return _scale_gpu(stages, self.gen_factor, self.train_factor)
 
-    def terms(self, stages: StageMedians, reward_work_s: float) -> dict[str, float]:
-        """The three throughput limits of a step (``stages``: the calibration's): rollout GPUs,
-        trainer GPUs, the reward service."""
+    def terms(self, stages: StageMedians, rollout_work_s: float, reward_work_s: float) -> dict[str, float]:
+        """The three throughput limits of a step: rollout GPUs (``rollout_work_s``: generation work
+        per batch on the calibration's GPUs), trainer GPUs (``stages``: the calibration's), the
+        reward service."""
         return {
-            "rollout_s": stages.gen_s * self.gen_factor + self.weight_sync_s,
+            "rollout_s": rollout_work_s * self.gen_factor + self.weight_sync_s,
             "trainer_s": _train_s(stages) * self.train_factor + self.weight_sync_s,
             "reward_s": reward_work_s,
         }
 
-    def bound(self, stages: StageMedians, reward_work_s: float) -> float:
-        """``max(gen x C/R, train x C/T, reward work / capacity)`` (GPU terms plus the sync)."""
-        return max(self.terms(stages, reward_work_s).values())
+    def bound(self, stages: StageMedians, rollout_work_s: float, reward_work_s: float) -> float:
+        """``max(generation work x C/R, train x C/T, reward work / capacity)`` (GPU terms plus the
+        sync)."""
+        return max(self.terms(stages, rollout_work_s, reward_work_s).values())
 
 
-def best_rollout_gpus(stages: StageMedians, total: int) -> int:
-    """The R in 1..N-1 minimising ``max(gen / R, train / (N-R))`` (the smallest such R)."""
+def best_rollout_gpus(stages: StageMedians, rollout_work_s: float, total: int) -> int:
+    """The R in 1..N-1 minimising ``max(generation work / R, train / (N-R))`` (the smallest such R)."""
     if total < 2:
         raise ValueError(f"splitting needs at least 2 GPUs, got {total}")
-    return min(
-        range(1, total),
-        key=lambda r: max(stages.gen_s / r, _train_s(stages) / (total - r)),
-    )
+    return min(range(1, total), key=lambda r: max(rollout_work_s / r, _train_s(stages) / (total - r)))
 
 
 def split_for(
-    stages: StageMedians, total: int, rollout: int | None = None, weight_sync_s: float = 0.0
+    stages: StageMedians,
+    rollout_work_s: float,
+    total: int,
+    rollout: int | None = None,
+    weight_sync_s: float = 0.0,
 ) -> GpuSplit:
     """The split of ``total`` GPUs: ``rollout`` when given, else :func:`best_rollout_gpus`."""
-    chosen = best_rollout_gpus(stages, total) if rollout is None else rollout
+    chosen = best_rollout_gpus(stages, rollout_work_s, total) if rollout is None else rollout
     return GpuSplit(total, chosen, weight_sync_s)

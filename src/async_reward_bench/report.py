@@ -180,7 +180,7 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         terms = split["terms_s"]
         head += (
             f"\n  separate strategies: {split['rollout']} rollout + {split['trainer']} trainer GPUs of "
-            f"{split['total']}, bound max(rollout {terms['rollout_s']:.1f}, trainer "
+            f"{split['total']}, bound max(rollout work {terms['rollout_s']:.1f}, trainer "
             f"{terms['trainer_s']:.1f}, reward {terms['reward_s']:.1f}) = {split['bound_s']:.1f} s "
             f"(weight sync {split['weight_sync_s']:g} s)"
         )

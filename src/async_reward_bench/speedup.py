@@ -101,6 +101,14 @@ def _run_one(
     return {"records": records, "samples": samples, "origin": origin}
 
 
+def _rollout_work(regime: Regime, cfg: BenchConfig, calibrated: StageMedians) -> float:
+    """Generation work per batch on the calibration's GPUs (``generation.rollout_work``)."""
+    from async_reward_bench.generation import rollout_work
+
+    samples = cfg.prompts * cfg.group_size
+    return rollout_work(calibrated.gen_s, regime.gen_sigma, samples, cfg.rollout_slots or samples)
+
+
 def _regime_summary(
     regime: Regime, cfg: BenchConfig, stages: StageMedians, split: GpuSplit | None = None
 ) -> dict[str, Any]:
@@ -122,15 +130,18 @@ def _regime_summary(
     }
     if split is not None:
         calibrated = regime_stages(regime, load_medians(cfg.calibration_csv)[cfg.calibration_run])
+        gen_work = _rollout_work(regime, cfg, calibrated)
         summary["gpu_split"] = {
             "total": split.total,
             "rollout": split.rollout,
             "trainer": split.trainer,
             "chosen": "--rollout-gpus" if cfg.rollout_gpus is not None else "best for the regime",
             "weight_sync_s": split.weight_sync_s,
-            "terms_s": split.terms(calibrated, work),
-            "bound_s": split.bound(calibrated, work),
-            "model": "linear: decoding time x 8/R, training stages x 8/T (calibration on 8 GPUs)",
+            "rollout_work_s": gen_work,
+            "terms_s": split.terms(calibrated, gen_work, work),
+            "bound_s": split.bound(calibrated, gen_work, work),
+            "model": "linear: decoding time x 8/R, training stages x 8/T (calibration on 8 GPUs); rollout "
+            "term: generation work (decoding time summed over a batch / full-speed slots), not makespan",
         }
     return summary
 
@@ -171,7 +182,13 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             regime = REGIMES[regime_name]
             calibrated = regime_stages(regime, stages)
             split = (
-                split_for(calibrated, cfg.total_gpus, cfg.rollout_gpus, cfg.weight_sync_s)
+                split_for(
+                    calibrated,
+                    _rollout_work(regime, cfg, calibrated),
+                    cfg.total_gpus,
+                    cfg.rollout_gpus,
+                    cfg.weight_sync_s,
+                )
                 if separate
                 else None
             )
