@@ -21,8 +21,10 @@ import ray
 
 from async_reward.v1 import V1_OVERRIDES
 from async_reward.v1.registration import register_pipelined_mode_on_verl_import
+from async_reward.v1.reward_failover import LOST_WORKERS_KEY
 from tests.conftest import reset_judge_server
 from tests.test_v1 import FAST_RETRY, step_logs
+from tests.test_v1_reward_failover import RewardWorkerKiller
 from tests.v1_standins import (
     GENERATION_ERROR,
     SEPARATE_ASYNC_OVERRIDES,
@@ -131,6 +133,7 @@ DECOUPLED_METRICS = (
     "decoupled/window/limit",
     "decoupled/backpressure_s",
     "decoupled/rollout_idle_s",
+    "decoupled/outstanding_full_s",
     "ledger/dispatched",
     "ledger/trained",
     "ledger/in_flight",
@@ -228,6 +231,7 @@ def test_a_generated_group_releases_its_place_while_it_is_scored(slow_judge_runs
     assert max(in_flight) > verl_window, in_flight
     assert max(m["ledger/in_flight"] for m in logs) > verl_window
     ours, verls = (slow_judge_runs[f"{mode}/generation_requests"] for mode in ("decoupled", "separate_async"))
+    print(f"generation requests, {SLOW_STEPS} steps of a slow judge: ours {ours}, verl's {verls}")
     assert ours > verls, (ours, verls)
     assert len(step_logs(slow_judge_runs["separate_async"])) == SLOW_STEPS
 
@@ -302,34 +306,52 @@ def test_staleness_counts_from_generation_so_a_slow_generation_is_trained_not_ev
     assert logs[-1]["ledger/evicted/stale"] == 0
 
 
-# ------------------------------------------------------------------ a full backlog, under exclude
+# ----------------------------------- a full backlog, under exclude, and a reward worker killed mid-batch
 
 BACKLOG_STEPS = 3
+BACKLOG_JUDGE_MS = (150.0, 150.0)
 #: Row 0: the judge answers 400 to one session (on_failure: exclude): a group of two left with one
 #: scored member trains on nothing, so its mini-batch is skipped and its prompt replaced.
 BACKLOG_SCRIPT = script_for({0: ["The answer is 2 @@fault:400@@", "The answer is 0"]})
 
 
+class KillerKeepingTheJudgeSlow(RewardWorkerKiller):
+    """B's killer (tests/test_v1_reward_failover.py), with the judge put back to its latency after the
+    kill (B's makes it answer at once), so the backlog still fills for the rest of the run."""
+
+    def run(self) -> None:
+        super().run()
+        self.server.update_config(latency_ms=BACKLOG_JUDGE_MS)
+
+
 @pytest.fixture(scope="module")
-def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> TrainingRun:
-    """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait."""
+def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> tuple[TrainingRun, list[str]]:
+    """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait. Two
+    reward workers; worker 0 is killed once the judge holds two requests (sessions wait on it)."""
     reset_judge_server(judge)
-    judge.update_config(latency_ms=(150.0, 150.0))
-    run = train(
-        tmp_path_factory.mktemp("backlog"),
-        model_dir,
-        rollout,
-        BACKLOG_SCRIPT,
-        judge_lines(judge.url, "exclude"),
-        steps=BACKLOG_STEPS,
-        extra=("+trainer.v1.decoupled.reward_backlog=2",),
-    )
+    judge.update_config(latency_ms=BACKLOG_JUDGE_MS)
+    killer = KillerKeepingTheJudgeSlow(judge, ["reward_loop_worker_0"], in_flight=2)
+    killer.start()
+    try:
+        run = train(
+            tmp_path_factory.mktemp("backlog"),
+            model_dir,
+            rollout,
+            BACKLOG_SCRIPT,
+            judge_lines(judge.url, "exclude", reward_workers=2),
+            steps=BACKLOG_STEPS,
+            extra=("+trainer.v1.decoupled.reward_backlog=2",),
+        )
+    finally:
+        killer.stop.set()
+        killer.join(timeout=10)
     reset_judge_server(judge)
-    return run
+    return run, killer.killed
 
 
 def test_a_full_backlog_pauses_dispatch_and_drops_nothing(backlog_run):
-    logs = assert_accounted_every_step(backlog_run, BACKLOG_STEPS)
+    run, _ = backlog_run
+    logs = assert_accounted_every_step(run, BACKLOG_STEPS)
     assert all(m["static/max_reward_queue_size"] == 2 for m in logs)
     assert sum(m["decoupled/backpressure_s"] for m in logs) > 0
     generation_window = logs[0]["decoupled/window/limit"]
@@ -341,9 +363,57 @@ def test_exclude_skips_a_group_left_with_nothing_to_train_and_replaces_it(backlo
     """``on_failure: exclude``: the failed session is masked, its group (one scored member) trains on
     nothing, so verl never steps on it: the mini-batch is skipped, the group counted ``untrained`` in
     the ledger and replaced through the window."""
-    logs = step_logs(backlog_run)
-    assert 0 not in {row.index for row in trained_rows(backlog_run)}
+    run, _ = backlog_run
+    logs = step_logs(run)
+    assert 0 not in {row.index for row in trained_rows(run)}
     assert sum(m["reward/skipped_batches"] for m in logs) == 1
     assert sum(m["reward/excluded"] for m in logs) == 1
     assert logs[-1]["ledger/evicted/untrained"] == 1 and logs[-1]["ledger/evicted/reward_error"] == 0
     assert logs[-1]["ledger/refilled"] == 1
+
+
+def test_a_reward_worker_killed_mid_batch_costs_no_group_and_keeps_the_progress_tags_right(backlog_run):
+    """Reward worker 0 is killed while the judge holds sessions sent through it: they are scored again
+    on worker 1 (our agent loop's failover), so every step trains its batch, the ledger balances, no
+    group is evicted for it (the one eviction is the excluded group above), one death is counted and
+    the re-scored sessions are. A re-scored session leaves the reward backlog once: the backlog read
+    from the progress tags never goes negative and ends with every scored session consumed once."""
+    run, killed = backlog_run
+    assert len(killed) == 1
+    logs = assert_accounted_every_step(run, BACKLOG_STEPS)
+    assert logs[-1]["ledger/evicted"] == logs[-1]["ledger/evicted/untrained"] == 1
+    assert logs[-1]["ledger/evicted/reward_error"] == logs[-1]["ledger/evicted/generation_error"] == 0
+    assert not [m for m in logs if m.get("training/rollout_failure/evicted_samples")]
+    assert sum(m["reward/worker_deaths"] for m in logs) == 1.0
+    rescored = [row for row in trained_rows(run) if row.reward_extra_info.get(LOST_WORKERS_KEY)]
+    assert {row.reward_extra_info[LOST_WORKERS_KEY] for row in rescored} == set(killed)
+    assert sum(m["reward/rescored_sessions"] for m in logs) >= len(rescored) >= 1
+    assert all(m["monitor/queue/reward_queue_size"] >= 0 for m in logs)
+    # Each session generated is consumed at most once, however often it was sent to a reward worker.
+    assert all(m["reward_queue/total_consumed"] <= m["reward_queue/total_produced"] for m in logs)
+
+
+# ---------------------------------------------------------------- the TransferQueue behaviour relied on
+
+
+def test_transfer_queue_merges_progress_tags_into_verls_prompt_tag(transfer_queue):
+    """Our worker writes only its own keys on a prompt's tag; TransferQueue merges them into verl's
+    (``is_prompt``, ``status``, ``global_steps`` survive), a later write of verl's keeps ours, and a
+    reset on resume (``None`` values) is accepted. Pins the behaviour the window reads."""
+    import asyncio
+
+    import transfer_queue as tq
+
+    verl_tag = {"is_prompt": True, "status": "pending", "global_steps": 3}
+    tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[verl_tag])
+    try:
+        asyncio.run(
+            tq.async_kv_put(key="pin", partition_id="train", tag={"gen_done": 1, "gen_n": 2, "unscored": 1})
+        )
+        asyncio.run(tq.async_kv_put(key="pin", partition_id="train", tag={"status": "finished"}))
+        tag = tq.kv_list("train")["train"]["pin"]
+        assert tag == {**verl_tag, "status": "finished", "gen_done": 1, "gen_n": 2, "unscored": 1}
+        tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[{"gen_done": 0, "gen_version": None}])
+        assert tq.kv_list("train")["train"]["pin"]["gen_version"] is None
+    finally:
+        tq.kv_clear(keys=["pin"], partition_id="train")

@@ -1,5 +1,5 @@
-"""verl v1 trainer mode ``pipelined`` started the way a user starts it: ``python -m
-verl.trainer.main_ppo`` in a subprocess on the session's Ray cluster.
+"""verl v1 trainer modes ``pipelined`` and ``decoupled`` started the way a user starts them: ``python
+-m verl.trainer.main_ppo`` in a subprocess on the session's Ray cluster.
 
 Kept apart from tests/test_v1_pipelined.py: verl's task runner starts and closes TransferQueue's
 named actors on the cluster, which would pull them from under a module that holds TransferQueue
@@ -27,6 +27,31 @@ DRY_RUN_LINE = re.compile(
     r"async_reward: dry run: built (?P<cls>\S+), schedule (?P<schedule>\w+), in pid (?P<pid>\d+)"
 )
 OURS = "async_reward.v1.pipelined_trainer.PPOTrainerPipelined"
+DECOUPLED_START_LINE = re.compile(
+    r"async_reward: trainer (?P<cls>\S+) \(verl v1 trainer_mode=decoupled\), "
+    r"generation_window=(?P<window>\d+) groups"
+)
+DECOUPLED_DRY_RUN_LINE = re.compile(
+    r"async_reward: dry run: built (?P<cls>\S+) \(trainer_mode=decoupled\), in pid (?P<pid>\d+)"
+)
+DECOUPLED = "async_reward.v1.decoupled_trainer.PPOTrainerDecoupled"
+#: What the decoupled job of the sweep needs beyond the pipelined ones, inside ``trainer.v1`` (so one
+#: swept value holds it): verl's separate_async asserts train_batch_size = parameter_sync_step x
+#: ppo_mini_batch_size (4 = 2 x 2); a generation window of 3 that the start line must show.
+DECOUPLED_JOB = (
+    "{trainer_mode:decoupled,separate_async:{parameter_sync_step:2},"
+    "decoupled:{dry_run:true,generation_window:3}}"
+)
+#: verl's separate_async also asserts a standalone rollout pool (nnodes, GPUs, a non-naive weight
+#: sync backend) at construction; these keys sit outside ``trainer.v1``, so all jobs get them: verl
+#: reads them only in its separate-async code, and the pipelined dry runs start no worker.
+STANDALONE_ROLLOUT = [
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
+#: The schedules the entry-point run sweeps: the two whose keys are set opposite ways.
+SWEPT = [name for name, (mini_batch, one_step_off) in SCHEDULES.items() if mini_batch != one_step_off]
 
 
 def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
@@ -51,29 +76,43 @@ def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 8
 @pytest.mark.timeout(900)
 def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
     """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
-    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with each schedule."""
+    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
+    with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set.
+
+    Three runs of one ``--multirun`` (each run starts a task-runner actor and TransferQueue: the cost
+    of this test). Hydra sweeps keys as a product, so each job is one value of ``trainer.v1`` (merged
+    into verl's node with ``++``) holding the mode and its keys. The two pipelined runs set the two
+    schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped or
+    read from the other would name the wrong schedule in one run. Every schedule's training is tested
+    in-process in tests/test_v1_pipelined.py, the decoupled mode's in tests/test_v1_decoupled.py."""
     code, output, driver_pid = verl_main_ppo(
         assets,
         tmp_path,
         [
             "--multirun",
             "trainer.use_v1=true",
-            "trainer.v1.trainer_mode=pipelined",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
-            "+trainer.v1.pipelined.mini_batch=false,true",
-            "+trainer.v1.pipelined.one_step_off_policy=false,true",
-            "+trainer.v1.pipelined.dry_run=true",
+            "++trainer.v1="
+            "{trainer_mode:pipelined,pipelined:{mini_batch:true,one_step_off_policy:false,dry_run:true}},"
+            "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,dry_run:true}},"
+            f"{DECOUPLED_JOB}",
+            *STANDALONE_ROLLOUT,
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
     )
     assert code == 0, output[-6000:]
     started = [m.groupdict() for m in START_LINE.finditer(output)]
     built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
-    assert sorted(s["schedule"] for s in started) == sorted(SCHEDULES), output[-6000:]
-    assert sorted(b["schedule"] for b in built) == sorted(SCHEDULES), output[-6000:]
+    assert sorted(s["schedule"] for s in started) == sorted(SWEPT), output[-6000:]
+    assert sorted(b["schedule"] for b in built) == sorted(SWEPT), output[-6000:]
     assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
     assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
-    assert "TaskRunnerV1 pid=" in output  # verl's own runner printed it
+    decoupled_started = [m.groupdict() for m in DECOUPLED_START_LINE.finditer(output)]
+    decoupled_built = [m.groupdict() for m in DECOUPLED_DRY_RUN_LINE.finditer(output)]
+    assert decoupled_started == [{"cls": DECOUPLED, "window": "3"}], output[-6000:]
+    assert [b["cls"] for b in decoupled_built] == [DECOUPLED], output[-6000:]
+    assert int(decoupled_built[0]["pid"]) != driver_pid
+    assert output.count("TaskRunnerV1 pid=") >= 3  # verl's own runner printed them
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -485,7 +485,7 @@ class AsyncRewardConfig:
                 raise bad_value(
                     f"{path}.{key}",
                     value,
-                    "is a key the library sets on every sample",
+                    "is a key the library sets on samples",
                     "declare only your own keys",
                 )
             if key in BATCH_KEYS:

@@ -20,7 +20,17 @@ from aiolimiter import AsyncLimiter
 
 from .config import LimitsConfig
 
-__all__ = ["Admission", "FifoSlots", "TokenReservation", "strict_minute_limiter"]
+__all__ = ["Admission", "FifoSlots", "Priority", "TokenReservation", "strict_minute_limiter"]
+
+#: An admission priority, lower first: a number, or a tuple compared element by element (a sample's
+#: ``(generation step, dispatch order)``); a number ``p`` ranks as ``(p,)``, before ``(p, anything)``.
+Priority = float | tuple[float, ...]
+
+
+def _priority_key(priority: Priority) -> tuple[float, ...]:
+    """One ordering for numbers and tuples, so both may wait in one heap."""
+    return tuple(priority) if isinstance(priority, tuple) else (float(priority),)
+
 
 _WINDOW_S = 60.0
 _ROUNDING_MARGIN = 0.1
@@ -36,7 +46,8 @@ class FifoSlots:
     ``locked()``, which scans every waiter, so thousands of samples queued for a few dozen slots cost
     O(n) each (0.25 ms per acquire at 1000 waiters, more than the rest of a manager's overhead), and it
     has no notion of priority. A released slot goes straight to the live waiter with the lowest
-    ``priority`` (the earliest training step its sample belongs to), the longest-waiting among equals,
+    ``priority`` (the earliest training step its sample belongs to, then the earliest dispatched
+    where the trainer numbers its dispatches), the longest-waiting among equals,
     so no late arrival of the same batch can overtake it and a later batch never delays an earlier
     one's last samples (what the trainer waits for).
     """
@@ -46,16 +57,16 @@ class FifoSlots:
     def __init__(self, count: int) -> None:
         self._free = count
         self._order = 0
-        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[tuple[float, ...], int, asyncio.Future[None]]] = []
 
-    async def acquire(self, priority: float = 0.0) -> None:
+    async def acquire(self, priority: Priority = 0.0) -> None:
         """Take a slot; ``priority``: lower is served first (default 0: plain first come, first served)."""
         if self._free > 0 and not self._waiters:
             self._free -= 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._order += 1
-        heapq.heappush(self._waiters, (priority, self._order, waiter))
+        heapq.heappush(self._waiters, (_priority_key(priority), self._order, waiter))
         try:
             await waiter
         except asyncio.CancelledError:
@@ -207,7 +218,7 @@ class Admission:
 
     @asynccontextmanager
     async def admit(
-        self, estimated_tokens: int | None = None, priority: float = 0.0
+        self, estimated_tokens: int | None = None, priority: Priority = 0.0
     ) -> AsyncIterator[TokenReservation]:
         """Wait for a slot, one request and ``estimated_tokens`` tokens, then run the body.
 
@@ -218,7 +229,8 @@ class Admission:
         inside the body, so it measures the service and not this queue.
 
         ``priority`` orders the wait for a slot: lower first (a sample's training step, so an older
-        batch's samples go before a newer one's), first come first served among equals.
+        batch's samples go before a newer one's, then its dispatch order; see ``Priority``), first
+        come first served among equals.
         ``estimated_tokens`` defaults to ``limits.estimated_tokens_per_request``. Raises ValueError at
         once, rather than waiting, if it exceeds this worker's whole minute token budget.
         The slot is released on exit, exception and cancellation; a task cancelled while waiting

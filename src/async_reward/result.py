@@ -19,7 +19,9 @@ import numpy as np
 
 __all__ = [
     "BATCH_KEYS",
+    "DISPATCH_ORDER_KEY",
     "EXTRA_STRING_MAX_CHARS",
+    "LOST_WORKERS_KEY",
     "RESERVED_EXTRA_KEYS",
     "USER_KEY_PREFIX",
     "ExtraInfo",
@@ -34,11 +36,19 @@ __all__ = [
     "normalize_user_result",
 ]
 
+#: A prompt field (so a sample's non-tensor field) numbering the trainer's dispatches to generation,
+#: first 0; set by the decoupled mode's agent-loop manager, read into ``RewardSample.dispatch_order``.
+DISPATCH_ORDER_KEY = "__dispatch_order__"
 #: Long strings in extras bloat every batch (verl stacks them into numpy arrays); they are cut here.
 EXTRA_STRING_MAX_CHARS = 256
-#: Extras keys every sample carries, set by the library (a scorer's own value under one of these names
-#: is kept as ``user_<key>``; ``extra_defaults`` may not declare them).
-RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded")
+#: ``reward_extra_info`` key of a session our v1 agent loop re-scored because its reward worker died:
+#: the names (Ray actor ids) of the reward workers it found dead, comma-separated. Only such a session
+#: carries it; ``reward/rescored_sessions`` and ``reward/worker_deaths`` are counted from it.
+LOST_WORKERS_KEY = "lost_reward_workers"
+#: Extras keys set by the library: every sample carries the first five, a re-scored session also
+#: :data:`LOST_WORKERS_KEY` (a scorer's own value under one of these names is kept as ``user_<key>``;
+#: ``extra_defaults`` may not declare them).
+RESERVED_EXTRA_KEYS = ("status", "latency_s", "attempts", "failure_reason", "excluded", LOST_WORKERS_KEY)
 #: Fields of verl's batches (non-tensor and tensor) that extras must never replace: verl's trainers and
 #: ours write each extras key into the batch under its own name, so an extras ``uid`` would merge GRPO
 #: groups and a ``data_source`` would relabel metrics, silently. A sample's other fields are protected
@@ -60,6 +70,7 @@ BATCH_KEYS = frozenset(
         "request_id",
         "reward_scores",
         "__num_turns__",
+        DISPATCH_ORDER_KEY,
         "score",
         "rm_scores",
         "token_level_scores",
@@ -128,13 +139,27 @@ class RewardSample:
     """``non_tensor_batch["extra_info"]`` (a copy: managers may add keys)."""
     training_step: int | None = None
     """The training step whose batch the sample belongs to (``non_tensor_batch["global_steps"]``, set
-    by verl's v1 agent loop), None when unknown. Admission serves earlier steps first: the trainer
-    waits for the oldest batch."""
+    by verl's v1 agent loop: the step at which the trainer dispatched its prompt), None when unknown."""
+    generation_step: int | None = None
+    """The training step of the policy whose weights generated the sample's first token: the rollout's
+    weight version plus one (verl's ``extra_fields["min_global_steps"]``, version v being the weights
+    step v + 1 trains from), None when the rollout does not report it."""
+    dispatch_order: int | None = None
+    """Where the sample's prompt came in the trainer's dispatches to generation (``DISPATCH_ORDER_KEY``,
+    numbered by the decoupled mode), None when the trainer does not number them."""
 
     @property
-    def admission_priority(self) -> float:
-        """Lower is admitted first: the sample's training step (unknown: 0, served as they come)."""
-        return float(self.training_step) if self.training_step is not None else 0.0
+    def admission_priority(self) -> tuple[float, float]:
+        """Lower is admitted first: the step the sample was generated for (``generation_step``, else
+        ``training_step``; unknown: 0), then its dispatch order (unknown: 0); equals are served as
+        they come. In fully-async training a prompt dispatched early may start generating late;
+        ordering by the weights that generated it serves the oldest policy's samples first, the ones
+        closest to being evicted as stale. Among samples of one policy version, the earliest
+        dispatched group goes first, so groups complete (and become trainable) one after another
+        instead of all together at the end."""
+        step = self.generation_step if self.generation_step is not None else self.training_step
+        order = self.dispatch_order
+        return (float(step) if step is not None else 0.0, float(order) if order is not None else 0.0)
 
     @property
     def prompt_text(self) -> str:

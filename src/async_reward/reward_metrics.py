@@ -14,13 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from async_reward.result import Status
+from async_reward.result import LOST_WORKERS_KEY, Status
 
-__all__ = ["STANDARD_EXTRA_KEYS", "extras_metrics", "status_metrics"]
+__all__ = ["STANDARD_EXTRA_KEYS", "extras_metrics", "lost_worker_names", "status_metrics"]
 
-#: Extras keys every async-reward sample carries (plus ``excluded`` where a policy excludes it);
-#: they are summarised by :func:`status_metrics`, not averaged as user extras.
-STANDARD_EXTRA_KEYS = frozenset({"status", "latency_s", "attempts", "failure_reason", "excluded"})
+#: Extras keys every async-reward sample carries (plus ``excluded`` where a policy excludes it, and
+#: ``lost_reward_workers`` on a session re-scored after its reward worker died); they are summarised
+#: by :func:`status_metrics` and :func:`extras_metrics`, not averaged as user extras.
+STANDARD_EXTRA_KEYS = frozenset(
+    {"status", "latency_s", "attempts", "failure_reason", "excluded", LOST_WORKERS_KEY}
+)
 
 
 def status_metrics(
@@ -47,17 +50,28 @@ def status_metrics(
     return metrics
 
 
-def extras_metrics(extra_infos: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Metrics of a batch of samples' ``reward_extra_info``: :func:`status_metrics` plus the mean of
-    each numeric user extra as ``reward/extra/<key>/mean`` (NaN values, i.e. failed samples, ignored).
+def extras_metrics(
+    extra_infos: Iterable[Mapping[str, Any]], counted_deaths: set[str] | None = None
+) -> dict[str, float]:
+    """Metrics of a batch of samples' ``reward_extra_info``: :func:`status_metrics`, the mean of
+    each numeric user extra as ``reward/extra/<key>/mean`` (NaN values, i.e. failed samples, ignored),
+    and the reward-worker failover of verl v1's agent loop: ``reward/rescored_sessions`` (samples
+    re-scored because their reward worker died) and ``reward/worker_deaths`` (reward workers first
+    named dead by these samples).
 
     A sample without ``status`` comes from a manager that reports none and counts as ``ok``.
+    ``counted_deaths``: the workers already counted in earlier batches of the run, updated in place, so
+    a death whose sessions are trained in two steps counts once (None: count within this batch only).
     """
     statuses: Counter[str] = Counter()
     latencies: list[float] = []
-    retries = excluded = 0
+    retries = excluded = rescored = 0
     numeric: dict[str, list[float]] = {}
+    lost: set[str] = set()
     for info in extra_infos:
+        names = lost_worker_names(info)
+        rescored += bool(names)
+        lost |= names
         statuses[str(info.get("status", Status.OK.value))] += 1
         latency = _number(info.get("latency_s"))
         latencies.append(math.nan if latency is None else latency)
@@ -70,11 +84,25 @@ def extras_metrics(extra_infos: Iterable[Mapping[str, Any]]) -> dict[str, float]
             if key not in STANDARD_EXTRA_KEYS and number is not None:
                 numeric.setdefault(key, []).append(number)
     metrics = status_metrics(statuses, latencies, retries, excluded)
+    metrics["reward/rescored_sessions"] = float(rescored)
+    if counted_deaths is not None:
+        lost -= counted_deaths
+        counted_deaths |= lost
+    metrics["reward/worker_deaths"] = float(len(lost))
     for key, values in sorted(numeric.items()):
         finite = [v for v in values if math.isfinite(v)]
         if finite:
             metrics[f"reward/extra/{key}/mean"] = float(np.mean(finite))
     return metrics
+
+
+def lost_worker_names(info: Mapping[str, Any]) -> set[str]:
+    """The reward workers a sample's ``reward_extra_info`` names dead (``lost_reward_workers``, set by
+    our v1 agent loop on a session it re-scored); empty for every other sample."""
+    value = info.get(LOST_WORKERS_KEY)
+    if not isinstance(value, str):
+        return set()
+    return {name for name in value.split(",") if name}
 
 
 def _number(value: Any, *, allow_bool: bool = False) -> float | None:

@@ -42,9 +42,10 @@ from async_reward.deadline import (
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
 from async_reward.judge import VerdictError
-from async_reward.limits import Admission, TokenReservation
+from async_reward.limits import Admission, Priority, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.result import (
+    DISPATCH_ORDER_KEY,
     RewardResult,
     RewardSample,
     ScoredFloat,
@@ -243,7 +244,7 @@ class AsyncRewardManager(RewardManagerBase):
         estimated_tokens: int | None = None,
         retry_timeouts: bool = True,
         own_deadline: bool = False,
-        priority: float = 0.0,
+        priority: Priority = 0.0,
     ) -> tuple[_T, int]:
         """Run ``attempt`` under admission, a per-attempt deadline and the retry policy.
 
@@ -282,7 +283,7 @@ class AsyncRewardManager(RewardManagerBase):
 
     @contextlib.asynccontextmanager
     async def _admitted(
-        self, estimated_tokens: int | None, priority: float = 0.0
+        self, estimated_tokens: int | None, priority: Priority = 0.0
     ) -> AsyncIterator[TokenReservation]:
         """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call)."""
         limit = self.settings.admission_timeout_s
@@ -408,6 +409,8 @@ class AsyncRewardManager(RewardManagerBase):
             ground_truth=reward_model.get("ground_truth") if hasattr(reward_model, "get") else None,
             extra_info=extra,
             training_step=_as_step(non_tensor.get("global_steps")),
+            generation_step=_generation_step(non_tensor.get("tool_extra_fields")),
+            dispatch_order=_as_step(non_tensor.get(DISPATCH_ORDER_KEY)),
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:
@@ -555,6 +558,15 @@ def _manager_name(config: Any, cls: type) -> str:
     manager: Any = reward.get("reward_manager") if hasattr(reward, "get") else None
     name = manager.get("name") if hasattr(manager, "get") else None
     return str(name) if name else cls.__name__
+
+
+def _generation_step(extra_fields: Any) -> int | None:
+    """The step a sample was generated for, from its agent-loop output's ``extra_fields`` (verl's
+    agent loop passes them as ``tool_extra_fields``): the weight version its first token came from
+    (``min_global_steps``, set by verl's ``LLMServerClient``) plus one, so it counts in the same
+    steps as ``global_steps``; None when absent."""
+    version = _as_step(extra_fields.get("min_global_steps")) if hasattr(extra_fields, "get") else None
+    return None if version is None else version + 1
 
 
 def _as_step(value: Any) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from async_reward.config import AsyncRewardConfig
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
-from async_reward.limits import TokenReservation
+from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample
@@ -156,7 +156,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             del self._in_flight[key]
             self._waiters.pop(key, None)
 
-    async def _ask_judge(self, messages: list[dict[str, str]], priority: float = 0.0) -> RewardResult:
+    async def _ask_judge(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> RewardResult:
         """One judge call (shared by identical requests in flight), admitted at ``priority``: the
         first caller's training step."""
         body = {"model": self.judge.model, "messages": messages, **self._params}

@@ -7,6 +7,8 @@ Add :data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_confi
 * :class:`RewardReplayBuffer` (``trainer.v1.sampler.custom_sampler``) is verl's replay buffer that
   also logs the ``reward/*`` metrics of every training step.
 
+:class:`RewardWorkersLost` is what stops a run whose reward workers are all dead.
+
 The classes import verl's v1 modules (and TransferQueue), so they load on first use; so do
 :data:`V1_OVERRIDES` and :func:`prepare_v1_config`, whose home is ``async_reward.integration``.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "RewardAgentLoopManager",
     "RewardAgentLoopWorker",
     "RewardReplayBuffer",
+    "RewardWorkersLost",
     "prepare_v1_config",
     "uses_reward_replay_buffer",
     "v1_integration_problem",
@@ -40,6 +43,7 @@ _LAZY = {
     "RewardAgentLoopManager": "async_reward.v1.agent_loop",
     "RewardAgentLoopWorker": "async_reward.v1.agent_loop",
     "RewardReplayBuffer": "async_reward.v1.replay_buffer",
+    "RewardWorkersLost": "async_reward.v1.reward_failover",
     # Wiring (the Ray setup hook in the overrides), whose home imports this package's settings.
     "V1_OVERRIDES": "async_reward.integration",
     "prepare_v1_config": "async_reward.integration",

@@ -16,15 +16,22 @@ may hand the group out. Our worker changes only what happens between scoring and
   two scored members trains on nothing (all its sessions are masked), as in the pipelined trainer.
   Validation is not trained on and keeps every session as scored.
 
-And one thing about scoring itself:
+And two things about scoring itself (:mod:`async_reward.v1.reward_failover`):
 
 * **least-loaded routing**: verl sends each session to a reward worker drawn at random; ours goes to
-  the one with the fewest of this worker's sessions in flight. Each reward worker admits at most its
-  share of the job-wide limits (``limits.max_concurrency`` per worker process), so a random draw
+  the live one with the fewest of this worker's sessions in flight. Each reward worker admits at most
+  its share of the job-wide limits (``limits.max_concurrency`` per worker process), so a random draw
   leaves one worker's slots idle while another has a queue, and its oldest-first admission only
   orders what reached it. The choice is per task (a context variable read by the
   ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs in that task), so
   concurrent sessions of the worker never see each other's choice.
+* **failover**: verl never restarts a reward worker; when one dies, a session whose call to it fails
+  with ``RayActorError`` is scored again on a live one (scoring is idempotent; the judge may see the
+  request twice) instead of failing its group, and the dead worker is never chosen again. The
+  session's extras name the dead worker (``lost_reward_workers``), which the per-step metrics count.
+  With no live worker left the session fails with :class:`~async_reward.v1.reward_failover.
+  RewardWorkersLost` (``reward_workers_lost``) and so does this worker's next ``generate_sequences``,
+  which stops the trainer with that cause rather than refilling failed groups for ever.
 
 Everything else (generation, scoring, TransferQueue layout, failure tagging) is verl's.
 """
@@ -47,6 +54,7 @@ from async_reward.checks import check_v1
 from async_reward.config import ConfigError
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.v1.groups import GroupGate
+from async_reward.v1.reward_failover import LOST_WORKERS_KEY, RewardWorkerPool, RewardWorkersLost
 from async_reward.v1.settings import (
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
@@ -88,26 +96,65 @@ class RewardAgentLoopWorker(_VerlWorker):
     @reward_loop_worker_handles.setter
     def reward_loop_worker_handles(self, handles: list[Any] | None) -> None:
         self._reward_handles = list(handles) if handles is not None else None
-        self._scoring_by_worker = [0] * len(self._reward_handles or [])
-        self._next_worker = 0
+        self._reward_pool = RewardWorkerPool(self._reward_handles) if self._reward_handles else None
+
+    async def generate_sequences(self, batch: Any) -> None:
+        """verl's dispatch, refused once every reward worker is known dead: the trainer's
+        ``ray.get`` on it then raises :class:`RewardWorkersLost`, so the run stops with that cause
+        instead of refilling groups that can never be scored."""
+        pool = self._reward_pool
+        if pool is not None and not pool.live():
+            raise RewardWorkersLost(pool.lost_message())
+        await super().generate_sequences(batch)
 
     async def _compute_score(self, outputs: list[Any], kwargs: dict[str, Any]) -> None:
-        """verl's scoring call, sent to the reward worker with the fewest of our sessions in flight
-        (ties go round-robin), instead of a random one."""
-        handles = self._reward_handles
-        if not handles or len(handles) == 1 or not outputs or outputs[-1].reward_score is not None:
+        """verl's scoring call, sent to the live reward worker with the fewest of our sessions in
+        flight (ties go round-robin) instead of a random one, and sent again to another live one
+        when the chosen worker turns out dead."""
+        pool = self._reward_pool
+        if pool is None or not outputs or outputs[-1].reward_score is not None:
             await super()._compute_score(outputs, kwargs)
             return
-        count = len(handles)
-        start, self._next_worker = self._next_worker, (self._next_worker + 1) % count
-        index = min(range(count), key=lambda i: (self._scoring_by_worker[i], (i - start) % count))
-        self._scoring_by_worker[index] += 1
-        token = _CHOSEN_REWARD_WORKER.set(handles[index])
-        try:
-            await super()._compute_score(outputs, kwargs)
-        finally:
-            _CHOSEN_REWARD_WORKER.reset(token)
-            self._scoring_by_worker[index] -= 1
+        lost: list[str] = []
+        while True:
+            index = pool.choose()  # raises RewardWorkersLost when none is live
+            pool.in_flight[index] += 1
+            token = _CHOSEN_REWARD_WORKER.set(pool.handles[index])
+            try:
+                await super()._compute_score(outputs, kwargs)
+            except Exception as error:
+                if not pool.is_death_of(error, index):
+                    raise
+                if pool.mark_dead(index):
+                    logger.error(
+                        "reward worker %s died (%s); it gets no more sessions, %d of %d left",
+                        pool.names[index],
+                        type(error).__name__,
+                        len(pool.live()),
+                        len(pool.handles),
+                    )
+                lost.append(pool.names[index])
+                continue  # verl assigns the score only after the call returned: nothing to undo
+            finally:
+                _CHOSEN_REWARD_WORKER.reset(token)
+                pool.in_flight[index] -= 1
+            break
+        if lost:
+            self._record_rescore(outputs[-1], kwargs, lost)
+
+    @staticmethod
+    def _record_rescore(output: Any, kwargs: dict[str, Any], lost: list[str]) -> None:
+        """Name the dead workers in the re-scored session's extras, for ``reward/rescored_sessions``
+        and ``reward/worker_deaths``."""
+        info = output.extra_fields.get("reward_extra_info")
+        if isinstance(info, dict):  # in place: our managers' ScoredFloat shares this dict
+            info[LOST_WORKERS_KEY] = ",".join(dict.fromkeys(lost))
+        logger.warning(
+            "session %s_%s re-scored on a live reward worker after %d dead one(s)",
+            kwargs.get("uid"),
+            kwargs.get("session_id"),
+            len(lost),
+        )
 
     async def _run_prompt(
         self,

@@ -33,7 +33,9 @@ from typing import Any
 import ray
 import transfer_queue as tq
 from omegaconf import DictConfig
+from verl.utils import tensordict_utils as tu
 
+from async_reward.result import DISPATCH_ORDER_KEY
 from async_reward.v1.agent_loop import RewardAgentLoopManager, RewardAgentLoopWorker
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "DecoupledAgentLoopManager",
     "DecoupledAgentLoopWorker",
     "GroupFailedError",
+    "number_dispatches",
 ]
 
 logger = logging.getLogger(__name__)
@@ -194,12 +197,27 @@ class DecoupledAgentLoopWorker(RewardAgentLoopWorker):
 DecoupledAgentLoopWorkerActor: Any = ray.remote(DecoupledAgentLoopWorker)
 
 
+def number_dispatches(prompts: Any, first: int) -> int:
+    """Number ``prompts`` (a verl prompt batch) from ``first`` in their order, as the
+    :data:`~async_reward.result.DISPATCH_ORDER_KEY` field; returns the next number.
+
+    verl's agent-loop worker hands each prompt field to every session's kwargs, and its
+    ``_compute_score`` puts the kwargs into the reward request's non-tensor batch, where our managers
+    read it into ``RewardSample.dispatch_order``: within one policy version, each reward worker admits
+    the earliest-dispatched group first (``admission_priority``)."""
+    count = len(prompts)
+    tu.assign_non_tensor_stack(prompts, DISPATCH_ORDER_KEY, list(range(first, first + count)))
+    return first + count
+
+
 class DecoupledAgentLoopManager(RewardAgentLoopManager):
     """Our agent-loop manager running :class:`DecoupledAgentLoopWorker` actors.
 
-    Also spreads dispatches over the workers: verl hands each batch out in ``len(workers)`` chunks
-    starting from the first worker, so the mode's small top-ups (often one prompt) would all go to
-    worker 0; here each dispatch starts where the last one ended.
+    Numbers every dispatch (:func:`number_dispatches`: the window's top-ups, refills and a resumed
+    run's re-issued prompts alike, in the order they reach generation), and spreads dispatches over
+    the workers: verl hands each batch out in ``len(workers)`` chunks starting from the first worker,
+    so the mode's small top-ups (often one prompt) would all go to worker 0; here each dispatch
+    starts where the last one ended.
     """
 
     def __init__(
@@ -212,8 +230,10 @@ class DecoupledAgentLoopManager(RewardAgentLoopManager):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = DecoupledAgentLoopWorkerActor
         self._next_worker = 0
+        self._next_dispatch = 0
 
     def generate_sequences(self, prompts: Any) -> None:
+        self._next_dispatch = number_dispatches(prompts, self._next_dispatch)
         workers = list(self.agent_loop_workers)
         chunks = list(prompts.chunk(len(workers)))
         start = self._next_worker % len(workers)

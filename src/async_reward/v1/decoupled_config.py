@@ -92,6 +92,11 @@ class DecoupledModeConfig:
     evicted with a reason, or still in flight): ``warn`` logs it and counts ``ledger/unaccounted``;
     ``raise`` stops the run (tests)."""
 
+    dry_run: bool = False
+    """Build the trainer in verl's task-runner actor, print its start line and a ``dry run: built``
+    line, and return from ``fit`` without starting any worker, GPU, rollout or reward worker (to check
+    that ``python -m verl.trainer.main_ppo`` picks this mode, with these windows, before a GPU job)."""
+
     def validate(self) -> None:
         for name in ("generation_window", "reward_backlog", "sampleable_buffer"):
             value = getattr(self, name)

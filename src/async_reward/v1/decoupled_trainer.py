@@ -26,6 +26,7 @@ queue metrics of verl-recipe's ``reward_queue`` (same names), ``decoupled/*`` an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -50,6 +51,7 @@ from async_reward.v1.decoupled_config import (
 )
 from async_reward.v1.decoupled_replay_buffer import DecoupledReplayBufferAsync
 from async_reward.v1.decoupled_window import LedgerError, PromptLedger, WindowState, top_up_count
+from async_reward.v1.pipelined_trainer import DRY_RUN_AGENT_LOOP_MANAGER
 from async_reward.v1.settings import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
 
 __all__ = ["PPOTrainerDecoupled"]
@@ -68,7 +70,7 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
 
     def __init__(self, config: DictConfig) -> None:
         self.mode_config = load_decoupled_mode_config(config)
-        _prepare_config(config)
+        _prepare_config(config, dry_run=self.mode_config.dry_run)
         apply_legacy_and_check(config)  # legacy reward keys, every reward setting, before any worker
         super().__init__(config)
         self.windows = derive_windows(self.mode_config, config)
@@ -83,7 +85,9 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         )
         self._state = WindowState(0, 0, 0, 0, frozenset())
         self._checked_at: float | None = None
-        self._timers = dict.fromkeys(("backpressure_s", "rollout_idle_s", "window_full_s"), 0.0)
+        self._timers = dict.fromkeys(
+            ("backpressure_s", "rollout_idle_s", "window_full_s", "outstanding_full_s"), 0.0
+        )
         self._backlog_max = 0
         self._step_dispatched = 0
         self._step_refilled = 0
@@ -101,6 +105,35 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
             f"(from {self.mode_config.staleness_from})"
         )
 
+    # -- dry run: everything up to the workers, then stop ------------------------------------------
+
+    def init(self) -> None:
+        if not self.mode_config.dry_run:
+            super().init()
+            return
+        self._init_tokenizer()
+        self._init_dataloader()
+
+    def get_llm_client(self) -> Any:
+        return None if self.mode_config.dry_run else super().get_llm_client()
+
+    def get_teacher_client(self) -> Any:
+        return None if self.mode_config.dry_run else super().get_teacher_client()
+
+    def get_reward_handles(self) -> Any:
+        return None if self.mode_config.dry_run else super().get_reward_handles()
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        if self.mode_config.dry_run:
+            cls = type(self)
+            print(
+                f"async_reward: dry run: built {cls.__module__}.{cls.__qualname__} "
+                f"(trainer_mode={DECOUPLED_MODE}), in pid {os.getpid()}; no worker started",
+                flush=True,
+            )
+            return
+        super().fit(agent_loop_manager)
+
     # -- the window ----------------------------------------------------------------------------------
 
     def _top_up(self) -> WindowState:
@@ -110,21 +143,23 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         state = WindowState.from_tags(listing)
         count = top_up_count(state, self.windows)
         if count > 0:
-            uids = [str(uid) for uid in self._submit_batch_to_rollout_uids(count)]
+            uids = self._dispatch(count)
             state = replace(state, generating=state.generating + count, in_flight=state.in_flight | set(uids))
         self._account_time(state)
         self._backlog_max = max(self._backlog_max, state.backlog)
         return state
 
-    def _submit_batch_to_rollout_uids(self, count: int) -> list[str]:
+    def _dispatch(self, count: int) -> list[str]:
+        """``count`` prompts from verl's dataloader, sent to generation; their uids."""
         batch = self._next_train_batch(count)
         self._submit_batch_to_rollout(batch)
         return [str(uid) for uid in batch["uid"]]
 
     def _account_time(self, state: WindowState) -> None:
         """Charge the time since the last look to what the pipeline was doing then: no group
-        generating (``rollout_idle_s``), dispatch held by the reward backlog while the window had room
-        (``backpressure_s``), or the window full (``window_full_s``)."""
+        generating (``rollout_idle_s``); and why dispatch stopped: the window full (``window_full_s``),
+        the reward backlog at its bound while the window had room (``backpressure_s``), or the groups
+        outstanding at theirs (``outstanding_full_s``: the trainer is the bottleneck)."""
         now = time.monotonic()
         if self._checked_at is not None:
             elapsed, before = now - self._checked_at, self._state
@@ -134,6 +169,8 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
                 self._timers["window_full_s"] += elapsed
             elif before.backlog >= self.windows.reward_backlog:
                 self._timers["backpressure_s"] += elapsed
+            elif before.outstanding >= self.windows.outstanding_cap:
+                self._timers["outstanding_full_s"] += elapsed
         self._checked_at, self._state = now, state
 
     # -- verl's dispatch points, through the window ---------------------------------------------------
@@ -259,14 +296,16 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         return {**self._reward_totals, "score_seconds": []}
 
 
-def _prepare_config(config: DictConfig) -> None:
+def _prepare_config(config: DictConfig, dry_run: bool = False) -> None:
     """Copy verl's ``separate_async`` settings into the mode's node (verl's base trainer reads
     ``trainer.v1.<mode>.parameter_sync_step``, its separate-async code ``trainer.v1.separate_async``),
-    and name the mode's agent-loop manager and replay buffer."""
+    and name the mode's agent-loop manager (a dry run's starts nothing) and replay buffer."""
     separate = OmegaConf.to_container(OmegaConf.select(config, SEPARATE_ASYNC_PATH) or {}, resolve=True)
     agent = config.actor_rollout_ref.rollout.agent
     current = agent.get("agent_loop_manager_class")
-    if current not in (
+    if dry_run:
+        current = None
+    elif current not in (
         None,
         "",
         AGENT_LOOP_MANAGER,
@@ -285,7 +324,9 @@ def _prepare_config(config: DictConfig) -> None:
             config.trainer.v1[DECOUPLED_MODE] = {}
         for key, value in (separate or {}).items():  # type: ignore[union-attr]
             config.trainer.v1[DECOUPLED_MODE][key] = value
-        if current in (None, "", AGENT_LOOP_MANAGER):
+        if dry_run:
+            agent.agent_loop_manager_class = DRY_RUN_AGENT_LOOP_MANAGER
+        elif current in (None, "", AGENT_LOOP_MANAGER):
             agent.agent_loop_manager_class = DECOUPLED_AGENT_LOOP_MANAGER
         sampler = config.trainer.v1.sampler
         if not (sampler.get("custom_sampler") or {}).get("path"):

@@ -87,6 +87,8 @@ class PPOTrainerPipelined(PPOTrainer):
         self._in_flight: deque[InFlightBatch] = deque()
         """Batches submitted and not yet trained on, oldest first."""
         self._submitted: dict[int, dict[str, int]] = {}
+        self._counted_deaths: set[str] = set()
+        """Reward workers counted in an earlier step's ``reward/worker_deaths``."""
         if self.announce:  # the one line that says which trainer trains, with which schedule
             print(f"async_reward: {self.start_line()}", flush=True)
 
@@ -243,7 +245,7 @@ class PPOTrainerPipelined(PPOTrainer):
                 "pipeline/failed_groups": float(len(current.failed)),
                 "reward/untrained": float(counts["untrained"]),
                 "reward/skipped_batches": float(counts["skipped"]),
-                **extras_metrics(counts["extras"]),
+                **extras_metrics(counts["extras"], self._counted_deaths),
             }
         )
         return trained

@@ -218,6 +218,7 @@ class StepRewardMetrics:
         self._pending_extras: list[dict[str, Any]] = []
         self._pending_untrained = 0
         self._pending_skipped = 0
+        self._counted_deaths: set[str] = set()  # reward workers already in an earlier step's count
 
     def add(self, global_steps: int, extras: list[dict[str, Any]], untrained: int = 0) -> dict[str, float]:
         """Record one mini-batch (its sessions' extras, and how many of them train on nothing);
@@ -229,7 +230,7 @@ class StepRewardMetrics:
         if self._calls < self.samples_per_step:
             return {}
         return {
-            **extras_metrics(self._extras),
+            **extras_metrics(self._extras, self._counted_deaths),
             "reward/untrained": float(self._untrained),
             "reward/skipped_batches": float(self._skipped),
         }
