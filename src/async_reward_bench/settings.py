@@ -56,7 +56,9 @@ class BenchConfig:
     total_gpus: int = 8
     """GPUs every strategy runs on (equal total): colocated strategies generate and train on all of
     them, ``v1_separate_async`` splits them into standalone rollout GPUs and trainer GPUs
-    (``gpu_split``). The calibration ran on 8; other totals scale every GPU stage linearly."""
+    (``gpu_split``). The calibration ran on 8; other totals scale every GPU stage linearly, and the
+    regimes defined by their reward-to-GPU ratio keep it (their judge latency scales too; the recipe
+    regime keeps the recipe's latency)."""
     rollout_gpus: int | None = None
     """Standalone rollout GPUs of the separate strategies (the rest train). None: per regime, the
     integer split minimising their GPU bound (``gpu_split.best_rollout_gpus``). Set without a
