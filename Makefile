@@ -26,8 +26,14 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# `make test` spreads the test files over TEST_WORKERS pytest processes (pytest-xdist, one file per
+# process at a time, so a module's fixtures stay in one process; each process starts its own local Ray
+# cluster when its first Ray test needs one). Much of the suite waits (on Ray actors starting, a judge's
+# latency, a subprocess), so more processes than cores still shorten it; TEST_WORKERS=0 runs it in one.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # `make test-fast`: the inner loop (aimed at under 2 minutes on a 2-core machine), not the gate. It
 # leaves out the tests marked `ray` (they use the session's Ray cluster; set automatically from the
