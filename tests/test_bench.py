@@ -24,7 +24,7 @@ from async_reward_bench.report import measured_steps, probe_lag_ms, service_busy
 from async_reward_bench.scenarios import regime_latency, regime_stages
 
 OURS = ["baseline", "mini_batch", "one_step_off", "both", "recipe_style"]
-V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both"]
+V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both", "v1_separate_async", "v1_decoupled"]
 TINY = ["--steps", "3", "--time-scale", "0.002", "--prompts", "16", "--capacity", "4", "--no-progress"]
 STRUCTURAL = {
     "staleness_by_schedule",
@@ -59,6 +59,8 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
         "--strategies",
         *OURS,
         *V1,
+        "--weight-sync-s",  # only v1_separate_async pushes weights outside its calibrated rollout
+        "200",
         "--out",
         str(tmp_path),
     ]
@@ -90,6 +92,35 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     # our v1 trainer mode, schedule both: one-step off (staleness 1 after the first step); its 4
     # updates a step are checked with every strategy's above
     assert strategies["v1_pipelined_both"]["staleness"] == [0, 1, 1]
+    # verl's separate_async on 1 standalone rollout GPU + 7 trainer GPUs (the best split of 8: the
+    # generation work is a small share): each step trains a batch (197.8 s x 8/7) and pushes weights
+    # (200 s, generation paused), so it is trainer-bound at 426.1 s, above the service's 410 s.
+    split = regime["gpu_split"]
+    assert (split["total"], split["rollout"], split["trainer"], split["weight_sync_s"]) == (8, 1, 7, 200.0)
+    assert split["bound_s"] == pytest.approx(197.8 * 8 / 7 + 200) == split["terms_s"]["trainer_s"]
+    assert split["rollout_work_s"] < 0.5 * 39.8  # the mean response, not the longest
+    separate = strategies["v1_separate_async"]
+    assert separate["gpus"] == "1+7" and strategies["both"]["gpus"] == "8"
+    assert separate["bound_s"] == split["bound_s"] and "bound_s" not in strategies["v1_colocate_async"]
+    assert separate["ratio_to_bound"] == pytest.approx(separate["step_s"] / split["bound_s"])
+    assert separate["ratio_to_colocated_bound"] == pytest.approx(separate["step_s"] / 410.0)
+    assert separate["step_s"] >= 0.99 * split["bound_s"]  # the sync is paid: a busy CPU only adds
+    assert separate["rollout_idle_fraction"] >= 0.95 * 200 / separate["step_s"]  # paused for it
+    assert 0 < separate["gpu_busy_fraction"] <= 1 and 0 < separate["trainer_busy_fraction"] <= 1
+    assert separate["staleness"][0] == 0 and 1 <= max(separate["staleness"]) <= 8  # verl's threshold
+    # Our decoupled mode on the same split and bound; its prompt ledger balanced every step (16
+    # prompts trained a step, none lost, none dropped by backpressure).
+    decoupled = strategies["v1_decoupled"]
+    assert decoupled["gpus"] == "1+7" and decoupled["bound_s"] == split["bound_s"]
+    assert decoupled["step_s"] >= 0.99 * split["bound_s"]
+    mode = decoupled["mode_metrics"]
+    assert mode["ledger/trained"] == [16, 32, 48] and mode["ledger/unaccounted"] == [0, 0, 0]
+    assert mode["reward_queue/dropped_samples"] == [0, 0, 0] and mode["ledger/evicted"] == [0, 0, 0]
+    assert max(decoupled["staleness"]) <= 8
+    assert "mode_metrics" in separate and not separate["mode_metrics"]  # verl's mode has none of ours
+    for name in ("both", "v1_colocate_async"):  # colocated: idle only when neither generating nor training
+        summary = strategies[name]
+        assert summary["rollout_idle_fraction"] == pytest.approx(1 - summary["gpu_stage_fraction"])
     # How much v1's scoring overlapped its generation tail (at this tiny scale, often nothing: the
     # whole rollout lasts 80 ms; test_bench_v1_model shows the per-sample scoring itself).
     assert 0 <= strategies["v1_sync"]["scored_during_rollout"] <= 1

@@ -130,6 +130,19 @@ def test_verl_sync_replay_buffer_samples_finished_groups_oldest_first():
     assert replay_buffer.tq is not store  # put back after the block
 
 
+def test_the_store_serves_our_modes_tag_readers_too_for_the_block_only():
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    from async_reward.v1 import decoupled_replay_buffer, decoupled_trainer
+
+    before = (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq)
+    store = TagStore()
+    names = ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer")
+    with serving_replay_buffer(store, *names):
+        assert replay_buffer.tq is decoupled_trainer.tq is decoupled_replay_buffer.tq is store
+    assert (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq) == before
+
+
 def test_verl_sync_replay_buffer_waits_until_enough_groups_finish():
     store = TagStore()
     _put_group(store, "a", 1, "finished")
@@ -190,7 +203,9 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
     store = TagStore()
     for uid in ("g", "h"):
         store.kv_put(uid, "train", tag={"is_prompt": True, "status": "pending", "global_steps": 1})
-    loop = V1AgentLoop(rewards.reward_loop_worker_handles, store, full_speed_slots=2).start()
+    loop = V1AgentLoop(rewards.reward_loop_worker_handles, store, full_speed_slots=2, write_progress=True)
+    loop.start()
+    loop.set_version(3)  # the weights' policy version, as a weight push sets it
     deadline = time.monotonic() + 120
 
     def wait_for(condition) -> None:  # type: ignore[no-untyped-def]
@@ -208,11 +223,19 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
         tags = store.kv_list("train")["train"]
         assert tags["g_0_0"] == {"status": "success", "global_steps": 1}  # scored without its group
         assert tags["g"]["status"] == "running" and "g_1_0" not in tags and len(loop.engine) == 1
+        # The decoupled mode's progress tags: one of g's two sessions generated and scored.
+        assert {k: tags["g"][k] for k in ("gen_done", "gen_n", "unscored", "gen_version")} == {
+            "gen_done": 1,
+            "gen_n": 2,
+            "unscored": 0,
+            "gen_version": 3,
+        }
         assert tags["h"]["status"] == "failure" and "h_0_0" not in tags  # the raising session
         loop.resume()
         wait_for(lambda: store.kv_list("train")["train"]["g"]["status"] != "running")
         tags = store.kv_list("train")["train"]
         assert tags["g"]["status"] == "finished" and tags["g_1_0"]["status"] == "success"
+        assert (tags["g"]["gen_done"], tags["g"]["unscored"], tags["h"]["gen_done"]) == (2, 0, 1)
         scores = [v["score"] for v in store.values(["g_0_0", "g_1_0"], "train")]
         extras = store.values(["g_0_0"], "train")[0]["extras"]
         assert scores == [1.0, 0.0] and extras["status"] == "ok"  # the judge's verdicts, right and wrong

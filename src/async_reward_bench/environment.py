@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from async_reward_bench.scenarios import V1_STRATEGIES
 
 if TYPE_CHECKING:
+    from async_reward_bench.gpu_split import GpuSplit
     from async_reward_bench.settings import BenchConfig
 
 __all__ = ["bench_environment"]
@@ -30,7 +31,8 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
 
     With a v1 strategy selected it also holds ``"v1_rewards"`` (``cfg.num_workers`` of verl's
     ``RewardLoopWorker`` actors running ``llm_judge``, as verl's v1 trainer creates them) and
-    ``"v1_config"``, a function of the v1 strategy giving the trainer's verl config."""
+    ``"v1_config"``, a function of the v1 strategy (and, for a separate one, its GPU split) giving
+    the trainer's verl config."""
     import ray
 
     from async_reward.integration import init_local_ray
@@ -63,7 +65,9 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
         env: dict[str, Any] = {"server": server, "manager": manager, "factory": factory}
         if any(s in V1_STRATEGIES for s in cfg.strategies):
             env["v1_rewards"] = _v1_reward_workers(cfg, directory, server.url, warm, stack)
-            env["v1_config"] = lambda strategy: _v1_trainer_config(cfg, directory, server.url, strategy)
+            env["v1_config"] = lambda strategy, split=None: _v1_trainer_config(
+                cfg, directory, server.url, strategy, split
+            )
         yield env
 
 
@@ -81,16 +85,38 @@ def _v1_reward_workers(
     return rewards
 
 
-def _v1_trainer_config(cfg: BenchConfig, model_dir: Path, server_url: str, strategy: str) -> Any:
+def _v1_trainer_config(
+    cfg: BenchConfig, model_dir: Path, server_url: str, strategy: str, split: GpuSplit | None = None
+) -> Any:
     """verl's config for its v1 trainer as ``strategy`` runs it, shaped like the benchmark's step: GRPO
     with a reference policy (the recipe's KL loss), ``prompts`` x ``group_size`` samples,
-    ``mini_batches`` actor updates; our ``pipelined`` mode with the strategy's schedule flags."""
+    ``mini_batches`` actor updates; our ``pipelined`` mode with the strategy's schedule flags; a
+    separate mode (verl's ``separate_async``, our ``decoupled``, which reads the same settings) on
+    ``split``: standalone rollout GPUs only (``hybrid_engine=false``), a non-naive
+    weight-sync backend (which ``separate_async`` requires; the harness replaces it),
+    ``parameter_sync_step`` = mini-batches (one weight push per step, as ``train_batch_size =
+    parameter_sync_step x ppo_mini_batch_size`` demands) and ``gen_batch_size=1`` (what verl's
+    ``_setup`` forces in async modes, so refills fetch exact prompt counts)."""
+    from async_reward_bench.gpu_split import SEPARATE_MODES
     from async_reward_bench.scenarios import V1_PIPELINED_SCHEDULES
 
     mode = V1_STRATEGIES[strategy]
     flags: list[str] = []
     for key, value in V1_PIPELINED_SCHEDULES.get(strategy, {}).items():
         flags.append(f"+trainer.v1.pipelined.{key}={str(value).lower()}")
+    if mode in SEPARATE_MODES:
+        if split is None:
+            raise ValueError(f"{strategy} runs on standalone rollout GPUs: give its GPU split")
+        flags += [
+            "actor_rollout_ref.hybrid_engine=false",
+            "actor_rollout_ref.rollout.nnodes=1",
+            f"actor_rollout_ref.rollout.n_gpus_per_node={split.rollout}",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            "trainer.nnodes=1",
+            f"trainer.n_gpus_per_node={split.trainer}",
+            f"trainer.v1.separate_async.parameter_sync_step={cfg.mini_batches}",
+            "data.gen_batch_size=1",
+        ]
     return _verl_config(
         cfg,
         model_dir,

@@ -24,7 +24,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-__all__ = ["GenerationState", "rollout_durations"]
+__all__ = ["GenerationState", "rollout_durations", "rollout_work"]
 
 _DONE = 1e-12
 
@@ -36,6 +36,21 @@ def rollout_durations(n: int, makespan_s: float, sigma: float, rng: np.random.Ge
         raise ValueError(f"need n >= 1, makespan_s >= 0 and sigma >= 0, got {n}, {makespan_s}, {sigma}")
     lengths = rng.lognormal(mean=0.0, sigma=sigma, size=n)
     return np.asarray(makespan_s * lengths / lengths.max(), dtype=float)
+
+
+def rollout_work(makespan_s: float, sigma: float, samples: int, slots: int, draws: int = 64) -> float:
+    """Seconds a continuously fed engine needs per batch: the batch's decoding time summed over its
+    ``samples`` responses, shared by the ``slots`` sequences it decodes at full speed (the expected
+    value over ``draws`` seeded batches of :func:`rollout_durations`). A lower bound on the rollout's
+    time per batch in steady state, and below the makespan: while a batch's longest responses finish,
+    the engine can decode the next batch's bulk (what verl's separate and async modes do)."""
+    if samples < 1 or slots < 1 or draws < 1:
+        raise ValueError(f"need samples, slots and draws >= 1, got {samples}, {slots}, {draws}")
+    means = [
+        rollout_durations(samples, makespan_s, sigma, np.random.default_rng([7, i])).mean()
+        for i in range(draws)
+    ]
+    return float(np.mean(means)) * samples / slots
 
 
 class GenerationState:

@@ -14,6 +14,7 @@ from async_reward_bench.structure import schedule_facts
 __all__ = [
     "STEADY_STATE_RULE",
     "add_relative",
+    "busy_time",
     "format_table",
     "measured_steps",
     "probe_lag_ms",
@@ -27,6 +28,21 @@ STEADY_STATE_RULE = (
     "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
 )
 _GPU_STAGES = ("rollout", "prepare", "update")
+_TRAINING_STAGES = ("prepare", "update")
+#: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
+#: queue and prompt ledger).
+_MODE_METRICS = ("decoupled/", "ledger/", "reward_queue/")
+
+
+def busy_time(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Length of the union of ``intervals`` within [start, end] (overlaps counted once)."""
+    total, reach = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 def measured_steps(records: Sequence[StepRecord]) -> list[StepRecord]:
@@ -93,6 +109,13 @@ def summarize(
     measured = measured_steps(records)
     span = sum(r.duration for r in measured)
     gpu = sum(e.duration for r in measured for e in r.events if e.name in _GPU_STAGES)
+    window = (measured[0].start, measured[-1].end)
+
+    def share(names: tuple[str, ...]) -> float:
+        """Share of the measured time in which any of the ``names`` stages ran."""
+        intervals = [(e.start, e.end) for r in measured for e in r.events if e.name in names]
+        return busy_time(intervals, *window) / span if span > 0 else math.nan
+
     lag = (
         probe_lag_ms(samples, measured[0].start, measured[-1].end, sample_interval_s)
         if sample_interval_s is not None
@@ -106,6 +129,11 @@ def summarize(
         "step_s": float(np.mean([r.duration for r in measured])) / time_scale,
         "reward_blocked_s": float(np.mean([r.reward_blocked_s for r in measured])) / time_scale,
         "gpu_busy_fraction": gpu / span if span > 0 else math.nan,
+        # Shares of the measured steps' time (``rollout_idle_fraction``, which depends on where the
+        # strategy generates, is added by the caller):
+        "generating_fraction": share(("rollout",)),
+        "trainer_busy_fraction": share(_TRAINING_STAGES),
+        "gpu_stage_fraction": share(_GPU_STAGES),
         "service_busy_fraction": service_busy_fraction(
             samples, measured[0].start, measured[-1].end, capacity
         ),
@@ -119,15 +147,22 @@ def summarize(
         ],
         "reward_latency_p50_s": [r.metrics.get("reward/latency_p50", math.nan) / time_scale for r in records],
         "reward_status_ok": [r.metrics.get("reward/status_ok", math.nan) for r in records],
+        "mode_metrics": {
+            key: [r.metrics.get(key, math.nan) for r in records]
+            for key in sorted({k for r in records for k in r.metrics if k.startswith(_MODE_METRICS)})
+        },
         **schedule_facts(records, time_scale),
     }
 
 
 def add_relative(strategies: dict[str, dict[str, Any]], bound_s: float) -> None:
-    """Add ``reduction_vs_baseline`` (a fraction) and ``ratio_to_bound`` to each strategy's summary."""
+    """Add ``reduction_vs_baseline`` (a fraction), ``ratio_to_bound`` (to the strategy's own
+    ``bound_s`` where its summary has one: a separate strategy's GPU split; else to ``bound_s``) and
+    ``ratio_to_colocated_bound`` (to ``bound_s``, the colocated strategies' bound at equal GPUs)."""
     base = strategies.get("baseline", {}).get("step_s")
     for summary in strategies.values():
-        summary["ratio_to_bound"] = summary["step_s"] / bound_s
+        summary["ratio_to_bound"] = summary["step_s"] / summary.get("bound_s", bound_s)
+        summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
         summary["reduction_vs_baseline"] = 1.0 - summary["step_s"] / base if base else math.nan
 
 
@@ -140,13 +175,25 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         f"{regime['gpu_work_s']:.1f} s (rollout {regime.get('gen_s', math.nan):.1f} s), bound "
         f"{regime['bound_s']:.1f} s per step (recipe seconds)"
     )
+    split = regime.get("gpu_split")
+    if split:
+        terms = split["terms_s"]
+        head += (
+            f"\n  separate strategies: {split['rollout']} rollout + {split['trainer']} trainer GPUs of "
+            f"{split['total']}, bound max(rollout work {terms['rollout_s']:.1f}, trainer "
+            f"{terms['trainer_s']:.1f}, reward {terms['reward_s']:.1f}) = {split['bound_s']:.1f} s "
+            f"(weight sync {split['weight_sync_s']:g} s)"
+        )
     columns = [
         "strategy",
+        "GPUs",
         "step s",
         "vs baseline",
         "x bound",
+        "x colocated bound",
         "blocked s",
         "GPU busy",
+        "rollout idle",
         "service busy",
         "stale",
     ]
@@ -156,13 +203,16 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
     for name, s in regime["strategies"].items():
         row = [
             name,
+            str(s.get("gpus", "")),
             f"{s['step_s']:.1f}",
             "-"
             if name == "baseline" or math.isnan(s["reduction_vs_baseline"])
             else f"{-s['reduction_vs_baseline'] * 100:+.1f}%",
             f"{s['ratio_to_bound']:.3f}",
+            f"{s.get('ratio_to_colocated_bound', math.nan):.3f}",
             f"{s['reward_blocked_s']:.1f}",
             f"{s['gpu_busy_fraction'] * 100:.0f}%",
+            f"{s.get('rollout_idle_fraction', math.nan) * 100:.0f}%",
             f"{s['service_busy_fraction'] * 100:.0f}%",
             str(max(s.get("staleness") or [0])),
         ]

@@ -9,10 +9,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from async_reward_bench.calibration import RECIPE_SERVICE, StageMedians
+from async_reward_bench.gpu_split import SEPARATE_MODES
 
 __all__ = [
     "OUR_STRATEGIES",
     "REGIMES",
+    "SEPARATE_STRATEGIES",
     "STRATEGIES",
     "V1_PIPELINED_SCHEDULES",
     "V1_STRATEGIES",
@@ -42,13 +44,19 @@ V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | float]] = {
     "v1_pipelined_both_fill": {"mini_batch": True, "one_step_off_policy": True, "fill_rollout_tail_at": 0.5},
 }
 #: verl's v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them): verl's own
-#: modes, and ours in each schedule.
+#: modes, and ours in each schedule. ``v1_separate_async`` (verl's) and ``v1_decoupled`` (ours, the
+#: same with scoring decoupled from generation) run on standalone rollout GPUs and trainer GPUs
+#: (``gpu_split``).
 V1_STRATEGIES: dict[str, str] = {
     "v1_sync": "sync",
     "v1_colocate_async": "colocate_async",
     **dict.fromkeys(V1_PIPELINED_SCHEDULES, "pipelined"),
+    "v1_separate_async": "separate_async",
+    "v1_decoupled": "decoupled",
 }
 STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
+#: The strategies on standalone rollout GPUs and trainer GPUs (``gpu_split.SEPARATE_MODES``).
+SEPARATE_STRATEGIES: tuple[str, ...] = tuple(s for s, mode in V1_STRATEGIES.items() if mode in SEPARATE_MODES)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from async_reward_bench.scenarios import DEFAULT_REGIMES, OUR_STRATEGIES, REGIMES, STRATEGIES
+from async_reward_bench.scenarios import (
+    DEFAULT_REGIMES,
+    OUR_STRATEGIES,
+    REGIMES,
+    SEPARATE_STRATEGIES,
+    STRATEGIES,
+)
 
 __all__ = ["QUICK", "BenchConfig"]
 
@@ -47,6 +53,22 @@ class BenchConfig:
     rollout_slots: int | None = None
     """Sequences the simulated rollout engine of the v1 strategies decodes at full speed; more
     share its throughput (``generation.GenerationState``). None: one batch (``prompts x group_size``)."""
+    total_gpus: int = 8
+    """GPUs every strategy runs on (equal total): colocated strategies generate and train on all of
+    them, ``v1_separate_async`` splits them into standalone rollout GPUs and trainer GPUs
+    (``gpu_split``). The calibration ran on 8; other totals scale every GPU stage linearly, and the
+    regimes defined by their reward-to-GPU ratio keep it (their judge latency scales too; the recipe
+    regime keeps the recipe's latency)."""
+    rollout_gpus: int | None = None
+    """Standalone rollout GPUs of the separate strategies (the rest train). None: per regime, the
+    integer split minimising their GPU bound (``gpu_split.best_rollout_gpus``). Set without a
+    separate strategy, it is refused."""
+    weight_sync_s: float = 0.0
+    """Recipe seconds one weight push costs a separate strategy, once per step: the trainer waits and
+    generation pauses (``on_step_end``'s ``update_weights``). 0: free, as the colocated ``gen``
+    median already includes one; 5 is about a 7B NCCL broadcast with abort and resume. Colocated
+    strategies have none of their own (theirs is inside the calibrated rollout); set without a
+    separate strategy, it is refused."""
     judge_faults: tuple[str, ...] = ()
     """Faults the judge injects, ``KIND=RATE`` as ``async-reward serve --fault`` takes them (e.g.
     ``400=1`` answers every request with an error, which the verdict must then fail)."""
@@ -85,6 +107,23 @@ class BenchConfig:
             raise ValueError(f"time scale must be in (0, 1], got {self.time_scale}")
         if self.rollout_slots is not None and self.rollout_slots < 1:
             raise ValueError(f"rollout slots must be >= 1, got {self.rollout_slots}")
+        if self.total_gpus < 1:
+            raise ValueError(f"total GPUs must be >= 1, got {self.total_gpus}")
+        separate = [s for s in self.strategies if s in SEPARATE_STRATEGIES]
+        if separate and self.total_gpus < 2:
+            raise ValueError(f"{separate} need at least 2 GPUs (one rollout, one trainer): set --total-gpus")
+        if self.rollout_gpus is not None and not 1 <= self.rollout_gpus < self.total_gpus:
+            raise ValueError(
+                f"rollout GPUs must be between 1 and total GPUs - 1 ({self.total_gpus - 1}), "
+                f"got {self.rollout_gpus}"
+            )
+        if not self.weight_sync_s >= 0:
+            raise ValueError(f"weight sync must be >= 0 s, got {self.weight_sync_s}")
+        if not separate and (self.rollout_gpus is not None or self.weight_sync_s > 0):
+            raise ValueError(
+                "rollout GPUs and weight sync apply to strategies on standalone rollout GPUs "
+                f"({', '.join(SEPARATE_STRATEGIES)}); none is selected"
+            )
         if self.checks not in ("full", "quick"):
             raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
         from async_reward.devserver import DevServerConfig

@@ -42,10 +42,12 @@ from typing import Any
 
 from async_reward.config import dataclass_from_flags
 from async_reward_bench.calibration import StageMedians, load_medians, recipe_targets
+from async_reward_bench.gpu_split import GpuSplit, colocated_bound, colocated_stages, split_for
 from async_reward_bench.scenarios import (
     DEFAULT_REGIMES,
     OUR_STRATEGIES,
     REGIMES,
+    SEPARATE_STRATEGIES,
     STRATEGIES,
     V1_STRATEGIES,
     Regime,
@@ -99,20 +101,49 @@ def _run_one(
     return {"records": records, "samples": samples, "origin": origin}
 
 
-def _regime_summary(regime: Regime, cfg: BenchConfig, stages: StageMedians) -> dict[str, Any]:
+def _rollout_work(regime: Regime, cfg: BenchConfig, calibrated: StageMedians) -> float:
+    """Generation work per batch on the calibration's GPUs (``generation.rollout_work``)."""
+    from async_reward_bench.generation import rollout_work
+
+    samples = cfg.prompts * cfg.group_size
+    return rollout_work(calibrated.gen_s, regime.gen_sigma, samples, cfg.rollout_slots or samples)
+
+
+def _regime_summary(
+    regime: Regime, cfg: BenchConfig, stages: StageMedians, split: GpuSplit | None = None
+) -> dict[str, Any]:
+    """The regime's numbers: ``stages`` are the colocated ones on ``cfg.total_gpus`` GPUs; ``split``
+    (when a separate strategy runs) is applied to the calibration's stages of the regime."""
     latency = regime_latency(regime, cfg.prompts * cfg.group_size, cfg.capacity, stages.gpu_work_s)
     work = cfg.prompts * cfg.group_size * sum(latency) / 2 / cfg.capacity
-    return {
+    summary: dict[str, Any] = {
         "name": regime.name,
         "description": regime.description,
         "latency_s": list(latency),
         "gen_s": stages.gen_s,
         "gen_sigma": regime.gen_sigma,
+        "total_gpus": cfg.total_gpus,
         "gpu_work_s": stages.gpu_work_s,
         "reward_work_per_capacity_s": work,
-        "bound_s": max(stages.gpu_work_s, work),
+        "bound_s": colocated_bound(stages, work),
         "strategies": {},
     }
+    if split is not None:
+        calibrated = regime_stages(regime, load_medians(cfg.calibration_csv)[cfg.calibration_run])
+        gen_work = _rollout_work(regime, cfg, calibrated)
+        summary["gpu_split"] = {
+            "total": split.total,
+            "rollout": split.rollout,
+            "trainer": split.trainer,
+            "chosen": "--rollout-gpus" if cfg.rollout_gpus is not None else "best for the regime",
+            "weight_sync_s": split.weight_sync_s,
+            "rollout_work_s": gen_work,
+            "terms_s": split.terms(calibrated, gen_work, work),
+            "bound_s": split.bound(calibrated, gen_work, work),
+            "model": "linear: decoding time x 8/R, training stages x 8/T (calibration on 8 GPUs); rollout "
+            "term: generation work (decoding time summed over a batch / full-speed slots), not makespan",
+        }
+    return summary
 
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
@@ -146,10 +177,23 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         results["setup_s"] = time.perf_counter() - started
         if cfg.judge_faults:  # after the zero-latency warm-up, which must succeed
             env["server"].update_config(fault_rates=cfg.fault_rates)
+        separate = [s for s in cfg.strategies if s in SEPARATE_STRATEGIES]
         for regime_name in cfg.regimes:
             regime = REGIMES[regime_name]
-            regime_stage = regime_stages(regime, stages)
-            summary = _regime_summary(regime, cfg, regime_stage)
+            calibrated = regime_stages(regime, stages)
+            split = (
+                split_for(
+                    calibrated,
+                    _rollout_work(regime, cfg, calibrated),
+                    cfg.total_gpus,
+                    cfg.rollout_gpus,
+                    cfg.weight_sync_s,
+                )
+                if separate
+                else None
+            )
+            regime_stage = colocated_stages(calibrated, cfg.total_gpus)
+            summary = _regime_summary(regime, cfg, regime_stage, split)
             lo, hi = summary["latency_s"]
             env["server"].update_config(latency_ms=[lo * 1000 * scale, hi * 1000 * scale])
             backend = CalibratedBackend(regime_stage.scaled(scale), env["factory"])
@@ -158,14 +202,32 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                 if strategy in V1_STRATEGIES:
                     from async_reward_bench.v1_run import run_v1_strategy
 
+                    on = split if strategy in SEPARATE_STRATEGIES else None  # standalone rollout GPUs
+                    run_stages = on.stages(calibrated) if on is not None else regime_stage
                     run = run_v1_strategy(
-                        env, cfg, regime, regime_stage.scaled(scale), strategy, next(tags), bar
+                        env, cfg, regime, run_stages.scaled(scale), strategy, next(tags), bar, on
                     )
                 else:
                     run = _run_one(env, backend, cfg, strategy, next(tags), bar)
-                summary["strategies"][strategy] = summarize(
+                result = summarize(
                     run["records"], scale, run["samples"], cfg.capacity, cfg.sample_interval_real
                 )
+                if strategy in SEPARATE_STRATEGIES:
+                    assert split is not None
+                    result["gpus"] = f"{split.rollout}+{split.trainer}"
+                    result["bound_s"] = summary["gpu_split"]["bound_s"]
+                    # The standalone rollout GPUs idle whenever nothing decodes; GPU busy is the
+                    # share of the N GPUs' time used: generating on R, training on T.
+                    result["rollout_idle_fraction"] = 1.0 - result["generating_fraction"]
+                    result["gpu_busy_fraction"] = (
+                        split.rollout * result["generating_fraction"]
+                        + split.trainer * result["trainer_busy_fraction"]
+                    ) / split.total
+                else:
+                    result["gpus"] = str(cfg.total_gpus)
+                    # Colocated: the GPUs that generate also train; they idle when doing neither.
+                    result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
+                summary["strategies"][strategy] = result
                 summary["strategies"][strategy]["load_average_1min"] = os.getloadavg()[0]
                 if "scored_during_rollout" in run:
                     summary["strategies"][strategy]["scored_during_rollout"] = run["scored_during_rollout"]
@@ -183,6 +245,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                         capacity=cfg.capacity,
                         time_scale=scale,
                         origin=run["origin"],
+                        separate_rollout=strategy in SEPARATE_STRATEGIES,
                     )
                     summary["strategies"][strategy]["timeline_png"] = str(path)
             add_relative(summary["strategies"], summary["bound_s"])
@@ -263,6 +326,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--rollout-slots",
         type=int,
         help="sequences the v1 strategies' simulated engine decodes at full speed (default: one batch)",
+    )
+    parser.add_argument(
+        "--total-gpus",
+        type=int,
+        help=f"GPUs of every strategy, split by the separate ones (default {defaults.total_gpus}, the "
+        "calibration's)",
+    )
+    parser.add_argument(
+        "--rollout-gpus",
+        type=int,
+        help="standalone rollout GPUs of the separate strategies (default: per regime, the split with the "
+        "lowest GPU bound)",
+    )
+    parser.add_argument(
+        "--weight-sync-s",
+        type=float,
+        help="recipe seconds a separate strategy's weight push pauses generation and the trainer, once a "
+        f"step (default {defaults.weight_sync_s:g})",
     )
     parser.add_argument(
         "--judge-fault",

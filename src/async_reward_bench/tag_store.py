@@ -102,14 +102,18 @@ class TagStore:
 
 
 @contextlib.contextmanager
-def serving_replay_buffer(store: TagStore) -> Iterator[TagStore]:
-    """Make verl's v1 replay buffer (``verl.trainer.ppo.v1.replay_buffer``) use ``store`` as its
-    TransferQueue for the duration of the block; the module's own ``tq`` is put back afterwards."""
-    from verl.trainer.ppo.v1 import replay_buffer
+def serving_replay_buffer(store: TagStore, *modules: str) -> Iterator[TagStore]:
+    """Make verl's v1 replay buffer (``verl.trainer.ppo.v1.replay_buffer``), and the named
+    ``modules`` (e.g. a trainer mode of ours that lists tags), use ``store`` as their TransferQueue
+    for the duration of the block; each module's own ``tq`` is put back afterwards."""
+    import importlib
 
-    previous = replay_buffer.tq
-    replay_buffer.tq = store
+    patched = [importlib.import_module(name) for name in ("verl.trainer.ppo.v1.replay_buffer", *modules)]
+    previous = [getattr(module, "tq") for module in patched]  # noqa: B009 (modules are untyped here)
+    for module in patched:
+        setattr(module, "tq", store)  # noqa: B010
     try:
         yield store
     finally:
-        replay_buffer.tq = previous
+        for module, tq in zip(patched, previous, strict=True):
+            setattr(module, "tq", tq)  # noqa: B010

@@ -24,6 +24,7 @@ _COLORS = {
     "update": "#2ca02c",
     "advantage": "#9467bd",
     "reward_wait": "#ff7f0e",
+    "weight_sync": "#7f7f7f",
 }
 
 
@@ -71,8 +72,11 @@ def plot_timeline(
     capacity: int,
     time_scale: float,
     origin: float | None = None,
+    separate_rollout: bool = False,
 ) -> Path:
-    """Draw one run's timeline to ``path`` (PNG); times are shown in recipe seconds (/ ``time_scale``)."""
+    """Draw one run's timeline to ``path`` (PNG); times are shown in recipe seconds (/ ``time_scale``).
+
+    ``separate_rollout``: generation runs on GPUs of its own (a lane of its own), beside training."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,24 +97,26 @@ def plot_timeline(
         constrained_layout=True,
     )
     lanes = {"GPU": 2.0, "blocked on rewards": 1.0, "advantage (driver)": 0.0}
+    named = {"reward_wait": "blocked on rewards", "advantage": "advantage (driver)"}
+    if separate_rollout:
+        lanes = {"rollout GPUs": 3.0, "trainer GPUs": 2.0, **{k: v for k, v in lanes.items() if k != "GPU"}}
+        named |= {"rollout": "rollout GPUs", "weight_sync": "rollout GPUs"}
     for record in records:
         for event in record.events:
             if event.name == "submit":
                 continue
-            lane = {"reward_wait": "blocked on rewards", "advantage": "advantage (driver)"}.get(
-                event.name, "GPU"
-            )
+            lane = named.get(event.name, "trainer GPUs" if separate_rollout else "GPU")
             top.broken_barh(
                 [(x(event.start), max(event.duration / time_scale, 1e-3))],
                 (lanes[lane] - 0.35, 0.7),
                 facecolors=_COLORS[event.name],
-                edgecolors="white" if lane == "GPU" else "none",
+                edgecolors="white" if lane.endswith("GPU") or lane.endswith("GPUs") else "none",
                 linewidth=0.4,
             )
         for axis in (top, bottom):
             axis.axvline(x(record.end), color="grey", linestyle=":", linewidth=0.8)
     top.set_yticks(list(lanes.values()), list(lanes))
-    top.set_ylim(-0.6, 2.6)
+    top.set_ylim(-0.6, max(lanes.values()) + 0.6)
     top.set_title(title, fontsize=10)
     top.legend(
         handles=[Patch(color=c, label=n) for n, c in _COLORS.items()],

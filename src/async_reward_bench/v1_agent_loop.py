@@ -54,6 +54,21 @@ class _Group:
     global_steps: int
     sessions_left: int
     failed: bool = False
+    generated: int = 0
+    """Sessions out of generation (``gen_done`` of the decoupled mode's progress tag)."""
+    unscored: int = 0
+    """Sessions generated and not yet scored (``unscored``)."""
+    version: int | None = None
+    """Oldest policy version that generated a token of the group (``gen_version``)."""
+    size: int = 0
+    """All its sessions (``gen_n``)."""
+
+    def progress(self) -> dict[str, Any]:
+        """The decoupled mode's progress tag (``async_reward.v1.decoupled_window``)."""
+        tag: dict[str, Any] = {"gen_done": self.generated, "gen_n": self.size, "unscored": self.unscored}
+        if self.version is not None:
+            tag["gen_version"] = self.version
+        return tag
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +95,9 @@ class V1AgentLoop:
         clock: monotonic seconds, shared with the trainer's timeline.
         write_when_generated: tag each trajectory in the store as soon as it is generated (before it
             is scored), as :class:`~async_reward.v1.pipelined_agent_loop.PipelinedAgentLoopWorker` does.
+        write_progress: keep each group's progress on its prompt tag (``gen_done`` / ``gen_n`` /
+            ``unscored`` / ``gen_version``), as the decoupled mode's agent-loop worker does
+            (``async_reward.v1.decoupled_agent_loop``).
     """
 
     def __init__(
@@ -91,12 +109,16 @@ class V1AgentLoop:
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         write_when_generated: bool = False,
+        write_progress: bool = False,
     ) -> None:
         if not reward_workers:
             raise ValueError("need at least one reward worker")
         self.reward_workers = list(reward_workers)
         self.store = store
         self.write_when_generated = write_when_generated
+        self.write_progress = write_progress
+        self.version = 0
+        """Policy version of the engine's weights (``set_version``: each weight push)."""
         self.clock = clock
         self.engine = GenerationState(full_speed_slots)
         self.busy: list[tuple[float, float]] = []
@@ -116,6 +138,8 @@ class V1AgentLoop:
         self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="v1-batch-sender")
         self._sends: list[concurrent.futures.Future[Any]] = []
         self._batches = 0
+        self._started: dict[_Session, int] = {}
+        """Sessions decoding -> the policy version of their first token (partial rollout keeps it)."""
         self._scoring: dict[tuple[str, int], _Session] = {}
         """Samples handed to a reward worker, by (batch key, row)."""
         self._left: dict[str, tuple[int, set[int]]] = {}
@@ -163,15 +187,24 @@ class V1AgentLoop:
                 (_Session(key, workers[row], row, group, group.sessions_left), float(durations_s[row]))
             )
             group.sessions_left += 1
+            group.size += 1
 
         def start() -> None:
             self._left[key] = (len(uids), set(rows_of))
-            for uid in groups:
-                self.store.kv_put(uid, PARTITION, tag={"status": "running"})
+            for uid, group in groups.items():
+                tag: dict[str, Any] = {"status": "running"}
+                if self.write_progress:
+                    tag |= group.progress()
+                self.store.kv_put(uid, PARTITION, tag=tag)
             for session, work in sessions:
                 self.engine.add(session, work)
+                self._started[session] = self.version
 
         self._post(start)
+
+    def set_version(self, version: int) -> None:
+        """New weights in the engine (a weight push): tokens decoded from now on are ``version``'s."""
+        self._post(lambda: setattr(self, "version", version))
 
     def pause(self) -> None:
         """Stop decoding (``sleep_replicas`` / ``abort_replicas``: sequences keep their progress)."""
@@ -241,6 +274,13 @@ class V1AgentLoop:
             assert isinstance(session, _Session)
             self.events.append((self._last, "generated", session.group.global_steps))
             self._scoring[(session.key, session.row)] = session
+            first = self._started.pop(session, self.version)
+            if self.write_progress:
+                group = session.group
+                group.generated += 1
+                group.unscored += 1
+                group.version = first if group.version is None else min(group.version, first)
+                self.store.kv_put(group.uid, PARTITION, tag=group.progress())
             if self.write_when_generated:
                 self.store.kv_put(
                     f"{session.group.uid}_{session.session}_0",
@@ -277,10 +317,16 @@ class V1AgentLoop:
                         tag={"status": "success", "global_steps": group.global_steps},
                     )
                 group.sessions_left -= 1
+                group.unscored -= 1
                 if group.sessions_left == 0:
                     status = "failure" if group.failed else "finished"
-                    self.store.kv_put(group.uid, PARTITION, tag={"status": status})
+                    self.store.kv_put(group.uid, PARTITION, tag={"status": status, **self._progress(group)})
+                elif self.write_progress:
+                    self.store.kv_put(group.uid, PARTITION, tag=group.progress())
                 self._settled(key)
+
+    def _progress(self, group: _Group) -> dict[str, Any]:
+        return group.progress() if self.write_progress else {}
 
     def _settled(self, key: str) -> None:
         left, holders = self._left[key]
@@ -295,6 +341,7 @@ class V1AgentLoop:
         self._closed = True  # the result streams see it within their 0.5 s long poll
         self._wake.set()
         self.engine.clear()
+        self._started.clear()
         self._scoring.clear()
         self._left.clear()
         await asyncio.gather(*(w.cancel_all.remote() for w in self.reward_workers), return_exceptions=True)

@@ -16,9 +16,15 @@ from async_reward_bench.v1_agent_loop import V1AgentLoop
 from async_reward_bench.v1_trainer import V1Harness, build_v1_trainer, run_v1_steps
 
 if TYPE_CHECKING:
+    from async_reward_bench.gpu_split import GpuSplit
     from async_reward_bench.settings import BenchConfig
 
 __all__ = ["run_v1_strategy", "scored_during_rollout", "wait_until_idle"]
+
+#: Modules of our trainer modes that read TransferQueue's tags themselves (besides verl's replay buffer).
+_TAG_READERS: dict[str, tuple[str, ...]] = {
+    "decoupled": ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer"),
+}
 
 
 def run_v1_strategy(
@@ -29,10 +35,13 @@ def run_v1_strategy(
     strategy: str,
     tag: int,
     bar: Any,
+    split: GpuSplit | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg.steps`` steps of verl's v1 trainer in ``V1_STRATEGIES[strategy]`` mode.
 
-    ``stages`` are the regime's time-scaled medians. Returns ``{"records", "samples", "origin"}``
+    ``stages`` are the regime's time-scaled medians, on the strategy's GPUs (for a separate mode,
+    ``split.stages`` of them: generation on the rollout GPUs, training on the trainer GPUs); ``split``
+    gives a separate mode its config and its weight-sync pause. Returns ``{"records", "samples", "origin"}``
     like our strategies' runs. Whatever is still generating or scoring when the last step ends (a
     ``colocate_async`` run keeps a batch in flight) is dropped, and the judge drains before the
     next run starts.
@@ -49,6 +58,8 @@ def run_v1_strategy(
         seed=cfg.seed,
         # our pipelined mode's agent loop writes each trajectory when generated, scores it after
         write_when_generated=V1_STRATEGIES[strategy] == "pipelined",
+        # our decoupled mode's agent loop keeps each group's progress on its prompt tag
+        write_progress=V1_STRATEGIES[strategy] == "decoupled",
     ).start()
 
     def durations(number: int, samples: int) -> np.ndarray:
@@ -63,8 +74,10 @@ def run_v1_strategy(
         store=store,
         reward_loop_manager=rewards,
         time_scale=cfg.time_scale,
+        weight_sync_s=(split.weight_sync_s if split is not None else 0.0) * cfg.time_scale,
     )
-    trainer = build_v1_trainer(env["v1_config"](strategy), harness, strategy)
+    config = env["v1_config"](strategy, split) if split is not None else env["v1_config"](strategy)
+    trainer = build_v1_trainer(config, harness, strategy)
     _bound_the_wait(trainer.replay_buffer, agent_loop, max(60.0, 20 * stages.step_s))
     if V1_STRATEGIES[strategy] == "pipelined":  # ours waits in its own loop: bounded the same way
         trainer.pipeline_config.chunk_timeout_s = max(60.0, 20 * stages.step_s)
@@ -72,7 +85,7 @@ def run_v1_strategy(
     origin = time.perf_counter()
     records = []
     try:
-        with serving_replay_buffer(store):
+        with serving_replay_buffer(store, *_TAG_READERS.get(V1_STRATEGIES[strategy], ())):
             for record in run_v1_steps(trainer, cfg.steps):
                 records.append(record)
                 bar.update(1)

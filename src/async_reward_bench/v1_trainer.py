@@ -21,6 +21,12 @@ Replaced, because they need GPUs or services this machine does not run:
 * TransferQueue by :class:`~async_reward_bench.tag_store.TagStore`; the checkpoint manager's
   weight sync / sleep / abort / resume by switching the simulated engine. Weight sync costs no extra
   time: the legacy trainer's ``gen`` median, which the rollout makespan is, already includes it.
+* ``separate_async`` (``PPOTrainerSeparateAsync``, standalone rollout GPUs, no hybrid replicas): the
+  standalone checkpoint manager's once-a-step ``update_weights`` pauses the engine for the harness's
+  ``weight_sync_s`` and resumes it (partial rollout); nothing else stops generation. The GPU split's
+  slower stages come in through the harness's stages and durations (``gpu_split``). Its decoupled-PPO
+  CPU snapshots of pi_old (``_compute_old_log_prob``) never run: ``_CalibratedStages`` comes first in
+  the MRO.
 
 ``fit`` is not called (it also validates, checkpoints and logs); :func:`run_v1_steps` runs its loop
 body: ``on_step_begin``, ``step``, ``on_step_end``, clear the step's keys.
@@ -38,20 +44,34 @@ import numpy as np
 import torch
 from verl import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
+from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync
 
 from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+from async_reward.v1.decoupled_trainer import PPOTrainerDecoupled
 from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
 from async_reward_bench.calibration import StageMedians
+from async_reward_bench.gpu_split import SEPARATE_MODES
 from async_reward_bench.tag_store import TagStore
 from async_reward_bench.v1_agent_loop import PARTITION, V1AgentLoop
 
 __all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
 
 #: Benchmark strategy -> verl v1 ``trainer.v1.trainer_mode``.
-V1_MODES: dict[str, str] = {"v1_sync": "sync", "v1_colocate_async": "colocate_async"}
+V1_MODES: dict[str, str] = {
+    "v1_sync": "sync",
+    "v1_colocate_async": "colocate_async",
+    "v1_separate_async": "separate_async",
+    "v1_decoupled": "decoupled",
+}
 #: Least time between two polls of our v1 mode's trainer, in scaled (recipe) seconds: at most about
 #: 200 tag listings a second of wall time at the default time scale, each about 1 ms of CPU.
 POLL_GAP_S = 0.5
+#: Least poll interval of the decoupled mode's sampler, in scaled (recipe) seconds. Its default is
+#: 0.2 s of wall time (each poll lists the tags twice and tops up the window, about 3 ms of CPU here):
+#: at the time scale that would be a poll every 2 ms, so the benchmark polls every recipe second
+#: (coarser than the real default, never finer; the window is also topped up at every sample and
+#: before every GPU stage, as the mode does).
+DECOUPLED_POLL_S = 1.0
 
 
 @dataclass
@@ -69,6 +89,8 @@ class V1Harness:
     reward_loop_manager: Any
     """verl's ``RewardLoopManager`` (its ``reward_loop_worker_handles`` score in the agent loop)."""
     time_scale: float
+    weight_sync_s: float = 0.0
+    """Real (time-scaled) seconds a separate mode's weight push pauses the engine and the trainer."""
     clock: Callable[[], float] = time.perf_counter
     sleep: Callable[[float], None] = time.sleep
     events: list[TimelineEvent] = field(default_factory=list)
@@ -81,7 +103,14 @@ class V1Harness:
 class _PromptBatch:
     data: Any
     global_steps: int
-    number: int
+    durations: np.ndarray
+    """Each row's decoding time (real seconds), drawn per benchmark batch and sliced with its rows."""
+
+    def __getitem__(self, key: str) -> list[str]:
+        """``batch["uid"]``, as on verl's prompt batch: one uid per prompt (the rows here are sessions)."""
+        if key != "uid":
+            raise KeyError(key)
+        return list(dict.fromkeys(str(u) for u in self.data.non_tensor_batch["uid"]))
 
 
 class _EngineSwitch:
@@ -103,6 +132,27 @@ class _EngineSwitch:
         self.agent_loop.resume()
 
 
+class _StandaloneSync:
+    """A separate mode's ``standalone_checkpoint_manager``: ``update_weights`` (at init and at each
+    step's end) pauses the standalone rollout, waits ``sync_s`` (the trainer blocks as in verl: its
+    ``on_step_end`` is synchronous) and resumes it; sequences keep their progress (partial rollout)."""
+
+    def __init__(self, harness: V1Harness) -> None:
+        self.harness = harness
+
+    def update_weights(self, global_steps: int | None = None) -> dict[str, Any]:
+        bench = self.harness
+        start = bench.clock()
+        bench.agent_loop.pause()
+        if bench.weight_sync_s > 0:
+            bench.sleep(bench.weight_sync_s)
+            step = (global_steps or 0) - 1  # at step s's end: the record of step s - 1 (0-based)
+            bench.events.append(TimelineEvent("weight_sync", start, bench.clock(), step))
+        bench.agent_loop.set_version(global_steps or 0)
+        bench.agent_loop.resume()
+        return {}
+
+
 class _CalibratedStages:
     """verl ``PPOTrainer`` overrides: GPU stages as calibrated waits, data from the harness."""
 
@@ -113,6 +163,9 @@ class _CalibratedStages:
     _prefetched: dict[int, Any]
     """Batches built before the run (verl's dataloader prefetches; building one here takes tens of
     milliseconds, seconds at the time scale, which the legacy backend hides inside its rollout)."""
+    _leftover: tuple[Any, np.ndarray] | None = None
+    """Rows (and their decoding times) of a benchmark batch not yet dispatched: async modes fetch any
+    number of prompts (verl sets ``gen_batch_size=1`` there), e.g. to refill evicted groups."""
 
     def _batch_samples(self) -> int:
         return int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
@@ -129,22 +182,36 @@ class _CalibratedStages:
         train = int(self.config.data.train_batch_size)
         wanted = train if num_prompts is None else num_prompts
         gen = int(self.config.data.get("gen_batch_size", None) or train)
-        if wanted <= 0 or wanted % gen or wanted % self.bench.factory.prompts:  # verl's rule, then ours
+        if wanted <= 0 or wanted % gen:  # verl's rule
             raise ValueError(f"num_prompts ({wanted}) must be a positive multiple of gen_batch_size ({gen})")
-        parts = []
-        for _ in range(wanted // self.bench.factory.prompts):
-            built = self._prefetched.pop(self._bench_batches, None)
-            parts.append(built if built is not None else self.bench.factory.make(self._bench_batches))
-            self._bench_batches += 1
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        parts, times, have = [], [], 0
+        while have < wanted:
+            if self._leftover is None:
+                number = self._bench_batches
+                built = self._prefetched.pop(number, None)
+                data = built if built is not None else self.bench.factory.make(number)
+                self._leftover = (data, self.bench.durations(number, len(data)))
+                self._bench_batches += 1
+            data, durations = self._leftover
+            take = min(len(data) // n, wanted - have)  # whole groups: the factory's rows come grouped
+            if take * n == len(data):
+                parts.append(data)
+                times.append(durations)
+                self._leftover = None
+            else:
+                parts.append(data[: take * n])
+                times.append(durations[: take * n])
+                self._leftover = (data[take * n :], durations[take * n :])
+            have += take
         data = parts[0] if len(parts) == 1 else DataProto.concat(parts)
-        return _PromptBatch(data, self.global_steps, self._bench_batches - 1)
+        return _PromptBatch(data, self.global_steps, np.concatenate(times))
 
     def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
         uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
         tag = {"is_prompt": True, "status": "pending", "global_steps": self.global_steps}
         self.bench.store.kv_batch_put(keys=uids, partition_id=PARTITION, tags=[dict(tag) for _ in uids])
-        durations = self.bench.durations(batch.number, len(batch.data))
-        self.bench.agent_loop.submit(batch.data, durations, self.global_steps)
+        self.bench.agent_loop.submit(batch.data, batch.durations, self.global_steps)
         return len(uids)
 
     def _balance_batch(
@@ -201,6 +268,22 @@ class _BenchColocateAsync(_CalibratedStages, PPOTrainerColocateAsync):
     """verl's ``PPOTrainerColocateAsync`` (``trainer.v1.trainer_mode=colocate_async``)."""
 
 
+class _BenchSeparateAsync(_CalibratedStages, PPOTrainerSeparateAsync):
+    """verl's ``PPOTrainerSeparateAsync`` (``trainer.v1.trainer_mode=separate_async``) on standalone
+    rollout GPUs only (``actor_rollout_ref.hybrid_engine=false``): its warm-up window, one batch
+    dispatched per step, ``parameter_sync_step`` sample+update rounds, one weight push per step."""
+
+
+class _BenchDecoupled(PPOTrainerDecoupled, _BenchSeparateAsync):
+    """Our ``PPOTrainerDecoupled`` (``trainer.v1.trainer_mode=decoupled``). Its overrides come first in
+    the MRO and reach the calibrated stages through ``super()``, as they reach verl's GPU stages: the
+    ledger at each dispatch, the window's top-up at each step start, sample, poll and before each GPU
+    stage, one weight push per step. The agent loop writes the progress tags the window reads
+    (``V1AgentLoop(write_progress=True)``)."""
+
+    announce = False
+
+
 class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
     """Our ``PPOTrainerPipelined`` (``trainer.v1.trainer_mode=pipelined``): its step, chunking and
     waits run unchanged against the tag store; reads of TransferQueue values it makes come from the
@@ -240,6 +323,8 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
         "sync": _BenchSync,
         "colocate_async": _BenchColocateAsync,
         "pipelined": _BenchPipelined,
+        "separate_async": _BenchSeparateAsync,
+        "decoupled": _BenchDecoupled,
     }
     mode = str(config.trainer.v1.trainer_mode)
     if mode not in classes:
@@ -254,10 +339,21 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
         trainer.pipeline_config.poll_interval_s = 2.0 * harness.time_scale
     trainer.reward_loop_manager = harness.reward_loop_manager
     trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
+    if mode in SEPARATE_MODES:  # what _setup makes: the standalone rollout's weight sync, no hybrid
+        trainer.standalone_checkpoint_manager = _StandaloneSync(harness)
+        trainer.current_mode = HybridEngineMode.TRAINER
+        trainer.prev_step_profile = False
     trainer.curr_step_profile = False
     trainer.global_steps = 0
     trainer._bench_batches = 0
     trainer._prefetched = {}
+    trainer._leftover = None
+    if mode == "decoupled":
+        # Our RewardReplayBuffer wraps the mode's sampler to add reward/* metrics and `exclude`
+        # handling, reading values TransferQueue holds (the tag store serves tags only); every sample
+        # here is scored ok and trains, so the benchmark samples through the mode's sampler itself.
+        trainer.replay_buffer = trainer.replay_buffer._builtin
+        trainer.replay_buffer.poll_interval = max(trainer.replay_buffer.poll_interval, DECOUPLED_POLL_S)
     # verl polls TransferQueue every poll_interval (2 s) of wall time: scale it like every duration.
     trainer.replay_buffer.poll_interval = trainer.replay_buffer.poll_interval * harness.time_scale
     return trainer
@@ -284,6 +380,7 @@ def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
         trainer.on_step_begin()
         batch = trainer.step(metrics, trainer.timing_raw)
         trainer.on_step_end()
+        metrics.update(trainer._consume_sync_metrics())  # fit merges them into the step's log
         end = bench.clock()
         record = _record(trainer, batch, metrics, step_start, end, first)
         bench.store.kv_clear(keys=batch.keys, partition_id=batch.partition_id)  # fit: cleanup
