@@ -184,3 +184,24 @@ print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in 
     registered = json.loads(proc.stdout.splitlines()[-1])
     for name in async_reward.MANAGER_NAMES:
         assert registered[name].startswith("async_reward.managers."), (name, registered.get(name))
+
+
+@pytest.mark.subprocess
+def test_after_the_front_door_the_package_has_every_submodule_it_loaded() -> None:
+    """``async-reward score`` imports the command line before the package's ``__init__`` (which it runs
+    later, building the manager): every ``async_reward.<name>`` module loaded then is an attribute of
+    the package, as a user's scorer reading ``async_reward.config.X`` expects."""
+    code = """
+import json, sys
+import async_reward_cli
+async_reward_cli.import_command_line()
+early = sorted(n for n in sys.modules if n.startswith("async_reward.") and n.count(".") == 1)
+import async_reward
+missing = [n for n in early if getattr(async_reward, n.split(".")[1], None) is not sys.modules[n]]
+print(json.dumps({"early": early, "missing": missing}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert "async_reward.cli" in result["early"] and "async_reward.config" in result["early"]
+    assert result["missing"] == []

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray.exceptions import ActorDiedError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from async_reward.reward_metrics import extras_metrics
+from async_reward.v1 import agent_loop as agent_loop_module
 from async_reward.v1.agent_loop import RewardAgentLoopWorker
 from async_reward.v1.replay_buffer import StepRewardMetrics
 from async_reward.v1.reward_failover import (
@@ -27,6 +28,7 @@ from async_reward.v1.reward_failover import (
     REWARD_WORKERS_LOST,
     RewardWorkerPool,
     RewardWorkersLost,
+    SessionKillsRewardWorkers,
 )
 from tests.test_managers import ORDER_RECORDING_FUNCTION, write_module
 from tests.test_v1_reward_routing import RecordingRewardWorker, agent_loop_worker, session
@@ -154,6 +156,63 @@ def test_with_every_reward_worker_dead_the_session_fails_with_the_cause_and_disp
     for error in (lost, refused):
         assert str(error).startswith(REWARD_WORKERS_LOST) and "w0, w1" in str(error)
         assert "resume" in str(error)
+
+
+def test_a_session_that_kills_the_worker_it_is_scored_on_is_failed_after_the_second_death() -> None:
+    """A response that kills its scorer (a verifier blown up by the policy's output) must not take down
+    every reward worker in turn: after the first death the session is sent once more; when that worker
+    dies too the session fails (its group is replaced, as verl does for a failed session), the third
+    worker never sees it, and stays in the rotation."""
+
+    async def run() -> tuple[list[Any], RewardAgentLoopWorker]:
+        first, second = DyingRewardWorker("w0"), DyingRewardWorker("w1")
+        first.die.set()
+        second.die.set()
+        third = RecordingRewardWorker("w2", fast=True)
+        worker = agent_loop_worker([first, second, third])
+        output = session()
+        with pytest.raises(SessionKillsRewardWorkers) as failed:
+            worker._reward_pool.in_flight[2] = 5  # w2 is the busiest: w0 and w1 are chosen first
+            await worker._compute_score([output], {"uid": "u", "session_id": 0})
+        assert output.reward_score is None
+        assert "w0" in str(failed.value) and "w1" in str(failed.value)
+        worker._reward_pool.in_flight[2] = 0
+        await worker._compute_score([session()], {"uid": "v", "session_id": 0})  # w2 still serves
+        return [first, second, third], worker
+
+    (first, second, third), worker = asyncio.run(run())
+    assert (first.calls, second.calls, third.scored) == (1, 1, 1)
+    assert worker._reward_pool is not None and worker._reward_pool.dead == {0, 1}
+
+
+def test_a_reward_worker_out_of_reach_for_a_moment_is_not_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ActorUnavailableError`` ("may be available later") sends the session again after a pause and
+    keeps the worker: a one-worker run survives a moment without its connection."""
+    monkeypatch.setattr(agent_loop_module, "UNAVAILABLE_PAUSE_S", 0.0)
+
+    class _Flaky:
+        def __init__(self, owner: FlakyRewardWorker) -> None:
+            self.owner = owner
+
+        async def remote(self, data: Any) -> dict[str, Any]:
+            self.owner.calls += 1
+            if self.owner.calls <= 2:
+                raise ActorUnavailableError("connection lost for a moment", None)
+            return {"reward_score": 1.0, "reward_extra_info": {}}
+
+    class FlakyRewardWorker:
+        def __init__(self) -> None:
+            self._actor_id = _ActorId("flaky")
+            self.calls = 0
+            self.compute_score = _Flaky(self)
+
+    flaky = FlakyRewardWorker()
+    worker = agent_loop_worker([flaky])
+    output = session()
+    asyncio.run(worker._compute_score([output], {"uid": "u", "session_id": 0}))
+    assert output.reward_score == 1.0 and flaky.calls == 3
+    assert worker._reward_pool is not None and not worker._reward_pool.dead
+    assert LOST_WORKERS_KEY not in output.extra_fields["reward_extra_info"]
 
 
 def test_pool_choice_skips_dead_workers_and_breaks_ties_round_robin() -> None:

@@ -46,3 +46,22 @@ __all__ = [
     "register_manager",
     "setup_worker",
 ]
+
+
+def _bind_submodules_loaded_before() -> None:
+    """Make every ``async_reward.<name>`` module already imported an attribute of this package.
+
+    The command line's front door (``async_reward_cli.import_command_line``) imports its modules
+    before this ``__init__`` runs, under a package module it then drops; Python does not bind a
+    submodule found in ``sys.modules`` to a new package object, so ``async_reward.config`` (in a
+    user's scorer run by ``async-reward score``, say) would raise ``AttributeError`` without this."""
+    import sys
+
+    prefix = __name__ + "."
+    for name, module in list(sys.modules.items()):
+        child = name[len(prefix) :]
+        if name.startswith(prefix) and module is not None and "." not in child:
+            globals().setdefault(child, module)
+
+
+_bind_submodules_loaded_before()

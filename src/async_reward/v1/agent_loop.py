@@ -38,6 +38,7 @@ Everything else (generation, scoring, TransferQueue layout, failure tagging) is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextvars import ContextVar
 from functools import partial
@@ -54,7 +55,13 @@ from async_reward.checks import check_v1
 from async_reward.config import ConfigError
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.v1.groups import GroupGate
-from async_reward.v1.reward_failover import LOST_WORKERS_KEY, RewardWorkerPool, RewardWorkersLost
+from async_reward.v1.reward_failover import (
+    LOST_WORKERS_KEY,
+    RewardWorkerPool,
+    RewardWorkersLost,
+    SessionKillsRewardWorkers,
+    is_unavailable,
+)
 from async_reward.v1.settings import (
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
@@ -77,6 +84,12 @@ def excluded_uid(uid: str, session_id: int) -> str:
     """The ``uid`` field an excluded session gets: its own GRPO group, so it moves no group statistic
     (its TransferQueue key, and so its group membership in the replay buffer, keep the real uid)."""
     return f"{uid}/excluded/{session_id}"
+
+
+#: Times a session is sent again after ``ActorUnavailableError`` (a reward worker out of reach for the
+#: moment), pausing ``UNAVAILABLE_PAUSE_S`` x the attempt before each; then the error fails the session.
+UNAVAILABLE_RETRIES = 5
+UNAVAILABLE_PAUSE_S = 0.5
 
 
 class RewardAgentLoopWorker(_VerlWorker):
@@ -110,12 +123,16 @@ class RewardAgentLoopWorker(_VerlWorker):
     async def _compute_score(self, outputs: list[Any], kwargs: dict[str, Any]) -> None:
         """verl's scoring call, sent to the live reward worker with the fewest of our sessions in
         flight (ties go round-robin) instead of a random one, and sent again to another live one
-        when the chosen worker turns out dead."""
+        when the chosen worker turns out dead: once. A second death while scoring the same session
+        fails that session (:class:`SessionKillsRewardWorkers`, its group is replaced), so a response
+        that kills its scorer cannot take every worker down. A worker out of reach for the moment
+        (``ActorUnavailableError``) is not dead: the session waits and is sent again."""
         pool = self._reward_pool
         if pool is None or not outputs or outputs[-1].reward_score is not None:
             await super()._compute_score(outputs, kwargs)
             return
         lost: list[str] = []
+        unavailable = 0
         while True:
             index = pool.choose()  # raises RewardWorkersLost when none is live
             pool.in_flight[index] += 1
@@ -123,8 +140,24 @@ class RewardAgentLoopWorker(_VerlWorker):
             try:
                 await super()._compute_score(outputs, kwargs)
             except Exception as error:
+                if is_unavailable(error) and unavailable < UNAVAILABLE_RETRIES:
+                    # Ray: "may be available later". The worker keeps its place; the session waits
+                    # and goes to the least-loaded live worker again (this one or another).
+                    unavailable += 1
+                    await asyncio.sleep(UNAVAILABLE_PAUSE_S * unavailable)
+                    continue
                 if not pool.is_death_of(error, index):
                     raise
+                if lost:  # a second worker died while scoring this session: fail it, go no further
+                    pool.mark_dead(index)
+                    if not pool.live():
+                        raise RewardWorkersLost(pool.lost_message()) from error
+                    raise SessionKillsRewardWorkers(
+                        f"session {kwargs.get('uid')}_{kwargs.get('session_id')} was being scored when "
+                        f"reward workers {lost[0]} and {pool.names[index]} died; it is failed (its group "
+                        "is replaced) rather than sent to another, so that a response that kills its "
+                        "scorer cannot take down every reward worker"
+                    ) from error
                 if pool.mark_dead(index):
                     logger.error(
                         "reward worker %s died (%s); it gets no more sessions, %d of %d left",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from async_reward.result import LOST_WORKERS_KEY
 
@@ -100,13 +100,32 @@ class RewardWorkerPool:
     def is_death_of(self, error: BaseException, index: int) -> bool:
         """Whether ``error`` (raised by a call to worker ``index``) says that worker is gone.
 
-        ``RayActorError`` (``ActorDiedError``, ``ActorUnavailableError``) raised by the call itself;
+        ``RayActorError`` (``ActorDiedError``) raised by the call itself, not ``ActorUnavailableError``
+        (Ray: the actor "may be available later", e.g. a connection lost for a moment: see
+        :func:`is_unavailable`);
         not a ``RayTaskError``: Ray raises the reward worker's own exceptions as one, and an actor the
         reward worker called dying (a reward-model router) reaches us as ``RayTaskError`` subclassing
         ``RayActorError`` while our worker is alive. When the error names its actor, it must be this one.
         """
         if not isinstance(error, RayActorError) or isinstance(error, RayTaskError):
             return False
+        if isinstance(error, ActorUnavailableError):  # "may be available later": not a death
+            return False
         actor_id = getattr(error, "actor_id", None)
         own: Any = getattr(self.handles[index], "_actor_id", None)
         return not (actor_id and hasattr(own, "hex")) or actor_id == own.hex()
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says a reward worker cannot be reached for the moment (not that it died): the
+    session is sent again after a pause, and the worker keeps its place."""
+    return isinstance(error, ActorUnavailableError) and not isinstance(error, RayTaskError)
+
+
+class SessionKillsRewardWorkers(RuntimeError):
+    """A session whose scoring was followed by the death of a second reward worker: it is failed (its
+    group is evicted and replaced, as verl does for a failed session) instead of being sent to the
+    next worker. A response that kills its scorer (a verifier blown up by the policy's output, a crash
+    in native code) would otherwise take down every reward worker in turn and stop the run."""
+
+    reason = "reward_worker_killed_twice"
