@@ -144,7 +144,12 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         count = top_up_count(state, self.windows)
         if count > 0:
             uids = self._dispatch(count)
-            state = replace(state, generating=state.generating + count, in_flight=state.in_flight | set(uids))
+            state = replace(
+                state,
+                generating=state.generating + count,
+                unsized=state.unsized + count,
+                in_flight=state.in_flight | set(uids),
+            )
         self._account_time(state)
         self._backlog_max = max(self._backlog_max, state.backlog)
         return state

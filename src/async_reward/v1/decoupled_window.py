@@ -54,6 +54,12 @@ class WindowState:
     """Groups terminal (finished or failed) and not yet sampled or evicted."""
     in_flight: frozenset[str]
     """Every prompt key in the partition: dispatched and not yet sampled or evicted."""
+    ungenerated: int = 0
+    """Sessions of the generating groups still to leave generation, for groups whose size
+    (``gen_n``) is tagged: each will join the reward backlog."""
+    unsized: int = 0
+    """Generating groups with no ``gen_n`` yet (pending, or started before their first session's
+    tag): all ``rollout.n`` of their sessions are still to generate."""
 
     @property
     def outstanding(self) -> int:
@@ -62,7 +68,7 @@ class WindowState:
     @classmethod
     def from_tags(cls, tags: Mapping[str, Mapping[str, Any]]) -> WindowState:
         """From one ``tq.kv_list`` of a partition (prompt keys and trajectory keys mixed)."""
-        generating = backlog = pending = sampleable = 0
+        generating = backlog = pending = sampleable = ungenerated = unsized = 0
         uids = []
         for key, tag in tags.items():
             if not tag.get("is_prompt", False):
@@ -75,22 +81,43 @@ class WindowState:
             done, size = int(tag.get("gen_done") or 0), tag.get("gen_n")
             if status == "pending" or size is None or done < int(size):
                 generating += 1
+                if size is None:
+                    unsized += 1
+                else:
+                    ungenerated += max(0, int(size) - done)
             unscored = int(tag.get("unscored") or 0)
             backlog += unscored
             if done > 0:
                 pending += 1
-        return cls(generating, backlog, pending, sampleable, frozenset(uids))
+        return cls(generating, backlog, pending, sampleable, frozenset(uids), ungenerated, unsized)
+
+    def sessions_to_generate(self, rollout_n: int) -> int:
+        """Sessions still to leave generation, ``rollout_n`` for each group not yet sized."""
+        return self.ungenerated + self.unsized * rollout_n
 
 
 def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
-    """Prompts to dispatch now: fill the generation window, unless the reward backlog is at its bound
-    (backpressure: dispatch pauses, nothing is dropped) or the groups outstanding are at
-    ``windows.outstanding_cap`` (the staleness bound)."""
-    if state.backlog >= windows.reward_backlog:
+    """Prompts to dispatch now: fill the generation window, within three bounds.
+
+    * The reward backlog R (backpressure: dispatch pauses, nothing is dropped): a new group brings
+      ``n`` sessions to the backlog once generated, as does every session still generating, so at most
+      ``floor((R - backlog - sessions still to generate) / n)`` groups are dispatched. Rounded down,
+      the backlog never exceeds R (it can only grow by sessions counted here), and dispatch follows
+      the judge in steps of the room it freed instead of refilling the whole window at once.
+    * The sampleable buffer S: no dispatch while S scored groups wait for the trainer and more are on
+      their way (groups generating or scoring); with none on their way the window refills, so a
+      sampler that needs more than S groups for one sample is never left waiting for ever.
+    * The outstanding cap H (the staleness bound).
+    """
+    n = windows.rollout_n
+    backlog_room = windows.reward_backlog - state.backlog - state.sessions_to_generate(n)
+    if backlog_room < n:
+        return 0
+    if state.sampleable >= windows.sampleable_buffer and (state.generating or state.pending_groups):
         return 0
     free = windows.generation_window - state.generating
     room = windows.outstanding_cap - state.outstanding
-    return max(0, min(free, room))
+    return max(0, min(free, room, backlog_room // n))
 
 
 class LedgerError(RuntimeError):
