@@ -153,7 +153,6 @@ def test_window_counts_only_groups_still_generating_and_the_backlog_in_sessions(
     }
     state = WindowState.from_tags(listing)
     assert (state.generating, state.backlog, state.pending_groups, state.sampleable) == (3, 3, 2, 2)
-    assert (state.ungenerated, state.unsized) == (1, 2)  # c's second session; a and b not yet sized
     assert state.in_flight == {"a", "b", "c", "d", "e", "f"}
 
 
@@ -163,46 +162,41 @@ def test_top_up_fills_the_window_and_pauses_on_a_full_backlog_or_the_outstanding
     assert (windows.reward_backlog, windows.outstanding_cap) == (8, 12)  # H = 4 + 4 + 4
     empty = WindowState(0, 0, 0, 0, frozenset())
     assert top_up_count(empty, windows) == 4
-    scoring = WindowState(1, 3, 3, 0, frozenset("abcd"), ungenerated=1)  # three groups released
-    assert top_up_count(scoring, windows) == 2  # 8 - 3 in the backlog - 1 to generate: 2 groups
-    full_backlog = WindowState(1, 7, 3, 0, frozenset("abcd"), ungenerated=1)
+    scoring = WindowState(1, 3, 3, 0, frozenset("abcd"))  # three groups released at generation
+    assert top_up_count(scoring, windows) == 3
+    full_backlog = WindowState(1, 8, 3, 0, frozenset("abcd"))
     assert top_up_count(full_backlog, windows) == 0
     at_cap = WindowState(0, 0, 0, 3, frozenset("abcdefghijk"))
     assert top_up_count(at_cap, windows) == 1
 
 
-def test_top_up_counts_sessions_still_generating_against_the_backlog_and_follows_the_judge():
-    """A fast rollout and a slow judge: each dispatch is capped by the backlog's room left after the
-    sessions already generating, so the backlog never exceeds R even if they all finish at once, and
-    after the judge scores k sessions about k / n groups go out, not a whole window."""
+def test_top_up_is_capped_by_the_backlogs_room_so_dispatch_follows_the_judge():
+    """A fast rollout and a slow judge: once the judge frees k places in a full backlog, about k / n
+    groups go out, not a whole window (which made steps alternate fast and slow)."""
     config = verl_config(batch=4, n=2, mini=2, workers=1, concurrency=2)
     windows = derive_windows(DecoupledModeConfig(generation_window=8, reward_backlog=6), config)
-    # Two groups dispatched, not yet sized (pending): their 4 sessions are on their way to the backlog.
-    pending = WindowState(2, 0, 0, 0, frozenset("ab"), unsized=2)
-    assert pending.sessions_to_generate(windows.rollout_n) == 4
-    assert top_up_count(pending, windows) == 1
-    # Backlog full after a burst; the judge scores 2 sessions: one group goes out, not 8.
     assert top_up_count(WindowState(0, 6, 3, 0, frozenset("abc")), windows) == 0
-    assert top_up_count(WindowState(0, 4, 2, 0, frozenset("abc")), windows) == 1
-    # Rounded down: one free session is no room for a group of two.
-    assert top_up_count(WindowState(0, 5, 3, 0, frozenset("abc")), windows) == 0
+    assert top_up_count(WindowState(0, 4, 2, 0, frozenset("abc")), windows) == 1  # 2 places: 1 group
+    # Rounded up: one free place still lets a group out (the backlog overshoots by under n).
+    assert top_up_count(WindowState(0, 5, 3, 0, frozenset("abc")), windows) == 1
+    assert top_up_count(WindowState(0, 1, 1, 0, frozenset("a")), windows) == 3
 
 
-def test_the_reward_backlog_never_exceeds_its_bound_whatever_generation_does():
-    """Worst case for the bound: every session generating finishes at once, the judge scores one
-    session per round. The backlog peaks at R (not R + G x n), and dispatch never stops for good."""
+def test_with_generation_faster_than_each_look_the_backlog_stays_under_its_bound_plus_one_group():
+    """Worst case for the bound when every session generating finishes between two looks at the
+    window, and the judge scores one session per look: the backlog peaks under R + n (it reached
+    R + G x n when the window refilled whole), and dispatch keeps going."""
     config = verl_config(batch=4, n=3, mini=2, workers=1, concurrency=2)
     windows = derive_windows(DecoupledModeConfig(generation_window=6, reward_backlog=7), config)
-    n, backlog, groups, dispatched, peak = windows.rollout_n, 0, 0, 0, 0
+    n, backlog, dispatched, peak = windows.rollout_n, 0, 0, 0
     for _ in range(200):
-        state = WindowState(groups, backlog, 0, 0, frozenset(), unsized=groups)
-        count = top_up_count(state, windows)
+        count = top_up_count(WindowState(0, backlog, 0, 0, frozenset()), windows)
         dispatched += count
-        backlog, groups = backlog + (groups + count) * n, 0  # all generated at once
+        backlog += count * n  # all generated before the next look
         peak = max(peak, backlog)
         backlog = max(0, backlog - 1)  # the judge scores one session
-    assert windows.reward_backlog - n < peak <= windows.reward_backlog
-    assert dispatched >= 200 // n - 2
+    assert windows.reward_backlog <= peak < windows.reward_backlog + n
+    assert dispatched >= 200 // n - 3
 
 
 def test_top_up_pauses_while_the_sampleable_buffer_is_full_and_more_groups_are_on_their_way():
@@ -210,8 +204,8 @@ def test_top_up_pauses_while_the_sampleable_buffer_is_full_and_more_groups_are_o
     windows = derive_windows(DecoupledModeConfig(generation_window=4, reward_backlog=8), config)
     assert windows.sampleable_buffer == 4
     keys = frozenset("abcdefg")
-    assert top_up_count(WindowState(1, 0, 1, 3, keys, ungenerated=1), windows) == 3  # 3 < S: fill
-    assert top_up_count(WindowState(1, 0, 1, 4, keys, ungenerated=1), windows) == 0  # S reached
+    assert top_up_count(WindowState(1, 0, 1, 3, keys), windows) == 3  # 3 < S: fill
+    assert top_up_count(WindowState(1, 0, 1, 4, keys), windows) == 0  # S reached
     assert top_up_count(WindowState(0, 2, 1, 5, keys), windows) == 0  # one group still scoring
     # Nothing generating or scoring: the window refills, so a sampler needing more than S still gets it.
     assert top_up_count(WindowState(0, 0, 0, 5, frozenset("abcde")), windows) == 4

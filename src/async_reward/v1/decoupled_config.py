@@ -68,14 +68,19 @@ class DecoupledModeConfig:
 
     reward_backlog: int | None = None
     """Sessions generated and not yet scored. At the bound the trainer stops dispatching prompts
-    (backpressure); sessions already generating still finish and queue, so the backlog peaks at
-    ``reward_backlog + generation_window x rollout.n``. Nothing is ever dropped. None: ``2 x
+    (backpressure), and below it a top-up dispatches at most the backlog's room in groups
+    (``ceil((reward_backlog - backlog) / rollout.n)``), so dispatch follows the judge. Sessions
+    already generating still finish and queue, so the backlog peaks under ``reward_backlog +
+    rollout.n + generation_window x rollout.n`` (they are not counted against the bound: that would
+    cap the rollout at ``reward_backlog`` sessions). Nothing is ever dropped. None: ``2 x
     limits.max_concurrency x reward.num_workers``, clamped to ``[ppo_mini_batch_size x rollout.n,
     the largest value the staleness bound allows]``."""
 
     sampleable_buffer: int | None = None
-    """Scored groups waiting for the trainer before dispatch pauses: keeps a training-bound run from
-    generating data that can only go stale. None: ``data.train_batch_size``."""
+    """Scored groups waiting for the trainer before dispatch pauses (while more groups are generating
+    or scoring; with none on their way the window refills, so a sample needing more is never stuck):
+    keeps a training-bound run from generating data that can only go stale. None:
+    ``data.train_batch_size``."""
 
     staleness_from: Literal["generation", "submission"] = "generation"
     """What verl's staleness rules (``max_off_policy_threshold``, oldest-first sampling) count from:
