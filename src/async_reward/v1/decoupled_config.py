@@ -68,11 +68,10 @@ class DecoupledModeConfig:
 
     reward_backlog: int | None = None
     """Sessions generated and not yet scored. At the bound the trainer stops dispatching prompts
-    (backpressure), and below it a top-up dispatches at most the backlog's room in groups
-    (``ceil((reward_backlog - backlog) / rollout.n)``), so dispatch follows the judge. Sessions
-    already generating still finish and queue, so the backlog peaks under ``reward_backlog +
-    rollout.n + generation_window x rollout.n`` (they are not counted against the bound: that would
-    cap the rollout at ``reward_backlog`` sessions). Nothing is ever dropped. None: ``2 x
+    (backpressure); sessions already generating still finish and queue, so the backlog peaks at
+    ``reward_backlog + generation_window x rollout.n`` (counting them against the bound capped the
+    rollout at ``reward_backlog`` sessions: measured slower, see docs/benchmarks.md). Nothing is
+    ever dropped. None: ``2 x
     limits.max_concurrency x reward.num_workers``, clamped to ``[ppo_mini_batch_size x rollout.n,
     the largest value the staleness bound allows]``."""
 

@@ -106,22 +106,20 @@ def dispatch_blocker(state: WindowState, windows: DecoupledWindows) -> str | Non
 
 def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
     """Prompts to dispatch now: fill the generation window unless :func:`dispatch_blocker` says why
-    not, and at most ``ceil((R - backlog) / n)`` groups, the backlog's room in groups.
+    not.
 
-    The cap makes dispatch follow the judge: once it frees k places in a full backlog about k / n
-    groups go out, instead of a whole window at once. Sessions still generating are not counted
-    against R: with R sized to the reward service (twice its concurrency) that capped the rollout's
-    concurrency at R sessions and starved generation, then the judge (steps 1.2-2.1x their bound
-    in the five regimes of ``docs/benchmarks.md``). So the backlog can still exceed R by the sessions
-    generating when dispatch paused (at most ``R + n - 1 + G x n``). Rounded up, a group goes out as
-    soon as one place is free.
+    Not capped by the reward backlog's room: counting the sessions still generating against it
+    capped the rollout at ``reward_backlog`` sessions (steps at 1.2-2.1x their bound in the five
+    regimes of ``docs/benchmarks.md``), and capping each top-up by ``ceil((R - backlog) / n)`` did
+    not remove the bursts under a slow judge (each look sees the backlog below R while the previous
+    look's groups still generate) and made the reward-bound regime slower; so the backlog can exceed
+    R by the sessions generating when dispatch paused (at most ``R + G x n``).
     """
     if dispatch_blocker(state, windows) is not None:
         return 0
     free = windows.generation_window - state.generating
     room = windows.outstanding_cap - state.outstanding
-    backlog_room = -(-(windows.reward_backlog - state.backlog) // windows.rollout_n)
-    return max(0, min(free, room, backlog_room))
+    return max(0, min(free, room))
 
 
 class LedgerError(RuntimeError):
