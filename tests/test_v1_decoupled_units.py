@@ -18,7 +18,7 @@ from async_reward.v1.decoupled_config import (
     is_decoupled_mode,
     load_decoupled_mode_config,
 )
-from async_reward.v1.decoupled_window import PromptLedger, WindowState, top_up_count
+from async_reward.v1.decoupled_window import PromptLedger, WindowState, dispatch_blocker, top_up_count
 from async_reward.v1.reward_failover import LOST_WORKERS_KEY
 from tests.test_v1_reward_failover import DyingRewardWorker
 from tests.test_v1_reward_routing import RecordingRewardWorker, session
@@ -158,16 +158,29 @@ def test_window_counts_only_groups_still_generating_and_the_backlog_in_sessions(
 
 def test_top_up_fills_the_window_and_pauses_on_a_full_backlog_or_the_outstanding_cap():
     config = verl_config(batch=4, n=2, mini=2, workers=1, concurrency=2)
-    windows = derive_windows(DecoupledModeConfig(generation_window=4), config)  # R = 4, H = 4 + 2 + 4
-    assert (windows.reward_backlog, windows.outstanding_cap) == (4, 10)
+    windows = derive_windows(DecoupledModeConfig(generation_window=4, reward_backlog=8), config)
+    assert (windows.reward_backlog, windows.outstanding_cap) == (8, 12)  # H = 4 + 4 + 4
     empty = WindowState(0, 0, 0, 0, frozenset())
     assert top_up_count(empty, windows) == 4
     scoring = WindowState(1, 3, 3, 0, frozenset("abcd"))  # three groups released at generation
     assert top_up_count(scoring, windows) == 3
-    full_backlog = WindowState(1, 4, 3, 0, frozenset("abcd"))
+    full_backlog = WindowState(1, 8, 3, 0, frozenset("abcd"))
     assert top_up_count(full_backlog, windows) == 0
-    at_cap = WindowState(0, 0, 0, 9, frozenset("abcdefghi"))
+    at_cap = WindowState(0, 0, 0, 3, frozenset("abcdefghijk"))
     assert top_up_count(at_cap, windows) == 1
+
+
+def test_top_up_pauses_while_the_sampleable_buffer_is_full_and_more_groups_are_on_their_way():
+    config = verl_config(batch=4, n=2, mini=2, workers=1, concurrency=2)
+    windows = derive_windows(DecoupledModeConfig(generation_window=4, reward_backlog=8), config)
+    assert windows.sampleable_buffer == 4
+    keys = frozenset("abcdefg")
+    assert dispatch_blocker(WindowState(1, 0, 1, 4, keys), windows) == "sampleable_full"
+    assert top_up_count(WindowState(1, 0, 1, 3, keys), windows) == 3  # 3 < S: fill
+    assert top_up_count(WindowState(1, 0, 1, 4, keys), windows) == 0  # S reached
+    assert top_up_count(WindowState(0, 2, 1, 5, keys), windows) == 0  # one group still scoring
+    # Nothing generating or scoring: the window refills, so a sampler needing more than S still gets it.
+    assert top_up_count(WindowState(0, 0, 0, 5, frozenset("abcde")), windows) == 4
 
 
 def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones():

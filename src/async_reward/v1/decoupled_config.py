@@ -69,13 +69,17 @@ class DecoupledModeConfig:
     reward_backlog: int | None = None
     """Sessions generated and not yet scored. At the bound the trainer stops dispatching prompts
     (backpressure); sessions already generating still finish and queue, so the backlog peaks at
-    ``reward_backlog + generation_window x rollout.n``. Nothing is ever dropped. None: ``2 x
+    ``reward_backlog + generation_window x rollout.n`` (counting them against the bound capped the
+    rollout at ``reward_backlog`` sessions: measured slower, see docs/benchmarks.md). Nothing is
+    ever dropped. None: ``2 x
     limits.max_concurrency x reward.num_workers``, clamped to ``[ppo_mini_batch_size x rollout.n,
     the largest value the staleness bound allows]``."""
 
     sampleable_buffer: int | None = None
-    """Scored groups waiting for the trainer before dispatch pauses: keeps a training-bound run from
-    generating data that can only go stale. None: ``data.train_batch_size``."""
+    """Scored groups waiting for the trainer before dispatch pauses (while more groups are generating
+    or scoring; with none on their way the window refills, so a sample needing more is never stuck):
+    keeps a training-bound run from generating data that can only go stale. None:
+    ``data.train_batch_size``."""
 
     staleness_from: Literal["generation", "submission"] = "generation"
     """What verl's staleness rules (``max_off_policy_threshold``, oldest-first sampling) count from:

@@ -50,7 +50,13 @@ from async_reward.v1.decoupled_config import (
     load_decoupled_mode_config,
 )
 from async_reward.v1.decoupled_replay_buffer import DecoupledReplayBufferAsync
-from async_reward.v1.decoupled_window import LedgerError, PromptLedger, WindowState, top_up_count
+from async_reward.v1.decoupled_window import (
+    LedgerError,
+    PromptLedger,
+    WindowState,
+    dispatch_blocker,
+    top_up_count,
+)
 from async_reward.v1.pipelined_trainer import DRY_RUN_AGENT_LOOP_MANAGER
 from async_reward.v1.settings import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
 
@@ -86,7 +92,8 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         self._state = WindowState(0, 0, 0, 0, frozenset())
         self._checked_at: float | None = None
         self._timers = dict.fromkeys(
-            ("backpressure_s", "rollout_idle_s", "window_full_s", "outstanding_full_s"), 0.0
+            ("backpressure_s", "rollout_idle_s", "window_full_s", "sampleable_full_s", "outstanding_full_s"),
+            0.0,
         )
         self._backlog_max = 0
         self._step_dispatched = 0
@@ -157,20 +164,18 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
 
     def _account_time(self, state: WindowState) -> None:
         """Charge the time since the last look to what the pipeline was doing then: no group
-        generating (``rollout_idle_s``); and why dispatch stopped: the window full (``window_full_s``),
-        the reward backlog at its bound while the window had room (``backpressure_s``), or the groups
-        outstanding at theirs (``outstanding_full_s``: the trainer is the bottleneck)."""
+        generating (``rollout_idle_s``); and why dispatch stopped (:func:`dispatch_blocker`): the
+        window full (``window_full_s``), the reward backlog at its bound while the window had room
+        (``backpressure_s``), the sampleable buffer full (``sampleable_full_s``), or the groups
+        outstanding at their cap (``outstanding_full_s``: the trainer is the bottleneck)."""
         now = time.monotonic()
         if self._checked_at is not None:
             elapsed, before = now - self._checked_at, self._state
             if before.generating == 0:
                 self._timers["rollout_idle_s"] += elapsed
-            if before.generating >= self.windows.generation_window:
-                self._timers["window_full_s"] += elapsed
-            elif before.backlog >= self.windows.reward_backlog:
-                self._timers["backpressure_s"] += elapsed
-            elif before.outstanding >= self.windows.outstanding_cap:
-                self._timers["outstanding_full_s"] += elapsed
+            blocker = dispatch_blocker(before, self.windows)
+            if blocker is not None:
+                self._timers[f"{blocker}_s"] += elapsed
         self._checked_at, self._state = now, state
 
     # -- verl's dispatch points, through the window ---------------------------------------------------
