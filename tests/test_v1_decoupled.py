@@ -194,6 +194,7 @@ def slow_judge_runs(tmp_path_factory, model_dir, rollout, transfer_queue, judge)
         )
         runs[mode] = run
         runs[f"{mode}/generation_requests"] = ray.get(rollout.server.requests.remote())
+        runs[f"{mode}/judge_faults"] = dict(judge.stats()["faults_injected"])
     reset_judge_server(judge)
     return runs
 
@@ -213,7 +214,13 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
         for row in trained_rows(run)
         if row.reward_extra_info["status"] != "ok"
     }
-    assert statuses == {0: "timeout", 1: "error"}
+    # The 400 comes back at once, so row 1's group is always trained within the run. Row 0's group
+    # waits for its hanging session's deadline: on a loaded machine the run's last step can be taken
+    # from faster groups before it is sampleable (it is then in flight, which the ledger accounts for),
+    # so its status is checked whenever it was trained, and the hang itself on the judge's side.
+    assert statuses.get(1) == "error" and set(statuses) <= {0, 1}
+    assert statuses.get(0, "timeout") == "timeout"
+    assert slow_judge_runs["decoupled/judge_faults"].get("hang", 0) >= 1
     failed = [
         row for row in trained_rows(run) if row.index in statuses and row.reward_extra_info["status"] != "ok"
     ]
