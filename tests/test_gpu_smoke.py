@@ -97,3 +97,47 @@ def test_a_run_trained_by_verls_own_trainer_fails(summarize, tmp_path):
         summarize.verdict("both", summarize.parse_log("MAIN_PPO_RC=124 WALL=540s"))
         == "FAILED: exit status 124"
     )
+
+
+V1_START = (
+    "(TaskRunnerV1 pid=9) async_reward: trainer async_reward.v1.pipelined_trainer.PPOTrainerPipelined "
+    "(verl v1 trainer_mode=pipelined), schedule {schedule} (mini_batch=True, one_step_off_policy=True)"
+)
+#: What every agent-loop worker logged on the GPU run of 2026-11-26 (registration inside an import).
+WORKER_IMPORT_ERROR = (
+    "(pid=9147) ImportError: cannot import name 'RewardAgentLoopManager' from partially initialized module "
+    "'async_reward.v1.agent_loop' (most likely due to a circular import)"
+)
+
+
+def test_our_v1_runs_need_their_start_line_metrics_and_no_import_error_of_ours(summarize, tmp_path):
+    pipelined = [
+        step_line(s, timing_s__step=2.7, off_policy__staleness=min(s - 1, 1), pipeline__num_updates=2)
+        for s in (1, 2, 3)
+    ]
+    v1_pipelined = [
+        V1_START.format(schedule="both"),
+        *(line.replace("Pipelined", "V1") for line in pipelined),
+    ]
+    write_log(tmp_path, "v1_pipelined", v1_pipelined)
+    write_log(tmp_path, "v1_lines", [step_line(s, reward__status_ok=32) for s in (1, 2, 3)])
+    assert summarize.main(["summarize.py", str(tmp_path)]) == 0
+    run = summarize.parse_log((tmp_path / "train_v1_pipelined.log").read_text())
+    assert run["trainer"].endswith("PPOTrainerPipelined") and run["trainer_mode"] == "both"
+    assert "| v1_pipelined | ok | 0 | 236 | 3 |" in (tmp_path / "summary.md").read_text()
+
+    def verdict(mode: str, lines: list[str]) -> str:
+        return summarize.verdict(mode, summarize.parse_log("\n".join([*lines, "MAIN_PPO_RC=0 WALL=1s"])))
+
+    # Trained with rc 0, but a worker of ours failed an import: failed, in every mode.
+    assert verdict("v1_pipelined", [*v1_pipelined, WORKER_IMPORT_ERROR]).startswith("FAILED: 1 ImportError")
+    assert verdict("v1", [step_line(1, timing_s__step=4.0), WORKER_IMPORT_ERROR]).startswith("FAILED")
+    # Another schedule than both, or no start line of ours (verl's own mode ran): failed.
+    assert "asked both" in verdict("v1_pipelined", [V1_START.format(schedule="mini_batch"), *pipelined])
+    assert "no start line" in verdict("v1_pipelined", pipelined)
+    # The v1 lines without our replay buffer's reward/* metrics on a step: failed.
+    lines_without = [step_line(1, reward__status_ok=32), step_line(2, timing_s__step=6.0)]
+    assert (
+        verdict("v1_lines", lines_without)
+        == "FAILED: steps [2] without reward/* (our replay buffer not used)"
+    )

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from async_reward.v1 import V1_OVERRIDES
-from async_reward.v1.registration import register_pipelined_mode_on_verl_import
+from async_reward.v1.registration import register_trainer_modes_on_lookup
 from async_reward.v1.reward_failover import LOST_WORKERS_KEY
 from tests.conftest import reset_judge_server
 from tests.test_v1 import FAST_RETRY, step_logs
@@ -78,7 +78,7 @@ def train(
     extra: tuple[str, ...] = (),
 ) -> TrainingRun:
     # What the setup hook does in verl's task-runner process (here the test's): register our modes.
-    register_pipelined_mode_on_verl_import()
+    register_trainer_modes_on_lookup()
     dataset = write_dataset(tmp_path / "train.parquet", ROWS)
     overrides = [
         *base_overrides(

@@ -2,6 +2,8 @@
 # The GPU check of issue 8, reproducible: 3-step GRPO runs on one GPU of
 #   python -m async_reward.pipeline.main_ppo   in modes baseline, mini_batch, one_step_off, both
 #   python -m verl.trainer.main_ppo (v1)       verl's own v1 trainer with our llm_judge manager
+#     v1_lines: the same with the README's v1 lines (agent-loop manager, replay buffer, on_failure=exclude)
+#     v1_pipelined: our v1 trainer mode, trainer_mode=pipelined with both schedules
 # each scored by llm_judge against the project's local judge server, then one summary table
 # (examples/gpu_smoke/summarize.py): step times, timing_s/reward_blocked, off_policy/staleness,
 # pipeline/num_updates, reward/status_ok, and a verdict per mode that fails when verl's own trainer
@@ -14,7 +16,7 @@
 # machine, from the checkout root:
 #
 #   bash .gpu/stage_part.sh N                 # for each part, after each transfer (kit README)
-#   examples/gpu_smoke/run.sh                 # all five modes, ~5 min each, then the table
+#   examples/gpu_smoke/run.sh                 # all seven modes, ~5 min each, then the table
 #   MODES="baseline both" examples/gpu_smoke/run.sh   # some modes (e.g. one command per mode)
 #   python3 examples/gpu_smoke/summarize.py gpu_out   # the table again, from the logs so far
 #
@@ -25,7 +27,7 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIT=${KIT:-$REPO/.gpu}
-MODES=${MODES:-baseline mini_batch one_step_off both v1}
+MODES=${MODES:-baseline mini_batch one_step_off both v1 v1_lines v1_pipelined}
 TIMEOUT_S=${TIMEOUT_S:-540}
 export REPO GPU_OUT=${GPU_OUT:-$REPO/gpu_out}
 mkdir -p "$GPU_OUT"
@@ -41,9 +43,28 @@ if [ ! -d "$SITE_DIR/vllm" ] || [ ! -f "$ASSETS/model/config.json" ]; then
 fi
 
 cd "$REPO" || exit 1
+# Our v1 lines (the README's quick start): agent-loop manager and replay buffer.
+V1_LINES=(
+  +actor_rollout_ref.rollout.agent.agent_loop_manager_class=async_reward.v1.RewardAgentLoopManager
+  trainer.v1.sampler.custom_sampler.path=pkg://async_reward.v1.replay_buffer
+  trainer.v1.sampler.custom_sampler.name=RewardReplayBuffer
+)
 for mode in $MODES; do
+  # The kit knows baseline..both and v1 (verl's v1 sync with our manager only); our two v1 runs are its
+  # v1 mode plus overrides, their logs renamed after the run.
+  case "$mode" in
+    v1_lines) kit_mode=v1; extra=("${V1_LINES[@]}" +reward.async_reward.on_failure=exclude) ;;
+    v1_pipelined) kit_mode=v1; extra=("${V1_LINES[@]}" trainer.v1.trainer_mode=pipelined
+                                      +trainer.v1.pipelined.mini_batch=true
+                                      +trainer.v1.pipelined.one_step_off_policy=true) ;;
+    *) kit_mode=$mode; extra=() ;;
+  esac
   echo "=== $mode (timeout ${TIMEOUT_S}s) ==="
-  bash "$KIT/run_mode.sh" "$mode" "$TIMEOUT_S" "$@"
-  echo "=== $mode: exit status $? (log: $GPU_OUT/train_$mode.log) ==="
+  bash "$KIT/run_mode.sh" "$kit_mode" "$TIMEOUT_S" "${extra[@]}" "trainer.experiment_name=$mode" "$@"
+  status=$?
+  if [ "$kit_mode" != "$mode" ]; then
+    for log in train judge raystop; do mv -f "$GPU_OUT/${log}_$kit_mode.log" "$GPU_OUT/${log}_$mode.log"; done
+  fi
+  echo "=== $mode: exit status $status (log: $GPU_OUT/train_$mode.log) ==="
 done
 "$PY" "$REPO/examples/gpu_smoke/summarize.py" "$GPU_OUT"

@@ -6,9 +6,12 @@ usage: python3 examples/gpu_smoke/summarize.py [GPU_OUT]     (default ./gpu_out)
 Reads ``GPU_OUT/train_<mode>.log`` as written by the GPU kit's ``run_mode.sh`` (verl's console logger:
 ``step:N - key:value - ...`` per step, ``MAIN_PPO_RC=<rc> WALL=<s>s`` at the end), prints a Markdown
 table and writes it with the raw numbers to ``GPU_OUT/summary.md`` and ``GPU_OUT/summary.json``.
-Exits 1 when a mode failed: a non-zero exit status, or, for our entry point's modes, a run without
+Exits 1 when a mode failed: a non-zero exit status; for our entry point's modes, a run without
 our trainer's start line (``async_reward: trainer ...PipelinedRayPPOTrainer, pipeline mode <mode>``)
-or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained.
+or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained; for
+``v1_pipelined``, the same with our v1 trainer mode's start line; for ``v1_lines``, a step without our
+replay buffer's ``reward/status_ok``; and in every mode an ``ImportError`` of ours in any process's log
+(the GPU run of 2026-11-26 trained, but every agent-loop worker logged one).
 
 Standard library only: it runs with the GPU image's bare Python.
 """
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODES = ("baseline", "mini_batch", "one_step_off", "both", "v1")
+MODES = ("baseline", "mini_batch", "one_step_off", "both", "v1", "v1_lines", "v1_pipelined")
 #: The metrics per step that go in the table (``None`` where a step lacks one).
 KEYS = (
     "timing_s/step",
@@ -36,6 +39,8 @@ _STEP = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _VALUE = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))\)?$")
 _RC = re.compile(r"MAIN_PPO_RC=(\d+) WALL=(\d+)s")
 _START = re.compile(r"async_reward: trainer (\S+), pipeline mode (\w+)")
+_V1_START = re.compile(r"async_reward: trainer (\S+) \(verl v1 trainer_mode=pipelined\), schedule (\w+)")
+_OUR_IMPORT_ERROR = re.compile(r"ImportError: .*async_reward")
 
 
 def parse_log(text: str) -> dict[str, Any]:
@@ -52,13 +57,14 @@ def parse_log(text: str) -> dict[str, Any]:
             if key and value:
                 metrics[key] = float(value.group(1))
     rc = _RC.findall(text)
-    start = _START.findall(text)
+    start = _START.findall(text) or _V1_START.findall(text)
     return {
         "rc": int(rc[-1][0]) if rc else None,
         "wall_s": int(rc[-1][1]) if rc else None,
         "trainer": start[0][0] if start else None,
         "trainer_mode": start[0][1] if start else None,
         "steps": {step: steps[step] for step in sorted(steps)},
+        "import_errors": len(_OUR_IMPORT_ERROR.findall(text)),
     }
 
 
@@ -68,12 +74,20 @@ def verdict(mode: str, run: dict[str, Any]) -> str:
         return f"FAILED: exit status {run['rc']}"
     if not run["steps"]:
         return "FAILED: no step logged"
+    if run.get("import_errors"):
+        return f"FAILED: {run['import_errors']} ImportError(s) of async_reward logged"
     if mode == "v1":
         return "ok"
-    if run["trainer"] is None or not run["trainer"].endswith("PipelinedRayPPOTrainer"):
+    if mode == "v1_lines":
+        missing = [step for step, metrics in run["steps"].items() if "reward/status_ok" not in metrics]
+        return f"FAILED: steps {missing} without reward/* (our replay buffer not used)" if missing else "ok"
+    trainer, trainer_mode = (
+        ("PPOTrainerPipelined", "both") if mode == "v1_pipelined" else ("PipelinedRayPPOTrainer", mode)
+    )
+    if run["trainer"] is None or not run["trainer"].endswith(trainer):
         return f"FAILED: trainer {run['trainer']} (no start line of ours)"
-    if run["trainer_mode"] != mode:
-        return f"FAILED: trainer in mode {run['trainer_mode']}, asked {mode}"
+    if run["trainer_mode"] != trainer_mode:
+        return f"FAILED: trainer in mode {run['trainer_mode']}, asked {trainer_mode}"
     last = run["steps"][max(run["steps"])]
     if "pipeline/num_updates" not in last:
         return "FAILED: no pipeline metrics (verl's own trainer trained)"

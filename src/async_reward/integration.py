@@ -32,7 +32,7 @@ from async_reward.checks import PIPELINED_TRAINER_KEY, apply_legacy_and_check, c
 from async_reward.errors import ConfigError
 from async_reward.v1.decoupled_config import is_decoupled_mode
 from async_reward.v1.pipelined_config import is_pipelined_mode
-from async_reward.v1.registration import register_pipelined_mode_on_verl_import
+from async_reward.v1.registration import register_trainer_modes_on_lookup
 from async_reward.v1.settings import (
     AGENT_LOOP_MANAGER,
     REPLAY_BUFFER_NAME,
@@ -76,13 +76,13 @@ VERL_TRAINERS = (
 
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook``: registers our managers in this process (importing this module
-    imports the package, which registers them), our
-    ``pipelined`` verl v1 trainer mode once verl's v1 trainer is imported here (verl's task-runner
-    actor), applies the legacy ``reward_model.*`` reward keys and checks the reward settings where
-    verl's own trainer is built (before its GPU workers) and where it builds its ``RewardLoopManager``."""
+    imports the package, which registers them) and our ``pipelined`` and ``decoupled`` verl v1 trainer
+    modes where verl looks a mode up here (verl's task-runner actor; :mod:`async_reward.v1.registration`),
+    applies the legacy ``reward_model.*`` reward keys and checks the reward settings where verl's own
+    trainer is built (before its GPU workers) and where it builds its ``RewardLoopManager``."""
     import wrapt
 
-    register_pipelined_mode_on_verl_import()
+    register_trainer_modes_on_lookup()
     _check_before_verl_reward_loop()
     for module, name in VERL_TRAINERS:
         # Wrapped when verl imports the module (most worker processes never do; importing it here

@@ -1,38 +1,67 @@
-"""Register our v1 trainer modes (``pipelined``, ``decoupled``) in a process as soon as verl's v1 trainer
-loads there.
+"""Register our v1 trainer modes (``pipelined``, ``decoupled``) where verl looks a mode up.
 
-verl's ``TaskRunnerV1`` (a Ray actor) looks the mode up in its registry
-(``verl.trainer.ppo.v1.get_trainer_cls``), so our trainer must be registered in that actor's process.
-The Ray setup hook runs in every worker process, but importing verl's v1 trainer costs about 1.6 s
-and most workers (reward, agent loop, GPU) never need it. So the hook registers a post-import hook
-(wrapt's, the one the setup hook also uses for verl's trainer classes): the registration happens
-right after ``verl.trainer.ppo.v1`` is imported, in whichever process imports it, and nowhere else.
+verl's ``TaskRunnerV1`` (a Ray actor) resolves ``trainer.v1.trainer_mode`` with
+``verl.trainer.ppo.v1.get_trainer_cls``, so our trainer must be registered in that actor's process by
+then. The Ray setup hook runs in every worker process, but importing verl's v1 trainer costs about
+1.6 s and most workers (reward, agent loop, GPU) never need it. So the hook registers a post-import
+hook (wrapt's, the one the setup hook also uses for verl's trainer classes) that wraps verl's
+``get_trainer_cls`` once ``verl.trainer.ppo.v1`` is imported; the wrapper imports our trainer module
+(which registers itself with verl's ``register_trainer``) when verl looks up one of our modes.
+
+Why at the lookup and not when verl's v1 trainer is imported: the first importer of verl's v1 trainer
+in a process is often one of our own modules (``async_reward.v1.agent_loop`` in every agent-loop
+worker, ``async_reward.v1.replay_buffer`` where verl loads the sampler). Importing our trainer modules
+from the post-import hook then ran in the middle of that module's import, and the trainer modules
+import it back: a circular import that left the modes unregistered in that process (seen on a GPU run:
+an ``ImportError`` traceback in every agent-loop worker's log). A lookup happens after imports are
+done, and a mode whose module cannot be imported now fails at the lookup with the real error.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-import logging
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import wrapt
 
-__all__ = ["VERL_V1_PACKAGE", "register_pipelined_mode_on_verl_import"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["OUR_TRAINER_MODULES", "VERL_V1_PACKAGE", "register_trainer_modes_on_lookup"]
 
 VERL_V1_PACKAGE = "verl.trainer.ppo.v1"
+_VERL_TRAINER_BASE = "verl.trainer.ppo.v1.trainer_base"
+
+#: ``trainer.v1.trainer_mode`` -> the module that registers it when imported.
+OUR_TRAINER_MODULES: dict[str, str] = {
+    "pipelined": "async_reward.v1.pipelined_trainer",
+    "decoupled": "async_reward.v1.decoupled_trainer",
+}
 
 
-def register_pipelined_mode_on_verl_import() -> None:
-    """Register ``trainer_mode=pipelined`` and ``decoupled`` now if verl's v1 trainer is loaded, else once
-    it is."""
-    wrapt.register_post_import_hook(_register, VERL_V1_PACKAGE)
+def register_trainer_modes_on_lookup() -> None:
+    """Make verl's ``get_trainer_cls`` resolve ``pipelined`` and ``decoupled`` to our trainers, now if
+    verl's v1 trainer is loaded, else once it is. Idempotent."""
+    wrapt.register_post_import_hook(_wrap_lookup, VERL_V1_PACKAGE)
 
 
-def _register(_: ModuleType) -> None:
-    for mode in ("pipelined", "decoupled"):
-        try:
-            importlib.import_module(f"async_reward.v1.{mode}_trainer")  # registers on import
-        except Exception:  # verl v1 must keep working for the other modes; the mode's lookup then fails
-            logger.exception("async-reward could not register verl v1 trainer_mode=%s", mode)
+def _wrap_lookup(package: ModuleType) -> None:
+    """Replace ``get_trainer_cls`` where verl's callers find it: the v1 package (``main_ppo`` imports it
+    from there when it runs) and ``trainer_base``, its home."""
+    trainer_base = importlib.import_module(_VERL_TRAINER_BASE)
+    for module in (trainer_base, package):
+        lookup = getattr(module, "get_trainer_cls", None)
+        if lookup is not None and not getattr(lookup, "_async_reward_modes", False):
+            module.get_trainer_cls = _registering_our_modes_first(lookup)  # type: ignore[attr-defined]
+
+
+def _registering_our_modes_first(lookup: Callable[[str], Any]) -> Callable[[str], Any]:
+    @functools.wraps(lookup)
+    def get_trainer_cls(name: str) -> Any:
+        module = OUR_TRAINER_MODULES.get(name)
+        if module is not None:
+            importlib.import_module(module)  # registers on import; a broken module raises its own error
+        return lookup(name)
+
+    get_trainer_cls._async_reward_modes = True  # type: ignore[attr-defined]
+    return get_trainer_cls

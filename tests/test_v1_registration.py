@@ -1,0 +1,129 @@
+"""Our verl v1 trainer modes resolve in every process the setup hook ran in, whichever module imports
+verl's v1 trainer first.
+
+Found on a GPU run: in verl's agent-loop workers the first importer of verl's v1 trainer is our
+``async_reward.v1.agent_loop``; registering the modes from a post-import hook then imported our trainer
+modules in the middle of that import, they imported it back, and the modes stayed unregistered there
+(an ``ImportError`` traceback in every worker's log). Each case here runs in a fresh process, as a Ray
+worker is: a subprocess that runs the setup hook once, then forks one child per module, so each child
+imports verl's v1 trainer for the first time through that module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import pkgutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+OURS = {
+    "pipelined": "async_reward.v1.pipelined_trainer.PPOTrainerPipelined",
+    "decoupled": "async_reward.v1.decoupled_trainer.PPOTrainerDecoupled",
+}
+
+
+def _first_import_through(name: str) -> dict[str, Any]:
+    """In this (forked, fresh) process: import ``name``, then resolve the modes as verl's task runner
+    does; what was logged at ERROR or above while doing so."""
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(record.getMessage())
+
+    logging.getLogger().addHandler(Collect(level=logging.ERROR))
+    importlib.import_module(name)
+    if "verl.trainer.ppo.v1" not in sys.modules:
+        return {"module": name, "imports_verl_v1": False}
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    resolved = {}
+    for mode in (*OURS, "sync"):
+        cls = get_trainer_cls(mode)
+        resolved[mode] = f"{cls.__module__}.{cls.__qualname__}"
+    return {"module": name, "imports_verl_v1": True, "resolved": resolved, "errors": errors}
+
+
+def probe_every_module() -> None:
+    """Run in a subprocess: the setup hook, then each module of the package imported first in a child."""
+    import async_reward
+    from async_reward.integration import setup_worker
+
+    setup_worker()
+    assert "verl.trainer.ppo.v1" not in sys.modules  # the hook itself does not pay for verl's v1 trainer
+    names = [info.name for info in pkgutil.walk_packages(async_reward.__path__, "async_reward.")]
+    for name in [n for n in names if n not in sys.modules]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report one JSON line, whatever happens
+            os.close(read)
+            try:
+                report = _first_import_through(name)
+            except BaseException as error:  # reported, the parent fails the test with it
+                report = {"module": name, "failed": f"{type(error).__name__}: {error}"}
+            os.write(write, json.dumps(report).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            data = pipe.read()
+        os.waitpid(pid, 0)
+        print("REPORT", data.decode() or json.dumps({"module": name, "failed": "no report"}), flush=True)
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_the_modes_resolve_whichever_module_imports_verls_v1_trainer_first() -> None:
+    code = "from tests.test_v1_registration import probe_every_module; probe_every_module()"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=280, cwd=os.getcwd()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    reports = [json.loads(line.removeprefix("REPORT ")) for line in lines if line.startswith("REPORT ")]
+    assert not [r for r in reports if "failed" in r], [r for r in reports if "failed" in r]
+    first_importers = {r["module"]: r for r in reports if r["imports_verl_v1"]}
+    # Not vacuous: the modules verl's workers load first are among them.
+    assert {"async_reward.v1.agent_loop", "async_reward.v1.replay_buffer"} <= set(first_importers)
+    for name, report in first_importers.items():
+        assert report["errors"] == [], (name, report["errors"])
+        assert report["resolved"] == {
+            **OURS,
+            "sync": "verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync",
+        }, name
+
+
+@pytest.mark.subprocess
+def test_verls_own_modes_do_not_import_ours() -> None:
+    """verl's task runner with ``sync`` never pays for (or depends on) our trainer modules."""
+    code = (
+        "import sys\n"
+        "from async_reward.integration import setup_worker\n"
+        "setup_worker()\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "print('SYNC', get_trainer_cls('sync').__name__)\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.endswith('_trainer') and 'async_reward' in m))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SYNC PPOTrainerSync" in result.stdout
+    assert "LOADED []" in result.stdout
+
+
+def test_a_mode_whose_module_fails_to_import_fails_its_lookup_with_that_error(monkeypatch) -> None:
+    """Not a bare "Unknown trainer": the lookup raises what broke the import."""
+    from async_reward.v1 import registration
+
+    registration.register_trainer_modes_on_lookup()
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    monkeypatch.setitem(registration.OUR_TRAINER_MODULES, "pipelined", "async_reward.v1.no_such_trainer")
+    with pytest.raises(ModuleNotFoundError, match=r"async_reward\.v1\.no_such_trainer"):
+        get_trainer_cls("pipelined")
+    monkeypatch.undo()
+    assert get_trainer_cls("pipelined").__name__ == "PPOTrainerPipelined"
