@@ -59,11 +59,20 @@ for mode in $MODES; do
                                       +trainer.v1.pipelined.one_step_off_policy=true) ;;
     *) kit_mode=$mode; extra=() ;;
   esac
+  logs=(train judge raystop)
+  if [ "$kit_mode" != "$mode" ]; then   # keep the kit mode's own logs (an earlier v1 run) aside
+    for log in "${logs[@]}"; do
+      [ ! -f "$GPU_OUT/${log}_$kit_mode.log" ] || mv -f "$GPU_OUT/${log}_$kit_mode.log" "$GPU_OUT/${log}_$kit_mode.keep"
+    done
+  fi
   echo "=== $mode (timeout ${TIMEOUT_S}s) ==="
   bash "$KIT/run_mode.sh" "$kit_mode" "$TIMEOUT_S" "${extra[@]}" "trainer.experiment_name=$mode" "$@"
   status=$?
   if [ "$kit_mode" != "$mode" ]; then
-    for log in train judge raystop; do mv -f "$GPU_OUT/${log}_$kit_mode.log" "$GPU_OUT/${log}_$mode.log"; done
+    for log in "${logs[@]}"; do
+      [ ! -f "$GPU_OUT/${log}_$kit_mode.log" ] || mv -f "$GPU_OUT/${log}_$kit_mode.log" "$GPU_OUT/${log}_$mode.log"
+      [ ! -f "$GPU_OUT/${log}_$kit_mode.keep" ] || mv -f "$GPU_OUT/${log}_$kit_mode.keep" "$GPU_OUT/${log}_$kit_mode.log"
+    done
   fi
   echo "=== $mode: exit status $status (log: $GPU_OUT/train_$mode.log) ==="
 done
