@@ -121,3 +121,18 @@ def test_a_mode_whose_module_fails_to_import_fails_its_lookup_with_that_error(mo
         get_trainer_cls("pipelined")
     monkeypatch.undo()
     assert get_trainer_cls("pipelined").__name__ == "PPOTrainerPipelined"
+
+
+def test_an_unknown_mode_is_refused_by_verl_with_our_modes_listed() -> None:
+    """A typo of ``pipelined`` gets verl's own error, which names every mode a user can pick, ours too
+    (they are registered only when looked up)."""
+    from async_reward.v1 import registration
+
+    registration.register_trainer_modes_on_lookup()
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    with pytest.raises(ValueError, match=r"Unknown trainer 'pipelnied'") as error:
+        get_trainer_cls("pipelnied")
+    assert {"decoupled", "pipelined", "sync"} <= set(
+        str(error.value).split(": ", 1)[1].rstrip(".").split(", ")
+    )

@@ -19,6 +19,7 @@ done, and a mode whose module cannot be imported now fails at the lookup with th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Callable
@@ -61,7 +62,14 @@ def _registering_our_modes_first(lookup: Callable[[str], Any]) -> Callable[[str]
         module = OUR_TRAINER_MODULES.get(name)
         if module is not None:
             importlib.import_module(module)  # registers on import; a broken module raises its own error
-        return lookup(name)
+            return lookup(name)
+        try:
+            return lookup(name)
+        except ValueError:  # an unknown mode (a typo of ours?): verl's error lists every mode, ours too
+            for our_module in OUR_TRAINER_MODULES.values():
+                with contextlib.suppress(ImportError):  # the unknown name stays the error to report
+                    importlib.import_module(our_module)
+            return lookup(name)
 
     get_trainer_cls._async_reward_modes = True  # type: ignore[attr-defined]
     return get_trainer_cls
