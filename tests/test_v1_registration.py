@@ -41,7 +41,7 @@ def _first_import_through(name: str) -> dict[str, Any]:
 
     logging.getLogger().addHandler(Collect(level=logging.ERROR))
     importlib.import_module(name)
-    if "verl.trainer.ppo.v1" not in sys.modules:
+    if VERL_V1 not in sys.modules:
         return {"module": name, "imports_verl_v1": False}
     from verl.trainer.ppo.v1 import get_trainer_cls
 
@@ -68,7 +68,7 @@ def probe_every_module() -> None:
     from async_reward.integration import setup_worker
 
     setup_worker()
-    assert "verl.trainer.ppo.v1" not in sys.modules  # the hook itself does not pay for verl's v1 trainer
+    assert VERL_V1 not in sys.modules  # the hook itself does not pay for verl's v1 trainer
     names = [info.name for info in pkgutil.walk_packages(async_reward.__path__, "async_reward.")]
     for name in [VERL_V1, *(n for n in names if n not in sys.modules)]:
         read, write = os.pipe()
