@@ -8,6 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from async_reward.config import ConfigError
@@ -17,8 +19,16 @@ from async_reward.v1.decoupled_config import (
     derive_windows,
     is_decoupled_mode,
     load_decoupled_mode_config,
+    stale_wait_limit_s,
 )
-from async_reward.v1.decoupled_window import PromptLedger, WindowState, dispatch_blocker, top_up_count
+from async_reward.v1.decoupled_window import (
+    EVICTION_REASONS,
+    PromptLedger,
+    WindowState,
+    dispatch_blocker,
+    groups_to_wait_for,
+    top_up_count,
+)
 from async_reward.v1.reward_failover import LOST_WORKERS_KEY
 from tests.test_v1_reward_failover import DyingRewardWorker
 from tests.test_v1_reward_routing import RecordingRewardWorker, session
@@ -112,6 +122,10 @@ def test_a_backlog_beyond_the_staleness_bound_is_refused_naming_the_largest_that
         ({"trainer": {"v1": {"decoupled": {"windw": 2}}}}, "trainer.v1.decoupled.windw"),
         ({"trainer": {"v1": {"decoupled": {"reward_backlog": 0}}}}, "trainer.v1.decoupled.reward_backlog"),
         (
+            {"trainer": {"v1": {"decoupled": {"stale_wait_timeout_s": 0}}}},
+            "trainer.v1.decoupled.stale_wait_timeout_s",
+        ),
+        (
             {
                 "trainer": {
                     "v1": {"decoupled": {"sampleable_buffer": 1, "generation_window": 1, "reward_backlog": 1}}
@@ -201,11 +215,212 @@ def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones
     assert metrics["ledger/evicted/generation_error"] == 1 and metrics["ledger/evicted/untrained"] == 1
     assert metrics["ledger/unaccounted"] == 0
 
+    assert ledger.balanced() and metrics["ledger/balanced"] == 1.0
+
     ledger.evicted("a", "stale")  # already trained
     lost = ledger.check(["e", "zz"])  # d vanished; zz was never dispatched
     assert lost.unaccounted == ["d"] and lost.unknown == ["zz"] and lost.double_counted == ["a"]
     assert not lost.ok and ledger.metrics(lost)["ledger/unaccounted"] == 2
-    assert ledger.balanced()
+    assert not ledger.balanced()  # for good: each fault is counted once and stays counted
+    assert ledger.check(["e", "zz"]).ok and not ledger.balanced()  # zz adopted, reported once
+
+
+#: One step of a history: (operation, choice among the candidates, how many).
+HISTORY_OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["dispatch", "evict", "sample", "step_end", "check"]),
+        st.integers(0, 50),
+        st.integers(1, 3),
+    ),
+    max_size=40,
+)
+FAULTS = ("lose", "unknown", "evict_twice", "sample_twice", "train_unsampled", "dispatch_twice")
+
+
+class _World:
+    """What TransferQueue holds (prompt keys in flight) and what the trainer did, driving a ledger."""
+
+    def __init__(self) -> None:
+        self.ledger = PromptLedger()
+        self.listed: set[str] = set()
+        self.sampled: list[str] = []
+        self.settled: list[str] = []
+        self.fresh = 0
+
+    def new_uid(self) -> str:
+        self.fresh += 1
+        return f"u{self.fresh}"
+
+    def apply(self, operation: str, choice: int, count: int) -> None:
+        ledger, listed = self.ledger, sorted(self.listed)
+        if operation == "dispatch":
+            uids = [self.new_uid() for _ in range(count)]
+            ledger.dispatched(uids, "window")
+            self.listed.update(uids)
+        elif operation == "evict" and listed:
+            uid = listed[choice % len(listed)]
+            self.listed.discard(uid)
+            ledger.evicted(uid, EVICTION_REASONS[choice % len(EVICTION_REASONS)])
+            self.settled.append(uid)
+        elif operation == "sample" and listed:
+            uids = [listed[(choice + i) % len(listed)] for i in range(min(count, len(listed)))]
+            uids = list(dict.fromkeys(uids))
+            self.listed.difference_update(uids)
+            ledger.sampled(uids)
+            self.sampled.extend(uids)
+        elif operation == "step_end":
+            trained = [uid for i, uid in enumerate(self.sampled) if (choice >> (i % 6)) & 1 == 0]
+            ledger.step_trained(trained)
+            self.settled.extend(self.sampled)
+            self.sampled = []
+            ledger.check(self.listed)
+        elif operation == "check":
+            ledger.check(self.listed)
+
+    def inject(self, fault: str, choice: int) -> bool:
+        """One lost, unknown or double-counted prompt; False when the history offers none to fault."""
+        ledger, listed = self.ledger, sorted(self.listed)
+        if fault == "lose" and listed:
+            self.listed.discard(listed[choice % len(listed)])  # gone from TransferQueue, nobody told
+        elif fault == "unknown":
+            self.listed.add(f"stray{choice}")  # a prompt key nobody dispatched
+        elif fault == "evict_twice" and self.settled:
+            ledger.evicted(self.settled[choice % len(self.settled)], "stale")
+        elif fault == "sample_twice" and self.settled:
+            ledger.sampled([self.settled[choice % len(self.settled)]])
+        elif fault == "train_unsampled" and listed:
+            ledger.step_trained([listed[choice % len(listed)]])
+        elif fault == "dispatch_twice" and listed:
+            ledger.dispatched([listed[choice % len(listed)]], "window")
+        else:
+            return False
+        return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=HISTORY_OPERATIONS)
+def test_ledger_stays_balanced_through_every_history_without_a_fault(history):
+    world = _World()
+    for operation, choice, count in history:
+        world.apply(operation, choice, count)
+    world.apply("step_end", 0, 1)
+    assert world.ledger.balanced()
+    assert world.ledger.metrics(world.ledger.check(world.listed))["ledger/dispatched"] == (
+        world.ledger.counts["trained"] + world.ledger.counts["evicted"] + len(world.listed)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=HISTORY_OPERATIONS,
+    after=HISTORY_OPERATIONS,
+    fault=st.sampled_from(FAULTS),
+    choice=st.integers(0, 50),
+)
+def test_a_lost_unknown_or_double_counted_prompt_unbalances_the_ledger_for_good(before, after, fault, choice):
+    """Any history, one fault anywhere in it, anything after: at the next check and ever after the
+    ledger is out of balance (``PromptLedger.balanced`` reconciles with TransferQueue's keys)."""
+    world = _World()
+    for operation, pick, count in before:
+        world.apply(operation, pick, count)
+    assume(world.inject(fault, choice))
+    report = world.ledger.check(world.listed)
+    assert not report.ok
+    assert not world.ledger.balanced()
+    for operation, pick, count in after:
+        world.apply(operation, pick, count)
+    world.apply("step_end", 0, 1)
+    assert not world.ledger.balanced()
+
+
+def test_a_sample_waits_only_when_a_group_at_its_staleness_limit_would_find_no_place():
+    """Threshold 4, one group per sample, two samples per step. ``slow`` waits for the judge at span
+    4 (its last step): the step's first sample goes on (the second keeps a place for it), the second
+    waits; a scored group at its limit takes the first sample's place, so then the first waits too.
+    Groups younger than the limit, and ones already past it (evicted anyway), never make it wait."""
+    spans = {"slow": 4, "young": 2, "past": 5, "ready_old": 4, "ready_young": 1}
+    wait = groups_to_wait_for
+    assert wait({"slow"}, {"ready_young"}, spans, 4, sample_size=1, slots_left=2) == []
+    assert wait({"slow"}, {"ready_young"}, spans, 4, sample_size=1, slots_left=1) == ["slow"]
+    assert wait({"slow"}, {"ready_old", "ready_young"}, spans, 4, sample_size=1, slots_left=2) == []
+    assert wait({"slow"}, {"ready_old", "other_old"}, {**spans, "other_old": 4}, 4, 1, 2) == ["slow"]
+    assert wait({"young", "past"}, {"ready_young"}, spans, 4, sample_size=1, slots_left=1) == []
+    assert wait(set(), {"ready_old"}, spans, 4, sample_size=1, slots_left=1) == []
+    # Two groups at their limit awaiting the judge, one sample of two groups left: wait for both.
+    assert wait({"slow", "slow2"}, set(), {**spans, "slow2": 4}, 4, sample_size=2, slots_left=2) == [
+        "slow",
+        "slow2",
+    ]
+
+
+def test_a_held_sample_waits_for_the_group_at_its_limit_and_gives_up_at_the_timeout(monkeypatch):
+    """The mode's sampler (verl's ``ReplayBufferAsync`` subclass) on a snapshot of step 4, threshold 4,
+    the step's second (last) sample: ``slow`` is generated and awaits the judge at its last step, so
+    the sample is held while it is scored; the time held is the step's ``staleness_wait_s``. Held past
+    ``stale_wait_timeout_s``, it samples without the group (which will be evicted stale, counted as
+    overflow) and does not hold for it again. The clock is the test's."""
+    from types import SimpleNamespace
+
+    from async_reward.v1 import decoupled_replay_buffer as module
+
+    now = [100.0]
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    buffer = module.DecoupledReplayBufferAsync(
+        trainer_mode="decoupled",
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=4,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=OmegaConf.create({}),
+    )
+    trainer = SimpleNamespace(parameter_sync_step=2, local_trigger_step=1, ledger=None)
+    buffer.attach(trainer, staleness_from="generation", poll_interval_s=0.1, stale_wait_limit_s=30.0)
+    buffer.prompt_global_steps["train"] = {"slow": 1, "young": 3}
+    buffer._awaiting_judge, buffer._given_up, buffer._in_time = {"slow"}, set(), set()
+    ready = {"young"}
+
+    assert not buffer._has_enough_samples(4, "train", 1, ready)
+    now[0] += 5.0
+    assert not buffer._has_enough_samples(4, "train", 1, ready)
+    buffer._awaiting_judge = set()  # scored: the sample goes on (and will take it first, oldest)
+    assert buffer._has_enough_samples(4, "train", 1, ready | {"slow"})
+    assert buffer.staleness_wait_s == 5.0
+
+    trainer.local_trigger_step = 0  # the first of two samples: a place is left for slow, no wait
+    buffer._awaiting_judge = {"slow"}
+    assert buffer._has_enough_samples(4, "train", 1, ready)
+    trainer.local_trigger_step = 1
+    assert not buffer._has_enough_samples(4, "train", 1, ready)
+    now[0] += 31.0
+    assert buffer._has_enough_samples(4, "train", 1, ready)  # given up
+    assert buffer._given_up == {"slow"} and buffer.staleness_wait_s == 36.0
+    assert buffer._has_enough_samples(4, "train", 1, ready)
+    submission = module.DecoupledReplayBufferAsync(
+        trainer_mode="decoupled",
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=4,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=OmegaConf.create({}),
+    )
+    submission.attach(trainer, staleness_from="submission", poll_interval_s=0.1)
+    submission.prompt_global_steps["train"] = {"slow": 1, "young": 3}
+    submission._awaiting_judge, submission._given_up = {"slow"}, set()
+    assert submission._has_enough_samples(4, "train", 1, ready)  # verl's measure, verl's rules
+
+
+def test_the_wait_for_a_group_at_its_limit_is_bounded_by_the_scoring_deadline_unless_set():
+    config = verl_config()
+    assert stale_wait_limit_s(load_decoupled_mode_config(config), config) == 120 + 4 * 120 + 3 * 20
+    tuned = verl_config(
+        reward={
+            "async_reward": {
+                "timeout_s": 10,
+                "admission_timeout_s": 5,
+                "retry": {"max_attempts": 2, "max_backoff_s": 1},
+            }
+        }
+    )
+    assert stale_wait_limit_s(DecoupledModeConfig(), tuned) == 5 + 2 * 10 + 1
+    assert stale_wait_limit_s(DecoupledModeConfig(stale_wait_timeout_s=30), tuned) == 30
 
 
 class _TagRecordingWorker(DecoupledAgentLoopWorker):
@@ -224,7 +439,7 @@ def decoupled_worker(handles: list[Any]) -> _TagRecordingWorker:
     worker.mm_processor_kwargs = None
     worker.reward_loop_worker_handles = handles
     worker._progress, worker.published, worker._score_seconds = {}, [], []
-    worker._produced = worker._consumed = worker._skipped = 0
+    worker._produced = worker._consumed = worker._skipped = worker._abandoned = 0
     return worker
 
 

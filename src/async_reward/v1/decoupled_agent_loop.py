@@ -20,6 +20,9 @@ lock and always carry the group's current counts (the last write has the latest)
 A group one of whose sessions failed will be evicted by the trainer whatever its other sessions
 score, so its sessions that reach scoring afterwards are not scored (``decoupled/skipped_scoring``):
 no judge call is spent on a group that cannot be trained. A sibling already in scoring finishes.
+Those skipped sessions, and any session still unscored when its group's task ends (abandoned: its
+task cancelled or failed between generation and scoring), left the reward backlog without a score:
+the trainer reports them as ``reward_queue/dropped_samples``.
 """
 
 from __future__ import annotations
@@ -91,16 +94,19 @@ class DecoupledAgentLoopWorker(RewardAgentLoopWorker):
         self._produced = 0
         self._consumed = 0
         self._skipped = 0
+        self._abandoned = 0
         self._score_seconds: list[float] = []
 
     async def decoupled_stats(self) -> dict[str, Any]:
-        """Cumulative sessions generated (``produced``), scored (``consumed``) and not scored for a
-        failed sibling (``skipped``); the scoring times since the last call (drained)."""
+        """Cumulative sessions generated (``produced``), through scoring (``consumed``), not scored
+        for a failed sibling (``skipped``) and left unscored when their group's task ended
+        (``abandoned``); the scoring times since the last call (drained)."""
         seconds, self._score_seconds = self._score_seconds, []
         return {
             "produced": self._produced,
             "consumed": self._consumed,
             "skipped": self._skipped,
+            "abandoned": self._abandoned,
             "score_seconds": seconds,
         }
 
@@ -120,7 +126,12 @@ class DecoupledAgentLoopWorker(RewardAgentLoopWorker):
         try:
             await super()._run_prompt(prompt, sampling_params, trajectory, trace)
         finally:
-            self._progress.pop(uid, None)
+            group = self._progress.pop(uid, None)
+            if group is not None and group.unscored:  # generated, never through scoring: dropped
+                self._abandoned += len(group.unscored)
+                logger.warning(
+                    "group %s ended with %d generated session(s) never scored", uid, len(group.unscored)
+                )
 
     async def _run_agent_loop(
         self,
@@ -245,9 +256,10 @@ class DecoupledAgentLoopManager(RewardAgentLoopManager):
 
     def decoupled_stats(self) -> dict[str, Any]:
         """Every worker's :meth:`DecoupledAgentLoopWorker.decoupled_stats`, summed."""
-        total: dict[str, Any] = {"produced": 0, "consumed": 0, "skipped": 0, "score_seconds": []}
+        counts = ("produced", "consumed", "skipped", "abandoned")
+        total: dict[str, Any] = {**dict.fromkeys(counts, 0), "score_seconds": []}
         for stats in ray.get([worker.decoupled_stats.remote() for worker in self.agent_loop_workers]):
-            for key in ("produced", "consumed", "skipped"):
+            for key in counts:
                 total[key] += int(stats[key])
             total["score_seconds"].extend(stats["score_seconds"])
         return total

@@ -15,10 +15,31 @@ the pipeline, each derived from verl's own settings and the reward service's cap
   at most what the staleness bound allows;
 * ``sampleable_buffer`` S (scored groups waiting for the trainer), default ``train_batch_size``.
 
-All dispatched groups not yet trained are at most ``H = G + ceil(R / n) + S``; groups are generated,
-scored and sampled oldest first, so a group is trained at most ``ceil(H / B) + 1`` policy versions
-after it was generated. That must fit ``trainer.v1.sampler.max_off_policy_threshold`` (checked here,
-naming the largest value that fits), so verl's drop rule only fires on anomalies.
+**The staleness bound.** All dispatched groups not yet trained are at most ``H = G + ceil(R / n) +
+S``. Start-up refuses windows with ``ceil(H / B) + 1 > T`` (``T``: ``trainer.v1.sampler.
+max_off_policy_threshold``, ``B``: ``train_batch_size``), naming the largest value that fits. With
+staleness counted from generation (a group's *span* at step ``s`` is ``s - gen_version``, verl's
+``global_steps - entry + 1`` with entry ``gen_version + 1``), what holds is:
+
+* *in order* (every group scored by the time the trainer reaches it), a group is trained within
+  ``ceil(H / B) + 1 <= T`` versions of its generation: the groups ahead of it are at most ``H``;
+* *out of order* (a group waits for the judge while younger ones are scored and trained), waiting for
+  the judge does not count: a group fully generated within the threshold is not evicted ``stale``,
+  because a sample that would leave its last step (``span == T``) without a place for it waits until
+  it is scored, and oldest-first selection trains it (the sampler,
+  :mod:`async_reward.v1.decoupled_replay_buffer`). With ``H <= (T - 1) B`` the groups at their last
+  step are at most ``max(B, k)``, ``k`` those of one policy version that were still unscored while
+  younger ones were trained, so every one fits when ``k <= B``.
+
+*Cost*: the trainer waits for a slow group in its last step (``decoupled/staleness_wait_s``); the
+rollout keeps being topped up meanwhile. The wait is bounded: every scoring attempt has a deadline
+(``reward.async_reward.timeout_s``, ``retry.max_attempts``, oldest policy version admitted first), and
+``stale_wait_timeout_s`` caps it. *Limit*: more groups at their last step than the step's remaining
+places (``k > B``: the judge stalls on more than a batch of groups of one version), or a wait given up
+at ``stale_wait_timeout_s``: those groups are evicted ``stale`` and counted in
+``decoupled/stale_overflow``. A group whose *generation* (not its scoring) spans more than ``T``
+versions (partial rollout across weight syncs) is evicted ``stale`` as under verl: its tokens are that
+old. With ``staleness_from: submission`` verl's measure and rules are kept unchanged (no wait).
 
 verl's ``separate_async`` settings (``parameter_sync_step``, ``num_warmup_batches``,
 ``hybrid_rollout``) stay where verl documents them, under ``trainer.v1.separate_async``; the trainer
@@ -37,7 +58,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from async_reward._config_rules import bad_value, names_config_errors, parse_config, plain_container
-from async_reward.config import ConfigError, LimitsConfig
+from async_reward.config import AsyncRewardConfig, ConfigError, LimitsConfig, RetryConfig
 
 __all__ = [
     "DECOUPLED_MODE",
@@ -47,6 +68,7 @@ __all__ = [
     "derive_windows",
     "is_decoupled_mode",
     "load_decoupled_mode_config",
+    "stale_wait_limit_s",
 ]
 
 #: ``trainer.v1.trainer_mode`` of our trainer (registered by :mod:`async_reward.v1.decoupled_trainer`).
@@ -91,6 +113,14 @@ class DecoupledModeConfig:
     """How often the sampler re-reads TransferQueue while the trainer waits for scored groups; each
     poll also tops up the generation window. verl polls every 2 s."""
 
+    stale_wait_timeout_s: float | None = None
+    """Longest a sample waits for groups at their staleness limit to be scored (module docstring);
+    then it samples without them and they are evicted ``stale`` (``decoupled/stale_overflow``, with a
+    warning naming this key). None: the longest one session's scoring can take under our managers'
+    deadlines, ``(retry.max_attempts + 1) x timeout_s + (retry.max_attempts - 1) x
+    retry.max_backoff_s`` (one ``timeout_s`` for the calls in service ahead of it; with
+    ``admission_timeout_s`` set, that instead)."""
+
     ledger: Literal["warn", "raise"] = "warn"
     """What an unaccounted prompt does at the end of a step (every dispatched prompt must be trained,
     evicted with a reason, or still in flight): ``warn`` logs it and counts ``ledger/unaccounted``;
@@ -111,6 +141,14 @@ class DecoupledModeConfig:
                     "must be an integer >= 1, or null (derived)",
                     "write e.g. 8, or null",
                 )
+        wait = self.stale_wait_timeout_s
+        if wait is not None and (isinstance(wait, bool) or not 0 < wait < float("inf")):
+            raise bad_value(
+                f"{DECOUPLED_MODE_PATH}.stale_wait_timeout_s",
+                wait,
+                "must be a number of seconds > 0, or null (derived from the scoring deadline)",
+                "write e.g. 600, or null",
+            )
         if not 0 < self.poll_interval_s <= 10:
             raise bad_value(
                 f"{DECOUPLED_MODE_PATH}.poll_interval_s",
@@ -144,7 +182,9 @@ class DecoupledWindows:
 
     @property
     def staleness_bound(self) -> int:
-        """Largest span (verl's convention: versions behind + 1) a group can reach in normal running."""
+        """Largest span (verl's convention: versions behind + 1) a group reaches when groups are scored
+        in order; out of order the sampler's wait keeps a generated group within the threshold (module
+        docstring)."""
         return math.ceil(self.outstanding_cap / self.train_batch_size) + 1
 
 
@@ -250,6 +290,21 @@ def derive_windows(config: DecoupledModeConfig, verl_config: Any) -> DecoupledWi
             fix=f"set {DECOUPLED_MODE_PATH}.sampleable_buffer to at least {groups_per_sample}",
         )
     return windows
+
+
+def stale_wait_limit_s(config: DecoupledModeConfig, verl_config: Any) -> float:
+    """Seconds a sample waits at most for groups at their staleness limit (see
+    :attr:`DecoupledModeConfig.stale_wait_timeout_s`)."""
+    if config.stale_wait_timeout_s is not None:
+        return float(config.stale_wait_timeout_s)
+    reward = "reward.async_reward"
+    timeout = float(_select(verl_config, f"{reward}.timeout_s", None) or AsyncRewardConfig.timeout_s)
+    retry = RetryConfig()
+    attempts = int(_select(verl_config, f"{reward}.retry.max_attempts", None) or retry.max_attempts)
+    backoff = float(_select(verl_config, f"{reward}.retry.max_backoff_s", None) or retry.max_backoff_s)
+    admission = _select(verl_config, f"{reward}.admission_timeout_s", None)
+    ahead = float(admission) if admission else timeout
+    return ahead + attempts * timeout + max(0, attempts - 1) * backoff
 
 
 def _too_stale(name: str, value: int, largest: int, threshold: Any, how: str) -> ConfigError:

@@ -19,8 +19,9 @@ bound, or the groups outstanding at theirs (the staleness bound). Windows: :mod:
 decoupled_config`.
 
 Every dispatched prompt is accounted for by a :class:`~async_reward.v1.decoupled_window.PromptLedger`
-(trained, evicted with a reason, in flight), checked at each step's end. Each step logs the reward
-queue metrics of verl-recipe's ``reward_queue`` (same names), ``decoupled/*`` and ``ledger/*``.
+(trained, evicted with a reason, in flight), reconciled with the prompt keys TransferQueue lists at
+each step's end. Each step logs the reward queue metrics of verl-recipe's ``reward_queue`` (same
+names), ``decoupled/*`` and ``ledger/*``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from async_reward.v1.decoupled_config import (
     SEPARATE_ASYNC_PATH,
     derive_windows,
     load_decoupled_mode_config,
+    stale_wait_limit_s,
 )
 from async_reward.v1.decoupled_replay_buffer import DecoupledReplayBufferAsync
 from async_reward.v1.decoupled_window import (
@@ -65,6 +67,8 @@ __all__ = ["PPOTrainerDecoupled"]
 logger = logging.getLogger(__name__)
 
 PARTITION = "train"
+#: Cumulative session counts of the agent-loop workers (``DecoupledAgentLoopWorker.decoupled_stats``).
+REWARD_COUNTS = ("produced", "consumed", "skipped", "abandoned")
 
 
 @register_trainer(DECOUPLED_MODE)
@@ -88,7 +92,9 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
             self,
             staleness_from=self.mode_config.staleness_from,
             poll_interval_s=self.mode_config.poll_interval_s,
+            stale_wait_limit_s=stale_wait_limit_s(self.mode_config, config),
         )
+        self._sampler = builtin
         self._state = WindowState(0, 0, 0, 0, frozenset())
         self._checked_at: float | None = None
         self._timers = dict.fromkeys(
@@ -98,7 +104,7 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         self._backlog_max = 0
         self._step_dispatched = 0
         self._step_refilled = 0
-        self._reward_totals = {"produced": 0, "consumed": 0, "skipped": 0}
+        self._reward_totals = dict.fromkeys(REWARD_COUNTS, 0)
         if self.announce:
             print(f"async_reward: {self.start_line()}", flush=True)
 
@@ -259,10 +265,10 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
     def _queue_metrics(self, state: WindowState) -> dict[str, float]:
         """The step's window and reward-queue metrics (verl-recipe's ``reward_queue`` names kept)."""
         stats = self._reward_stats()
-        produced, consumed, skipped = (
-            stats[key] - self._reward_totals[key] for key in ("produced", "consumed", "skipped")
-        )
-        self._reward_totals = {key: stats[key] for key in ("produced", "consumed", "skipped")}
+        step = {key: stats[key] - self._reward_totals[key] for key in REWARD_COUNTS}
+        self._reward_totals = {key: stats[key] for key in REWARD_COUNTS}
+        sampler = self._sampler
+        waited, sampler.staleness_wait_s = sampler.staleness_wait_s, 0.0
         seconds = np.asarray(stats["score_seconds"], dtype=float)
         windows = self.windows
         metrics = {
@@ -271,9 +277,12 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
             "static/max_reward_queue_size": float(windows.reward_backlog),
             "reward_queue/total_produced": float(stats["produced"]),
             "reward_queue/total_consumed": float(stats["consumed"]),
-            "reward_queue/produced": float(produced),
-            "reward_queue/consumed": float(consumed),
-            "reward_queue/dropped_samples": 0.0,  # backpressure pauses dispatch; nothing is dropped
+            "reward_queue/produced": float(step["produced"]),
+            "reward_queue/consumed": float(step["consumed"]),
+            # Sessions that entered the reward backlog and left it without a score: siblings of a
+            # failed group not sent to the judge, and sessions abandoned unscored. Backpressure
+            # pauses dispatch instead of dropping, so nothing else is.
+            "reward_queue/dropped_samples": float(step["skipped"] + step["abandoned"]),
             "aggregator/pending_groups_count": float(state.pending_groups),
             "aggregator/total_pending": float(state.backlog),
             "timing_s/reward_compute/mean": float(seconds.mean()) if seconds.size else 0.0,
@@ -286,7 +295,9 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
             "decoupled/sampleable": float(state.sampleable),
             "decoupled/dispatched": float(self._step_dispatched),
             "decoupled/refilled": float(self._step_refilled),
-            "decoupled/skipped_scoring": float(skipped),
+            "decoupled/skipped_scoring": float(step["skipped"]),
+            "decoupled/staleness_wait_s": float(waited),
+            "decoupled/stale_overflow": float(sampler.stale_overflow),
             **{f"decoupled/{name}": value for name, value in self._timers.items()},
         }
         self._backlog_max = state.backlog

@@ -11,8 +11,10 @@ and our agent-loop worker adds to (:mod:`async_reward.v1.decoupled_agent_loop`):
 * ``failure_reason``: why the group failed (``generation_error``, ``reward_error``).
 
 One listing of those tags gives the whole pipeline's state (:class:`WindowState`), from which the
-trainer decides how many prompts to dispatch (:func:`top_up_count`). The :class:`PromptLedger`
-accounts every dispatched prompt exactly once: trained, evicted with a reason, or still in flight.
+trainer decides how many prompts to dispatch (:func:`top_up_count`) and the sampler which groups at
+their staleness limit a sample waits for (:func:`groups_to_wait_for`). The :class:`PromptLedger`
+accounts every dispatched prompt exactly once: trained, evicted with a reason, or still in flight, and
+reconciles that against the prompt keys TransferQueue lists.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "PromptLedger",
     "WindowState",
     "dispatch_blocker",
+    "groups_to_wait_for",
     "top_up_count",
 ]
 
@@ -122,20 +125,54 @@ def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
     return max(0, min(free, room))
 
 
+def groups_to_wait_for(
+    awaiting_judge: Iterable[str],
+    sampleable: Iterable[str],
+    spans: Mapping[str, int],
+    threshold: int,
+    sample_size: int,
+    slots_left: int,
+) -> list[str]:
+    """The groups at their staleness limit that a sample must wait for, or ``[]`` to sample now.
+
+    A group's *span* is verl's ``global_steps - entry + 1``; at ``span == threshold`` the current step
+    is its last: not trained in it, it is evicted ``stale`` at the next. ``awaiting_judge`` are the
+    groups generated (every session), not failed, and not yet scored; ``sampleable`` the scored ones.
+    The sample takes ``sample_size`` groups oldest first (so the scored groups at their limit first)
+    and leaves ``slots_left - sample_size`` places in this step. It must wait while the groups at their
+    limit that would be left after it (those awaiting the judge, and the scored ones it cannot take)
+    outnumber those places: verl's dropless ``wait`` rule, narrowed to groups that only wait for the
+    judge and to the step's last places, so a step trains younger groups while the slow one finishes
+    and waits only when it must.
+
+    When the groups at their limit outnumber the places left even after every one is scored, waiting
+    saves as many as fit and the rest are evicted ``stale``: the bound's limit (see
+    :mod:`async_reward.v1.decoupled_config`).
+    """
+    waiting = sorted(uid for uid in awaiting_judge if spans.get(uid) == threshold)
+    if not waiting:
+        return []
+    ready = sum(1 for uid in sampleable if spans.get(uid) == threshold)
+    left_after = len(waiting) + max(0, ready - sample_size)
+    return waiting if left_after > max(0, slots_left - sample_size) else []
+
+
 class LedgerError(RuntimeError):
     """A dispatched prompt was lost or counted twice (``trainer.v1.decoupled.ledger=raise``)."""
 
 
 @dataclass
 class LedgerReport:
-    """One check of the ledger against the prompts in flight."""
+    """One reconciliation of the ledger with the prompt keys TransferQueue lists."""
 
     unaccounted: list[str] = field(default_factory=list)
-    """Dispatched prompts neither trained, evicted nor in flight: lost."""
+    """Dispatched prompts neither trained, evicted nor listed by TransferQueue: lost."""
     unknown: list[str] = field(default_factory=list)
-    """Prompts in flight the ledger never saw dispatched."""
+    """Prompts TransferQueue lists that the ledger never saw dispatched."""
     double_counted: list[str] = field(default_factory=list)
     """Prompts settled (trained or evicted) twice, or settled without being open."""
+    listed: int = 0
+    """Prompt keys TransferQueue listed (in flight: dispatched, not yet sampled or evicted)."""
 
     @property
     def ok(self) -> bool:
@@ -151,13 +188,20 @@ class LedgerReport:
 
 
 class PromptLedger:
-    """Every dispatched prompt accounted once: ``dispatched (+ carried over) == trained + evicted +
-    in flight``, checked by :meth:`check` at the end of each step.
+    """Every dispatched prompt accounted once, reconciled against TransferQueue at each step's end.
 
     A prompt is *open* from its dispatch until it is settled: evicted (with a reason) by the sampler,
     or sampled into a training batch and then, at the step's end, trained (its uid is in the batch
     handed to the actor) or evicted ``untrained`` (dropped after sampling: every session excluded).
     Counts are kept, not the settled uids, so memory does not grow with the run.
+
+    :meth:`check` compares the open prompts with the prompt keys TransferQueue lists (a sampled or
+    evicted group's key is cleared; a dispatched one's is there until then): an open prompt it does
+    not list is *lost* (closed, counted once), a listed prompt never dispatched is *unknown* (adopted,
+    counted once), and a settlement of a prompt not open is *double counted*. :meth:`balanced` holds
+    only while none of the three ever happened and the counts agree with TransferQueue:
+    ``dispatched + carried over == trained + evicted + listed (+ sampled, not yet trained)``, where
+    ``listed`` is TransferQueue's count at the last check, not the ledger's own.
     """
 
     def __init__(self) -> None:
@@ -166,6 +210,7 @@ class PromptLedger:
         self._dispatches = 0
         self._sampled: set[str] = set()
         self._double: list[str] = []
+        self._listed = 0
         self.refill_credit = 0
         """Groups evicted whose replacement the window has not dispatched yet."""
         self.counts: Counter[str] = Counter()
@@ -215,7 +260,7 @@ class PromptLedger:
         """Groups handed out for training (their prompt keys leave TransferQueue)."""
         for uid in uids:
             self._order.pop(uid, None)
-            if self._open.pop(uid, None) is None:
+            if self._open.pop(uid, None) is None or uid in self._sampled:
                 self._double.append(uid)
             else:
                 self._sampled.add(uid)
@@ -235,29 +280,39 @@ class PromptLedger:
         self._sampled.clear()
 
     def check(self, in_flight: Iterable[str]) -> LedgerReport:
-        """Compare the open prompts with those in TransferQueue; lost ones are closed as
-        ``unaccounted`` (counted once, then forgotten)."""
+        """Reconcile the open prompts with ``in_flight``, the prompt keys TransferQueue lists: lost
+        ones are closed (counted once), unknown ones adopted (counted once, then accounted like any
+        other), double counts reported; see the class docstring."""
         present = set(in_flight)
         report = LedgerReport(
-            unaccounted=sorted(set(self._open) - present - self._sampled),
+            unaccounted=sorted(set(self._open) - present),
             unknown=sorted(present - set(self._open)),
             double_counted=sorted(self._double),
+            listed=len(present),
         )
         for uid in report.unaccounted:
             del self._open[uid]
             self._order.pop(uid, None)
+        for uid in report.unknown:
+            self._open[uid] = "unknown"
+            self._order[uid] = self._dispatches
+            self._dispatches += 1
+        self._listed = len(present)
         self.counts["lost"] += len(report.unaccounted)
-        self.counts["unaccounted"] += len(report.unaccounted) + len(report.unknown)
+        self.counts["unknown"] += len(report.unknown)
         self.counts["double_counted"] += len(report.double_counted)
         self._double.clear()
         return report
 
     @property
     def in_flight(self) -> int:
-        return len(self._open) + len(self._sampled)
+        """Prompts in flight as TransferQueue listed them at the last check, plus those sampled and
+        not yet trained (their keys already left TransferQueue)."""
+        return self._listed + len(self._sampled)
 
     def metrics(self, report: LedgerReport) -> dict[str, float]:
-        """``ledger/*``: cumulative counts, plus this check's unaccounted prompts."""
+        """``ledger/*``: cumulative counts, ``in_flight`` as TransferQueue listed it, and this check's
+        unaccounted (lost + unknown) and double-counted prompts."""
         counts = self.counts
         metrics = {
             "ledger/dispatched": float(counts["dispatched"]),
@@ -268,12 +323,19 @@ class PromptLedger:
             "ledger/in_flight": float(self.in_flight),
             "ledger/unaccounted": float(len(report.unaccounted) + len(report.unknown)),
             "ledger/double_counted": float(len(report.double_counted)),
+            "ledger/balanced": float(self.balanced()),
         }
         for reason in EVICTION_REASONS:
             metrics[f"ledger/evicted/{reason}"] = float(counts[f"evicted/{reason}"])
         return metrics
 
     def balanced(self) -> bool:
-        """``dispatched + carried over == trained + evicted + in flight + lost``."""
+        """No prompt ever lost, unknown or double counted, and ``dispatched + carried over == trained
+        + evicted + in flight`` with in flight as TransferQueue listed it at the last :meth:`check`.
+
+        Either part alone can miss a fault: a lost and an unknown prompt in one check cancel in the
+        counts, and a double count changes no count."""
         c = self.counts
-        return c["dispatched"] + c["carried_over"] == c["trained"] + c["evicted"] + self.in_flight + c["lost"]
+        if c["lost"] or c["unknown"] or c["double_counted"]:
+            return False
+        return c["dispatched"] + c["carried_over"] == c["trained"] + c["evicted"] + self.in_flight
