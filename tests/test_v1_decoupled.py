@@ -2,11 +2,13 @@
 
 Each run is verl's real ``PPOTrainerSeparateAsync.fit`` (our subclass), with our decoupled agent-loop
 worker, verl's ``RewardLoopManager`` whose Ray workers run our managers (real HTTP to the local judge
-server), TransferQueue and verl's replay buffer (our subclass); stand-ins only for the standalone
-rollout (the scripted token server behind verl's real load balancer), the actor's model and the
-weight sync (tests/v1_standins.py). Four runs, each shared by the tests asserting on it (module
-fixtures): every run keeps the prompt ledger at ``raise``, so any lost or double-counted prompt
-stops it.
+server, or a user function under ``async_naive``), TransferQueue and verl's replay buffer (our
+subclass); stand-ins only for the standalone rollout (the scripted token server behind verl's real
+load balancer), the actor's model and the weight sync (tests/v1_standins.py). Five runs (the slow
+judge's two, failures, a group scored out of order, a full backlog), each shared by the tests
+asserting on it (module fixtures): every run keeps the prompt ledger at ``raise``, so any lost,
+unknown or double-counted prompt stops it. The TransferQueue behaviour relied on is pinned in
+tests/test_v1_transfer_queue.py, the ledger's reconciliation in tests/test_v1_decoupled_ledger.py.
 """
 
 from __future__ import annotations
@@ -525,130 +527,3 @@ def test_a_reward_worker_killed_mid_batch_costs_no_group_and_keeps_the_progress_
     assert all(m["monitor/queue/reward_queue_size"] >= 0 for m in logs)
     # Each session generated is consumed at most once, however often it was sent to a reward worker.
     assert all(m["reward_queue/total_consumed"] <= m["reward_queue/total_produced"] for m in logs)
-
-
-# ---------------------------------------------------------------- the TransferQueue behaviour relied on
-
-
-def test_transfer_queue_merges_progress_tags_into_verls_prompt_tag(transfer_queue):
-    """Our worker writes only its own keys on a prompt's tag; TransferQueue merges them into verl's
-    (``is_prompt``, ``status``, ``global_steps`` survive), a later write of verl's keeps ours, and a
-    reset on resume (``None`` values) is accepted. Pins the behaviour the window reads."""
-    import asyncio
-
-    import transfer_queue as tq
-
-    verl_tag = {"is_prompt": True, "status": "pending", "global_steps": 3}
-    tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[verl_tag])
-    try:
-        asyncio.run(
-            tq.async_kv_put(key="pin", partition_id="train", tag={"gen_done": 1, "gen_n": 2, "unscored": 1})
-        )
-        asyncio.run(tq.async_kv_put(key="pin", partition_id="train", tag={"status": "finished"}))
-        tag = tq.kv_list("train")["train"]["pin"]
-        assert tag == {**verl_tag, "status": "finished", "gen_done": 1, "gen_n": 2, "unscored": 1}
-        tq.kv_batch_put(keys=["pin"], partition_id="train", tags=[{"gen_done": 0, "gen_version": None}])
-        assert tq.kv_list("train")["train"]["pin"]["gen_version"] is None
-    finally:
-        tq.kv_clear(keys=["pin"], partition_id="train")
-
-
-@ray.remote
-class FieldWriter:
-    """Writes fields to keys from its own process and TransferQueue client, as an agent-loop worker
-    writes a session's ``rm_scores`` and masks."""
-
-    def __init__(self) -> None:
-        import transfer_queue as tq
-
-        tq.init()
-
-    def ready(self) -> bool:
-        return True
-
-    async def write(self, keys: list[str], names: list[str], rounds: int) -> int:
-        return await write_rounds(keys, names, rounds)
-
-
-async def write_rounds(keys: list[str], names: list[str], rounds: int) -> int:
-    """``rounds`` puts of the fields ``names`` to ``keys``, round r writing the value r (a field's last
-    value is ``rounds``)."""
-    import torch
-    import transfer_queue as tq
-    from tensordict import TensorDict
-
-    for value in range(1, rounds + 1):
-        data = {name: torch.full((len(keys), 3), float(value)) for name in names}
-        await tq.async_kv_batch_put(
-            keys=keys, partition_id="train", fields=TensorDict(data, batch_size=len(keys))
-        )
-    return rounds
-
-
-def test_transfer_queue_keeps_disjoint_fields_written_to_one_key_concurrently(transfer_queue):
-    """The write pattern of the v1 modes: an agent-loop worker (a Ray actor) writes ``rm_scores`` and
-    ``response_mask`` to a batch's keys while the trainer writes ``old_log_probs`` and ``entropy`` to
-    the same keys. TransferQueue stores each field of a key separately and a storage unit applies puts
-    one at a time, so every field keeps its writer's last value and verl's tag survives the
-    write-backs (each put writes back the tag it read; nobody changed it in between)."""
-    import asyncio
-
-    import transfer_queue as tq
-
-    keys = [f"race_{i}_0_0" for i in range(4)]
-    tag = {"status": "success", "global_steps": 1}
-    tq.kv_batch_put(keys=keys, partition_id="train", tags=[dict(tag) for _ in keys])
-    writer = FieldWriter.remote()
-    try:
-        ray.get(writer.ready.remote())
-        rounds = 30
-        remote = writer.write.remote(keys, ["rm_scores", "response_mask"], rounds)
-
-        async def trainer_side() -> None:
-            await asyncio.gather(
-                write_rounds(keys, ["old_log_probs"], rounds), write_rounds(keys, ["entropy"], rounds)
-            )
-
-        asyncio.run(trainer_side())
-        assert ray.get(remote) == rounds
-        fields = ["rm_scores", "response_mask", "old_log_probs", "entropy"]
-        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
-        for name in fields:
-            assert data[name].eq(float(rounds)).all(), name
-        listing = tq.kv_list("train")["train"]
-        assert all(listing[key] == tag for key in keys)
-    finally:
-        ray.kill(writer, no_restart=True)
-        tq.kv_clear(keys=keys, partition_id="train")
-
-
-def test_transfer_queue_writes_back_the_tag_a_field_put_read(transfer_queue):
-    """What a concurrent tag write can lose: ``kv_batch_put(fields=...)`` reads each key's tag with its
-    metadata and writes that tag back after storing the fields, whole (the controller replaces a
-    key's tag). A tag change made in between is undone. Pinned here because the v1 modes rely on no
-    one changing a trajectory key's tag after verl wrote it (prompt tags, which our worker changes,
-    only ever get tag-only writes, serialised per group)."""
-    import asyncio
-
-    import torch
-    import transfer_queue as tq
-    from tensordict import TensorDict
-    from transfer_queue.interface import _maybe_create_tq_client
-
-    key = "race_tag_0_0"
-    tq.kv_batch_put(keys=[key], partition_id="train", tags=[{"status": "running"}])
-
-    async def interleaved() -> None:
-        client = _maybe_create_tq_client()
-        # kv_batch_put(fields=...), step 1: read the key's metadata (its tag comes with it) ...
-        meta = await client.async_kv_retrieve_meta(keys=[key], partition_id="train", create=True)
-        # ... another writer changes the tag ...
-        await tq.async_kv_put(key=key, partition_id="train", tag={"status": "finished"})
-        # ... step 2: store the fields and write back the tag read in step 1.
-        await client.async_put(TensorDict({"old_log_probs": torch.zeros(1, 3)}, batch_size=1), meta)
-
-    try:
-        asyncio.run(interleaved())
-        assert tq.kv_list("train")["train"][key]["status"] == "running"
-    finally:
-        tq.kv_clear(keys=[key], partition_id="train")
