@@ -148,7 +148,7 @@ def test_settings_the_mode_cannot_honour_are_refused_by_name(extra, key, tmp_pat
 def test_a_foreign_agent_loop_manager_is_refused(tmp_path) -> None:
     from omegaconf import open_dict
 
-    from async_reward.v1.pipelined_trainer import _use_pipelined_agent_loop
+    from async_reward.v1.pipelined_agent_loop import use_pipelined_agent_loop
 
     config = _config([], tmp_path)
     with open_dict(config):
@@ -156,7 +156,7 @@ def test_a_foreign_agent_loop_manager_is_refused(tmp_path) -> None:
             "verl.trainer.ppo.v1.agent_loop_tq.AgentLoopManagerTQ"
         )
     with pytest.raises(ConfigError, match="written to TransferQueue before it is scored"):
-        _use_pipelined_agent_loop(config, dry_run=False)
+        use_pipelined_agent_loop(config, dry_run=False)
 
 
 # ----------------------------------------------------------------------------- training on CPU

@@ -416,6 +416,10 @@ class TrainingRun:
     steps: list[OptimizerStep]
     """Each AdamW step the stand-in actor took (one per verl update)."""
     wall_s: float
+    trainer: Any = None
+    """The trainer, after ``fit`` returned."""
+    leftover: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The ``train`` partition's tags as ``fit`` left them (before the harness clears it)."""
 
 
 def run_v1_training(
@@ -445,6 +449,7 @@ def run_v1_training(
     actor = actor if actor is not None else StandInActor()
     runner = SimpleNamespace(config=config, trainer=None, agent_loop_manager=None)
     reward_loop = None
+    leftover: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     try:
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
@@ -470,6 +475,9 @@ def run_v1_training(
         TaskRunnerV1.__ray_actor_class__.init_agent_loop_manager(runner)
         trainer.fit(runner.agent_loop_manager)
         trainer.logger.finish()
+        import transfer_queue as tq
+
+        leftover = dict((tq.kv_list("train") or {}).get("train", {}))
     finally:
         if previous_log_path is None:
             os.environ.pop("VERL_FILE_LOGGER_PATH", None)
@@ -483,7 +491,12 @@ def run_v1_training(
         clear_partition("train")
     logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     return TrainingRun(
-        logged=logged, updates=actor.updates, steps=actor.steps, wall_s=time.monotonic() - started
+        logged=logged,
+        updates=actor.updates,
+        steps=actor.steps,
+        wall_s=time.monotonic() - started,
+        trainer=runner.trainer,
+        leftover=leftover,
     )
 
 

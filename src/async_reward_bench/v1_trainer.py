@@ -371,6 +371,7 @@ def run_v1_steps(trainer: Any, num_steps: int) -> Iterator[StepRecord]:
     trainer.on_init_end()  # sync / colocate_async: update_weights, which wakes the engine
     trainer.global_steps = 1  # fit: "we start from step 1"
     trainer.total_training_steps = num_steps  # the pipelined mode generates nothing past the last step
+    trainer.steps_per_epoch = num_steps  # (fit's last step is also bounded by total_epochs x this)
     trainer.on_train_begin()  # colocate_async: the warm-up batch(es)
     step_start = bench.clock()
     for _ in range(num_steps):

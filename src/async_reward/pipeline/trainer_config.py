@@ -13,12 +13,18 @@ refused here, with the reason and the way out, before any worker starts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from async_reward._config_rules import bad_value, names_config_errors, plain_container
+from async_reward._config_rules import (
+    bad_value,
+    greater_than,
+    names_config_errors,
+    plain_container,
+    validate_fields,
+)
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.schedule import check_estimator
 
@@ -41,7 +47,10 @@ class PipelineConfig:
     """Roll out batch k+1 and submit its rewards before the updates on batch k, so generation overlaps
     k's reward wait. Every batch after the first is generated one policy version behind
     (``off_policy/staleness`` = 1); verl's ``algorithm.rollout_correction`` settings apply to it."""
-    chunk_timeout_s: float | None = None
+    chunk_timeout_s: float | None = field(
+        default=None,
+        metadata=greater_than(0, "write seconds > 0, or null for no limit beyond the managers' deadlines"),
+    )
     """Longest wait for one chunk of rewards before the step fails with ``RewardChunkTimeout``. None:
     no limit beyond the reward managers' own per-sample deadlines and bounded retries."""
     assume_group_local: bool = False
@@ -65,14 +74,10 @@ class PipelineConfig:
             return "mini_batch"
         return "one_step_off" if self.one_step_off_policy else "baseline"
 
-    def validate(self) -> None:
-        if self.chunk_timeout_s is not None and self.chunk_timeout_s <= 0:
-            raise bad_value(
-                f"{PIPELINE_CONFIG_PATH}.chunk_timeout_s",
-                self.chunk_timeout_s,
-                "must be > 0",
-                "write seconds > 0, or null for no limit beyond the managers' deadlines",
-            )
+    def validate(self, path: str = PIPELINE_CONFIG_PATH) -> None:
+        """Every field's value rule (declared on the field), naming ``path.<field>``: the node this
+        config was read from (verl v1's ``trainer.v1.pipelined`` reads the same fields)."""
+        validate_fields(self, path)
 
 
 @names_config_errors("async_reward")

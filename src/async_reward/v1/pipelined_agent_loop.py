@@ -15,6 +15,9 @@ reference log-probs while the rewards are still in flight, so its worker splits 
 verl tags the prompt ``finished`` (or ``failure``) once every session has settled, i.e. after step 2,
 so a terminal prompt tag means "every session scored": the trainer reads a group's state from the
 tags alone. Validation sessions take verl's path unchanged (score, then write).
+
+:func:`use_pipelined_agent_loop` names this manager (or, for a dry run, :class:`DryRunAgentLoopManager`,
+which starts nothing) in the config verl's task runner reads, refusing one that would score first.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import ray
 import torch
 import transfer_queue as tq
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from async_reward.config import ConfigError
@@ -38,13 +41,23 @@ from async_reward.v1.agent_loop import (
     is_excluded,
 )
 from async_reward.v1.pipelined_config import PIPELINED_MODE, is_pipelined_mode
+from async_reward.v1.settings import AGENT_LOOP_MANAGER
 
-__all__ = ["PIPELINED_AGENT_LOOP_MANAGER", "PipelinedAgentLoopManager", "PipelinedAgentLoopWorker"]
+__all__ = [
+    "DRY_RUN_AGENT_LOOP_MANAGER",
+    "PIPELINED_AGENT_LOOP_MANAGER",
+    "DryRunAgentLoopManager",
+    "PipelinedAgentLoopManager",
+    "PipelinedAgentLoopWorker",
+    "use_pipelined_agent_loop",
+]
 
 logger = logging.getLogger(__name__)
 
 #: ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` of the pipelined mode (the trainer sets it).
 PIPELINED_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined_agent_loop.PipelinedAgentLoopManager"
+#: The agent-loop manager a dry run hands verl's task runner: it starts nothing.
+DRY_RUN_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined_agent_loop.DryRunAgentLoopManager"
 
 #: Set only inside the task of a session whose trajectory is being written before its score: verl's
 #: write calls ``_compute_score`` first, and every session of the worker shares the worker object,
@@ -126,3 +139,54 @@ class PipelinedAgentLoopManager(RewardAgentLoopManager):
             )
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = PipelinedAgentLoopWorkerActor
+
+
+class DryRunAgentLoopManager:
+    """What a dry run hands verl's task runner instead of an agent-loop manager: nothing starts."""
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> DryRunAgentLoopManager:
+        return cls()
+
+
+def use_pipelined_agent_loop(config: DictConfig, dry_run: bool) -> None:
+    """Name the mode's agent-loop manager (verl's task runner reads it after building the trainer).
+
+    Ours from the README's v1 lines (``RewardAgentLoopManager``) is replaced by its pipelined
+    subclass, logged; any other manager is refused: it would score before writing, and the step
+    would wait for rewards before its log-probs."""
+    agent = config.actor_rollout_ref.rollout.agent
+    current = agent.get("agent_loop_manager_class")
+    if dry_run:
+        wanted = DRY_RUN_AGENT_LOOP_MANAGER
+    else:
+        wanted = PIPELINED_AGENT_LOOP_MANAGER
+        if current not in (
+            None,
+            "",
+            AGENT_LOOP_MANAGER,
+            PIPELINED_AGENT_LOOP_MANAGER,
+        ) and not _is_pipelined_manager(str(current)):
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={current} cannot run "
+                f"trainer.v1.trainer_mode={PIPELINED_MODE}: the mode needs each session written to "
+                f"TransferQueue before it is scored ({PIPELINED_AGENT_LOOP_MANAGER}, or a subclass)",
+                key="actor_rollout_ref.rollout.agent.agent_loop_manager_class",
+                fix=f"unset it, or subclass {PIPELINED_AGENT_LOOP_MANAGER}",
+            )
+        if current not in (None, "") and _is_pipelined_manager(str(current)):
+            wanted = str(current)
+        elif current == AGENT_LOOP_MANAGER:
+            logger.info("trainer_mode=pipelined: %s replaced by its subclass %s", current, wanted)
+    with open_dict(config):
+        agent.agent_loop_manager_class = wanted
+
+
+def _is_pipelined_manager(fqn: str) -> bool:
+    from verl.utils.import_utils import load_class_from_fqn
+
+    try:
+        cls = load_class_from_fqn(fqn, "AgentLoopManager")
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, PipelinedAgentLoopManager)

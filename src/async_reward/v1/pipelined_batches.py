@@ -13,11 +13,18 @@ and :class:`InFlightBatch` hands out scored groups in the order they finished, e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GroupState", "InFlightBatch", "read_groups", "session_of"]
+__all__ = [
+    "GroupState",
+    "InFlightBatch",
+    "UnpreparedTrajectory",
+    "check_prepared",
+    "read_groups",
+    "session_of",
+]
 
 TERMINAL = ("finished", "failure")
 
@@ -98,6 +105,18 @@ class InFlightBatch:
             groups[uid].scored or len(groups[uid].sessions) >= size for uid, size in self.sizes.items()
         )
 
+    def ungenerated(self, groups: Mapping[str, GroupState]) -> list[str]:
+        """Groups with a session still to write (and not ended): what a wait for generation waits on."""
+        return sorted(
+            uid
+            for uid, size in self.sizes.items()
+            if not groups[uid].scored and len(groups[uid].sessions) < size
+        )
+
+    def unscored(self, groups: Mapping[str, GroupState]) -> list[str]:
+        """Groups whose prompt tag is not terminal yet: what a wait for scores waits on."""
+        return sorted(uid for uid in self.sizes if not groups[uid].scored)
+
     def generated_share(self, groups: Mapping[str, GroupState]) -> float:
         """Share of the batch's sessions written (an ended group counts whole)."""
         total = sum(self.sizes.values())
@@ -120,3 +139,32 @@ class InFlightBatch:
     def settled(self) -> bool:
         """Every group has been handed out or dropped."""
         return len(self.handed_out) + len(self.failed) == len(self.sizes)
+
+
+class UnpreparedTrajectory(RuntimeError):
+    """A trajectory of a group about to be trained that the step never computed old log-probs for."""
+
+
+def check_prepared(keys: Iterable[str], prepared: Collection[str], step: int) -> None:
+    """Refuse to train a trajectory key that was not in the batch whose old log-probs were computed.
+
+    The step computes old (and reference) log-probs once, on the batch as the listing showed it when
+    every session was written (:meth:`InFlightBatch.generated`); the chunks it trains are read from
+    later listings. With verl's agent loop and TransferQueue the two cannot differ: a session's
+    outputs (``{uid}_{session}_{index}``) are written in one ``kv_batch_put``, whose tags reach the
+    controller in one request, handled on the one thread that also answers ``kv_list``, and a session
+    counts as written only once its keys carry their tags (:func:`read_groups`). A worker of one's
+    own that writes a session's outputs in several puts could break that; verl would then train
+    those rows against log-probs never computed. So it is checked, and fails loudly.
+
+    Raises:
+        UnpreparedTrajectory: naming the keys.
+    """
+    late = sorted(key for key in keys if key not in prepared)
+    if late:
+        raise UnpreparedTrajectory(
+            f"the batch of step {step}: trajectory key(s) {late[:4]}{' ...' if len(late) > 4 else ''} "
+            "appeared in TransferQueue after their sessions counted as written, so no old log-probs "
+            "were computed for them. An agent-loop worker writes a session's outputs in more than one "
+            "put; write them in one kv_batch_put (as verl's AgentLoopWorkerTQ does)"
+        )

@@ -13,12 +13,12 @@ Kept free of verl's v1 modules (which import TransferQueue), like :mod:`async_re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from async_reward._config_rules import bad_value, names_config_errors, plain_container
+from async_reward._config_rules import bad_value, names_config_errors, plain_container, rule
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.trainer_config import PipelineConfig, check_against_verl
 
@@ -40,12 +40,22 @@ PIPELINED_MODE_PATH = "trainer.v1.pipelined"
 class PipelinedModeConfig(PipelineConfig):
     """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs."""
 
-    poll_interval_s: float = 0.05
+    poll_interval_s: float = field(
+        default=0.05,
+        metadata=rule(lambda v: 0 < v <= 10, "must be > 0 and <= 10 seconds", "write e.g. 0.05"),
+    )
     """How often the trainer reads TransferQueue's tags while it waits for a batch to be generated or
     for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
     seconds per step is a visible share of it; a tag listing costs about a millisecond."""
 
-    fill_rollout_tail_at: float | None = None
+    fill_rollout_tail_at: float | None = field(
+        default=None,
+        metadata=rule(
+            lambda v: 0 < v <= 1,
+            "must be a share in (0, 1], or null",
+            "write e.g. 0.5, or null to keep staleness 1",
+        ),
+    )
     """With ``one_step_off_policy``: once the batch generating for the next step is this share
     generated (0 < x <= 1), the batch after it starts generating too, filling the engine while the
     long responses of a long-tailed rollout finish (verl's partial rollout: its sequences are aborted
@@ -53,29 +63,16 @@ class PipelinedModeConfig(PipelineConfig):
     (``off_policy/staleness`` <= 2). None (default): staleness 1, the next batch starts once the
     previous one is generated."""
 
-    def validate(self) -> None:
-        super().validate()
+    def validate(self, path: str = PIPELINED_MODE_PATH) -> None:
+        """Each field's value rule and the rules between fields, naming ``path.<field>``."""
+        super().validate(path)
         fill = self.fill_rollout_tail_at
-        if fill is not None and not 0 < fill <= 1:
-            raise bad_value(
-                f"{PIPELINED_MODE_PATH}.fill_rollout_tail_at",
-                fill,
-                "must be a share in (0, 1], or null",
-                "write e.g. 0.5, or null to keep staleness 1",
-            )
         if fill is not None and not self.one_step_off_policy:
             raise bad_value(
-                f"{PIPELINED_MODE_PATH}.fill_rollout_tail_at",
+                f"{path}.fill_rollout_tail_at",
                 fill,
                 "starts the batch after next early, which only the one-step off-policy schedule has",
-                f"set {PIPELINED_MODE_PATH}.one_step_off_policy=true too, or leave it null",
-            )
-        if not 0 < self.poll_interval_s <= 10:
-            raise bad_value(
-                f"{PIPELINED_MODE_PATH}.poll_interval_s",
-                self.poll_interval_s,
-                "must be > 0 and <= 10 seconds",
-                "write e.g. 0.05",
+                f"set {path}.one_step_off_policy=true too, or leave it null",
             )
 
 

@@ -21,8 +21,12 @@ legacy trainer with the same flags (``trainer.v1.pipelined.mini_batch`` / ``one_
 A group whose session raised (``on_failure: raise``, or a generation error) is dropped from its
 batch (``pipeline/failed_groups``). Under ``on_failure: exclude`` a chunk without a loss token is never
 sent to the actor (``reward/skipped_batches``), and of the rows without one only those that fill whole
-optimizer updates are, so none of verl's updates trains on nothing. ``fill_rollout_tail_at`` starts
-the batch after next in the next one's tail (partial rollout, staleness <= 2). Every step logs
+optimizer updates are, so none of verl's updates trains on nothing. A step left with nothing to
+train (every group failed, or no loss token in any chunk) is logged as such
+(``pipeline/untrained_step``) and the run goes on, for at most
+``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` such steps in a row (the v1 lines' bound).
+``fill_rollout_tail_at`` starts the batch after next in the next one's tail (partial rollout,
+staleness <= 2). No batch is generated past the step ``fit`` trains last. Every step logs
 ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
 """
 
@@ -33,40 +37,54 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import transfer_queue as tq
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.debug import marked_timer
 
 from async_reward.checks import apply_legacy_and_check
-from async_reward.config import ConfigError
 from async_reward.pipeline.exclusion import rows_for_update
 from async_reward.reward_metrics import extras_metrics
-from async_reward.v1.pipelined_agent_loop import PIPELINED_AGENT_LOOP_MANAGER
-from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, read_groups
+from async_reward.v1.pipelined_agent_loop import (
+    DRY_RUN_AGENT_LOOP_MANAGER,
+    DryRunAgentLoopManager,
+    use_pipelined_agent_loop,
+)
+from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, check_prepared
 from async_reward.v1.pipelined_config import (
     PIPELINED_MODE,
-    PIPELINED_MODE_PATH,
     load_pipelined_mode_config,
 )
+from async_reward.v1.pipelined_untrained import (
+    UntrainedSteps,
+    is_untrained_step,
+    untrained_step_batch,
+    untrained_step_markers,
+)
+from async_reward.v1.pipelined_waits import (
+    AgentLoopWatchdog,
+    AgentLoopWorkerDied,
+    RewardWaitTimeout,
+    wait_for_groups,
+)
 from async_reward.v1.replay_buffer import row_loss_tokens, session_reward_extras
-from async_reward.v1.settings import AGENT_LOOP_MANAGER
+from async_reward.v1.settings import max_untrained_skips
 
-__all__ = ["DRY_RUN_AGENT_LOOP_MANAGER", "DryRunAgentLoopManager", "PPOTrainerPipelined"]
+__all__ = [
+    "DRY_RUN_AGENT_LOOP_MANAGER",
+    "AgentLoopWorkerDied",
+    "DryRunAgentLoopManager",
+    "PPOTrainerPipelined",
+    "RewardWaitTimeout",
+]
 
 logger = logging.getLogger(__name__)
 
 PARTITION = "train"
-#: The agent-loop manager a dry run hands verl's task runner: it starts nothing.
-DRY_RUN_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined_trainer.DryRunAgentLoopManager"
-
-
-class RewardWaitTimeout(TimeoutError):
-    """``chunk_timeout_s`` passed with the groups a step needs still unscored (or ungenerated)."""
 
 
 @register_trainer(PIPELINED_MODE)
@@ -81,7 +99,9 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def __init__(self, config: DictConfig) -> None:
         self.pipeline_config = load_pipelined_mode_config(config)
-        _use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
+        # the v1 lines' bound on steps in a row with nothing trained (pipelined_untrained)
+        self._untrained = UntrainedSteps(max_untrained_skips(config.trainer.v1.sampler.get("sampler_kwargs")))
+        use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
         apply_legacy_and_check(config)  # legacy reward keys, every reward setting, before any worker
         super().__init__(config)
         self._in_flight: deque[InFlightBatch] = deque()
@@ -89,6 +109,7 @@ class PPOTrainerPipelined(PPOTrainer):
         self._submitted: dict[int, dict[str, int]] = {}
         self._counted_deaths: set[str] = set()
         """Reward workers counted in an earlier step's ``reward/worker_deaths``."""
+        self._watchdog: AgentLoopWatchdog | None = None
         if self.announce:  # the one line that says which trainer trains, with which schedule
             print(f"async_reward: {self.start_line()}", flush=True)
 
@@ -157,8 +178,17 @@ class PPOTrainerPipelined(PPOTrainer):
     def on_train_begin(self) -> None:
         """A resumed run: the batches that were generating when the checkpoint was saved (restored
         from TransferQueue, their unfinished prompts re-issued by verl's ``fit``) are trained first,
-        oldest first, in batches of ``train_batch_size`` prompts, so no prompt is skipped or repeated."""
+        oldest first, in batches of ``train_batch_size`` prompts, so no prompt is skipped or repeated.
+
+        Also starts the watchdog on verl's agent-loop workers (:mod:`~async_reward.v1.pipelined_waits`;
+        the benchmark, which runs steps without ``fit`` or Ray workers, has none to watch)."""
+        manager = getattr(self, "agent_loop_manager", None)
+        workers = getattr(manager, "agent_loop_workers", None)
+        self._watchdog = AgentLoopWatchdog(workers) if workers else None
         listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+        markers = untrained_step_markers(listing)
+        if markers:
+            self._tq.kv_clear(keys=markers, partition_id=PARTITION)
         prompts = sorted(
             (
                 (int(tag.get("global_steps", self.global_steps)), key)
@@ -177,6 +207,25 @@ class PPOTrainerPipelined(PPOTrainer):
                 )
             )
         logger.info("resumed with %d prompt group(s) in flight: trained first", len(prompts))
+
+    def on_train_end(self) -> None:
+        """verl calls it when ``total_epochs`` ends the loop (not after the last of
+        ``total_training_steps``). No batch is submitted past :meth:`_last_step`, so none is in flight
+        here; one that is (a resumed run restored more than its remaining steps train) is named: its
+        generation and judge calls were paid for nothing."""
+        if self._in_flight:
+            logger.error(
+                "training ended with %d batch(es) in flight that no step trains (steps %s)",
+                len(self._in_flight),
+                [batch.step for batch in self._in_flight],
+            )
+
+    def _last_step(self) -> int:
+        """The step ``fit`` trains last: ``total_training_steps``, or the last step of the last epoch
+        when ``trainer.total_epochs`` ends the loop first (verl's ``fit`` stops at either). A batch
+        submitted for a later step would be generated and judged for nothing."""
+        by_epochs = int(self.config.trainer.total_epochs) * int(self.steps_per_epoch)
+        return min(int(self.total_training_steps), by_epochs)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -205,13 +254,13 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         flags = self.pipeline_config
-        last = self.total_training_steps
+        last = self._last_step()
         self.on_sample_begin()
         if not self._in_flight:
             self._in_flight.append(self._submit_step_batch())
         current = self._in_flight.popleft()
         with marked_timer("gen", timing_raw, color="red"):
-            groups = self._wait(current.uids, current.generated, current.step, "generated")
+            groups = self._wait(current, current.generated, "generated")
         if flags.one_step_off_policy and self.global_steps + 1 <= last:
             # Batch k+1, generated by the pre-update policy while batch k's rewards are in flight.
             if not self._in_flight:
@@ -231,7 +280,7 @@ class PPOTrainerPipelined(PPOTrainer):
                 return upcoming.generated(groups)
 
             with marked_timer("gen_next", timing_raw, color="red"):
-                self._wait(upcoming.uids, generated_and_tail_filled, upcoming.step, "generated")
+                self._wait(upcoming, generated_and_tail_filled, "generated")
         self.on_sample_end()
         with marked_timer("prepare", timing_raw, color="blue"):
             prepared = self._prepare(_meta(groups, current.uids), metrics, timing_raw)
@@ -243,15 +292,43 @@ class PPOTrainerPipelined(PPOTrainer):
                 "off_policy/policy_version": float(current.version),
                 "pipeline/num_updates": float(counts["updates"]),
                 "pipeline/failed_groups": float(len(current.failed)),
+                "pipeline/untrained_step": float(not trained.keys),
                 "reward/untrained": float(counts["untrained"]),
                 "reward/skipped_batches": float(counts["skipped"]),
                 **extras_metrics(counts["extras"], self._counted_deaths),
             }
         )
+        if not trained.keys:  # logged as untrained, boundedly (async_reward.v1.pipelined_untrained)
+            self._untrained.untrained(
+                self.global_steps, len(current.failed), len(current.sizes), counts["untrained"]
+            )
+            metrics["pipeline/untrained_steps_in_a_row"] = float(self._untrained.in_a_row)
+            return untrained_step_batch(self._tq, PARTITION, self.global_steps)
+        self._untrained.trained()
+        metrics["pipeline/untrained_steps_in_a_row"] = 0.0
         return trained
 
+    def _compute_metrics(
+        self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int, epoch: int
+    ) -> None:
+        """verl's step metrics; an untrained step (:mod:`~async_reward.v1.pipelined_untrained`) has no
+        rows to compute verl's data metrics on, so it logs the step, the epoch and the timings beside ours."""
+        if not is_untrained_step(batch):
+            super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+            return
+        metrics.update({"training/global_step": global_steps, "training/epoch": epoch})
+        metrics.update({f"timing_s/{name}": value for name, value in timing_raw.items()})
+
+    def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str) -> None:
+        """verl's dump of the trained rollouts (``trainer.rollout_data_dir``); an untrained step has none."""
+        if not is_untrained_step(batch):
+            super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+
     def _prepare(self, meta: KVBatchMeta, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        """Old and reference log-probs (and values) on the whole generated batch, pre-update policy."""
+        """Old and reference log-probs (and values) on the whole generated batch, pre-update policy
+        (nothing to do for a batch whose groups all failed before writing a trajectory)."""
+        if not meta.keys:
+            return meta
         meta = self._balance_batch(meta, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             meta = self._compute_old_log_prob(meta, metrics=metrics)
@@ -285,7 +362,7 @@ class PPOTrainerPipelined(PPOTrainer):
                 return current.settled or (not last and len(pending) >= per_chunk)
 
             start = time.perf_counter()
-            groups = self._wait(current.uids, ready, current.step, "scored")
+            groups = self._wait(current, ready, "scored")
             self._reward_blocked(start, time.perf_counter(), chunk_index)
             timing_raw["reward_blocked"] = timing_raw.get("reward_blocked", 0.0) + time.perf_counter() - start
             take = list(pending) if last_chunk else pending[:per_chunk]
@@ -293,6 +370,7 @@ class PPOTrainerPipelined(PPOTrainer):
             if not take:
                 continue
             chunk = _meta(groups, set(take))
+            check_prepared(chunk.keys, prepared_keys, current.step)
             counts["extras"].extend(self._session_extras(chunk))
             trained_parts.append(self._update_on(chunk, counts, metrics, timing_raw))
         trained_keys = {key for part in trained_parts for key in part.keys}
@@ -379,82 +457,30 @@ class PPOTrainerPipelined(PPOTrainer):
         self._tq.kv_clear(keys=keys, partition_id=PARTITION)
 
     def _wait(
-        self, uids: set[str], done: Callable[[dict[str, GroupState]], bool], step: int, what: str
+        self,
+        batch: InFlightBatch,
+        done: Callable[[dict[str, GroupState]], bool],
+        what: Literal["generated", "scored"],
     ) -> dict[str, GroupState]:
-        """Poll TransferQueue's tags until ``done(groups of uids)``; bounded by ``chunk_timeout_s``."""
-        limit = self.pipeline_config.chunk_timeout_s
-        deadline = None if limit is None else time.monotonic() + limit
-        while True:
-            listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
-            groups = read_groups(listing, uids)
-            if done(groups):
-                return groups
-            if deadline is not None and time.monotonic() > deadline:
-                missing = sum(not state.scored for state in groups.values())
-                raise RewardWaitTimeout(
-                    f"the batch of step {step}: {missing} group(s) not {what} after "
-                    f"{PIPELINED_MODE_PATH}.chunk_timeout_s={limit}"
-                )
-            self._pause_between_polls()
+        """Poll TransferQueue's tags until ``done(groups of batch)``
+        (:func:`~async_reward.v1.pipelined_waits.wait_for_groups`): a wait for scores bounded by
+        ``chunk_timeout_s``, every wait by the death of an agent-loop worker."""
+        return wait_for_groups(
+            lambda: (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {}),
+            batch,
+            done,
+            what,
+            chunk_timeout_s=self.pipeline_config.chunk_timeout_s,
+            watchdog=self._watchdog,
+            pause=self._pause_between_polls,
+            step=self.global_steps,
+        )
 
     def _pause_between_polls(self) -> None:
         """Sleep ``poll_interval_s`` (TransferQueue has no change notification to wait on). The
         benchmark, whose durations are time-scaled but whose poll could not be without starving this
         machine's reward workers, wakes on its tag store's writes instead."""
         time.sleep(self.pipeline_config.poll_interval_s)
-
-
-class DryRunAgentLoopManager:
-    """What a dry run hands verl's task runner instead of an agent-loop manager: nothing starts."""
-
-    @classmethod
-    def create(cls, *args: Any, **kwargs: Any) -> DryRunAgentLoopManager:
-        return cls()
-
-
-def _use_pipelined_agent_loop(config: DictConfig, dry_run: bool) -> None:
-    """Name the mode's agent-loop manager (verl's task runner reads it after building the trainer).
-
-    Ours from the README's v1 lines (``RewardAgentLoopManager``) is replaced by its pipelined
-    subclass, logged; any other manager is refused: it would score before writing, and the step
-    would wait for rewards before its log-probs."""
-    agent = config.actor_rollout_ref.rollout.agent
-    current = agent.get("agent_loop_manager_class")
-    if dry_run:
-        wanted = DRY_RUN_AGENT_LOOP_MANAGER
-    else:
-        wanted = PIPELINED_AGENT_LOOP_MANAGER
-        if current not in (
-            None,
-            "",
-            AGENT_LOOP_MANAGER,
-            PIPELINED_AGENT_LOOP_MANAGER,
-        ) and not _is_pipelined_manager(str(current)):
-            raise ConfigError(
-                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={current} cannot run "
-                f"trainer.v1.trainer_mode={PIPELINED_MODE}: the mode needs each session written to "
-                f"TransferQueue before it is scored ({PIPELINED_AGENT_LOOP_MANAGER}, or a subclass)",
-                key="actor_rollout_ref.rollout.agent.agent_loop_manager_class",
-                fix=f"unset it, or subclass {PIPELINED_AGENT_LOOP_MANAGER}",
-            )
-        if current not in (None, "") and _is_pipelined_manager(str(current)):
-            wanted = str(current)
-        elif current == AGENT_LOOP_MANAGER:
-            logger.info("trainer_mode=pipelined: %s replaced by its subclass %s", current, wanted)
-    with open_dict(config):
-        agent.agent_loop_manager_class = wanted
-
-
-def _is_pipelined_manager(fqn: str) -> bool:
-    from verl.utils.import_utils import load_class_from_fqn
-
-    from async_reward.v1.pipelined_agent_loop import PipelinedAgentLoopManager
-
-    try:
-        cls = load_class_from_fqn(fqn, "AgentLoopManager")
-    except (ImportError, AttributeError, ValueError):
-        return False
-    return isinstance(cls, type) and issubclass(cls, PipelinedAgentLoopManager)
 
 
 def _meta(groups: dict[str, GroupState], uids: set[str]) -> KVBatchMeta:
