@@ -8,7 +8,6 @@ open for its own training runs.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from async_reward.integration import SETUP_HOOK
+from tests.conftest import cluster_env
 from tests.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
 from tests.test_v1_pipelined import SCHEDULES
 
@@ -56,9 +56,8 @@ SWEPT = [name for name, (mini_batch, one_step_off) in SCHEDULES.items() if mini_
 
 def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
     """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster."""
-    import ray
 
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    env = cluster_env()
     # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
     tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *overrides(root), tq_units]
