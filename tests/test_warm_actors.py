@@ -61,7 +61,7 @@ def test_a_worker_that_refuses_its_new_config_fails_as_a_fresh_one_would(
     started = WARM.started["RewardLoopWorker"]
     refused = reward_loop(verl_config_factory("async_remote", {}))  # no remote.url: the manager refuses
     assert WARM.started["RewardLoopWorker"] == started + 1  # a fresh actor, built by verl's own call
-    with pytest.raises(ray.exceptions.RayActorError, match="remote.url"):
+    with pytest.raises(ray.exceptions.RayActorError, match=r"remote\.url"):
         refused.compute_rm_score(batch_factory(ROWS))
 
 
