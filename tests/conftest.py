@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,6 +14,9 @@ from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+#: Prints the Ray workers, subprocesses and slowest files at the end of every run (tests/budget.py).
+pytest_plugins = ["tests.budget"]
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -205,10 +207,12 @@ def verl_config_factory(tokenizer_dir: Path) -> Callable[..., DictConfig]:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the whole session, with our worker setup hook."""
+    """One local Ray cluster for the whole session, with our worker setup hook; verl's reward-loop and
+    agent-loop workers built in this process are kept warm between tests (tests/warm_actors.py)."""
     import ray
 
     from async_reward.integration import ray_runtime_env
+    from tests import warm_actors
 
     ray.init(
         num_cpus=8,
@@ -216,26 +220,19 @@ def ray_cluster() -> Iterator[None]:
         log_to_driver=False,
         runtime_env=ray_runtime_env({"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}),
     )
+    warm_actors.install()
     yield
+    _SESSION_TQ.close()
+    warm_actors.WARM.close()
     ray.shutdown()
 
 
 def shutdown_reward_loop(manager: Any) -> None:
-    """Kill a verl ``RewardLoopManager``'s named workers and wait until their names are free."""
-    import ray
+    """Hand a verl ``RewardLoopManager``'s workers back to the warm pool (tests/warm_actors.py), which
+    keeps them for the next manager of the same class and slot, or kills them if they are not its."""
+    from tests.warm_actors import release
 
-    names = []
-    for worker in manager.reward_loop_workers:
-        names.append(worker._ray_actor_name if hasattr(worker, "_ray_actor_name") else None)
-        ray.kill(worker, no_restart=True)
-    deadline = time.monotonic() + 30
-    for i in range(len(manager.reward_loop_workers)):
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(f"reward_loop_worker_{i}")
-            except ValueError:
-                break
-            time.sleep(0.1)
+    release(manager.reward_loop_workers)
 
 
 @pytest.fixture
@@ -296,7 +293,7 @@ def server(judge_server: Any) -> Any:
 # seconds to start and each module's runs share them
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model directory verl's ``HFModelConfig`` accepts (tokenizer, chat template, config)."""
     from tests.v1_standins import build_tiny_model_dir
@@ -304,9 +301,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("v1_model"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rollout(model_dir: Path, ray_cluster: None) -> Iterator[Any]:
-    """The scripted token server behind verl's real load balancer (``ScriptedRollout``)."""
+    """The scripted token server behind verl's real load balancer (``ScriptedRollout``), shared by the
+    session's runs: each run starts it with its own script (``start`` resets its state)."""
     from tests.v1_standins import ScriptedRollout
 
     scripted = ScriptedRollout(model_dir)
@@ -314,11 +312,45 @@ def rollout(model_dir: Path, ray_cluster: None) -> Iterator[Any]:
     scripted.close()
 
 
-@pytest.fixture(scope="module")
-def transfer_queue(ray_cluster: None) -> Iterator[None]:
-    """One TransferQueue (controller + one storage unit) for the module, as ``TaskRunnerV1`` starts it."""
-    import transfer_queue as tq
+class _SessionTransferQueue:
+    """One TransferQueue (controller + one storage unit, as ``TaskRunnerV1`` starts it) for the
+    pytest process, opened when a test needs it. TransferQueue names its actors in a fixed namespace
+    of the cluster, so it is closed before a ``main_ppo`` subprocess joins the cluster
+    (:func:`cluster_env`): verl's task runner there opens and closes its own."""
 
-    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
-    yield
-    tq.close()
+    def __init__(self) -> None:
+        self.open = False
+
+    def ensure_open(self) -> None:
+        if not self.open:
+            import transfer_queue as tq
+
+            tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+            self.open = True
+
+    def close(self) -> None:
+        if self.open:
+            import transfer_queue as tq
+
+            tq.close()
+            self.open = False
+
+
+_SESSION_TQ = _SessionTransferQueue()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_cluster: None) -> None:
+    """The process's TransferQueue, open for the module (see :class:`_SessionTransferQueue`; a module
+    that uses it starts no ``main_ppo`` subprocess); each run leaves its ``train`` partition empty
+    (``run_v1_training``)."""
+    _SESSION_TQ.ensure_open()
+
+
+def cluster_env() -> dict[str, str]:
+    """The environment for a ``main_ppo`` subprocess that joins the session's Ray cluster (``RAY_ADDRESS``),
+    with this process's TransferQueue closed first (the subprocess's task runner opens its own)."""
+    import ray
+
+    _SESSION_TQ.close()
+    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}

@@ -124,8 +124,11 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     # How much v1's scoring overlapped its generation tail (at this tiny scale, often nothing: the
     # whole rollout lasts 80 ms; test_bench_v1_model shows the per-sample scoring itself).
     assert 0 <= strategies["v1_sync"]["scored_during_rollout"] <= 1
-    assert strategies["baseline"]["reward_blocked_s"] > strategies["both"]["reward_blocked_s"]
-    assert strategies["baseline"]["step_s"] > strategies["both"]["step_s"]
+    # No comparison of two measured times here (a loaded machine flipped baseline's reward-blocked
+    # time against both's): that pipelining blocks less is asserted through its structure below
+    # (both waits 4 times a step for a chunk, each update starting before its batch is scored;
+    # baseline once, after the whole batch), which holds at any load; the speed-up is the
+    # benchmark's own verdict, which calls itself inconclusive on a busy machine.
     verdict = regime["verdict"]
     assert verdict["outcome"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert set(verdict["checks"]) == {

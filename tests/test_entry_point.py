@@ -23,7 +23,7 @@ import pytest
 from omegaconf import open_dict
 
 from async_reward.config import ConfigError
-from tests.conftest import compose_verl_config
+from tests.conftest import cluster_env, compose_verl_config
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -122,9 +122,8 @@ def mode_flags(mode: str) -> list[str]:
 def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(assets, tmp_path):
     """``python -m async_reward.pipeline.main_ppo`` in all four modes (one hydra ``--multirun``: the
     same ``main`` per mode, one Python start-up), joined to the session's Ray cluster."""
-    import ray
 
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    env = cluster_env()
     command = [
         sys.executable,
         "-m",
@@ -167,9 +166,8 @@ def test_no_key_is_printed_by_the_entry_point_verls_prints_included(assets, tmp_
     places a config holds them: ``runtime_env.env_vars`` (named by ``api_key_env``, and a secret-looking
     name) and a header. verl's ``run_ppo`` prints the Ray init kwargs, ``env_vars`` values included,
     before ``ray.init``; nothing the process writes to stdout or stderr may hold a key."""
-    import ray
 
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    env = cluster_env()
     keys = ["tok-secret-in-runtime-env", "hf-secret-in-runtime-env", "hdr-secret-in-config"]
     command = [
         sys.executable,

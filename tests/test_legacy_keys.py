@@ -12,7 +12,6 @@ output is read.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from async_reward.checks import apply_legacy_and_check
 from async_reward.config import ConfigError
 from async_reward.integration import SETUP_HOOK, prepare_verl_config
-from tests.conftest import compose_verl_config
+from tests.conftest import cluster_env, compose_verl_config
 from tests.test_entry_point import assets, overrides  # noqa: F401 (assets is a fixture)
 
 JUDGE = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
@@ -39,9 +38,8 @@ def legacy_overrides(assets_dir: Path, *extra: str) -> list[str]:
 
 
 def run_verl_main_ppo(assets_dir: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
-    import ray
 
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    env = cluster_env()
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *legacy_overrides(assets_dir, *extra)]
     process = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -8,7 +8,6 @@ open for its own training runs.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from async_reward.integration import SETUP_HOOK
+from tests.conftest import cluster_env
 from tests.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
 from tests.test_v1_pipelined import SCHEDULES
 
@@ -56,9 +56,8 @@ SWEPT = [name for name, (mini_batch, one_step_off) in SCHEDULES.items() if mini_
 
 def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
     """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster."""
-    import ray
 
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "HYDRA_FULL_ERROR": "1"}
+    env = cluster_env()
     # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
     tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *overrides(root), tq_units]
@@ -72,19 +71,30 @@ def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 8
     return process.returncode, output, process.pid
 
 
+#: The sweep's last job: our mode's keys with verl's own ``sync`` mode, which would ignore them.
+REFUSED_JOB = "{trainer_mode:sync,pipelined:{mini_batch:true,one_step_off_policy:true}}"
+REFUSAL = re.compile(
+    r"ConfigError: trainer\.v1\.pipelined\.mini_batch is set .*but trainer\.v1\.trainer_mode=sync is "
+    r"training, which never reads trainer\.v1\.pipelined\.\*"
+)
+
+
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(900)
 def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
     """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
     verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
-    with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set.
+    with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set; and our
+    mode's keys under verl's ``sync`` are refused there (issue 25.4), before anything trains.
 
-    Three runs of one ``--multirun`` (each run starts a task-runner actor and TransferQueue: the cost
+    Four runs of one ``--multirun`` (each run starts a task-runner actor and TransferQueue: the cost
     of this test). Hydra sweeps keys as a product, so each job is one value of ``trainer.v1`` (merged
     into verl's node with ``++``) holding the mode and its keys. The two pipelined runs set the two
     schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped or
-    read from the other would name the wrong schedule in one run. Every schedule's training is tested
-    in-process in tests/test_v1_pipelined.py, the decoupled mode's in tests/test_v1_decoupled.py."""
+    read from the other would name the wrong schedule in one run. Hydra runs every job of the sweep
+    before it raises the first failure, so the refused job (last) fails the command after the others
+    printed their lines. Every schedule's training is tested in-process in tests/test_v1_pipelined.py,
+    the decoupled mode's in tests/test_v1_decoupled.py."""
     code, output, driver_pid = verl_main_ppo(
         assets,
         tmp_path,
@@ -95,12 +105,13 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
             "++trainer.v1="
             "{trainer_mode:pipelined,pipelined:{mini_batch:true,one_step_off_policy:false,dry_run:true}},"
             "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,dry_run:true}},"
-            f"{DECOUPLED_JOB}",
+            f"{DECOUPLED_JOB},"
+            f"{REFUSED_JOB}",
             *STANDALONE_ROLLOUT,
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
     )
-    assert code == 0, output[-6000:]
+    assert code != 0 and REFUSAL.search(output), output[-6000:]
     started = [m.groupdict() for m in START_LINE.finditer(output)]
     built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
     assert sorted(s["schedule"] for s in started) == sorted(SWEPT), output[-6000:]
@@ -112,7 +123,7 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     assert decoupled_started == [{"cls": DECOUPLED, "window": "3"}], output[-6000:]
     assert [b["cls"] for b in decoupled_built] == [DECOUPLED], output[-6000:]
     assert int(decoupled_built[0]["pid"]) != driver_pid
-    assert output.count("TaskRunnerV1 pid=") >= 3  # verl's own runner printed them
+    assert output.count("TaskRunnerV1 pid=") >= 4  # verl's own runner printed them
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -403,6 +404,61 @@ def test_exclude_in_sync_needs_mini_batches_verl_can_generate_again():
         build(v1_config(judge, EXCLUDE, "data.train_batch_size=8"))  # one mini-batch per step
         build(v1_config(judge, *split))  # nothing excluded, nothing to generate again
         build(v1_config(judge, EXCLUDE, *split, "trainer.v1.trainer_mode=colocate_async"))
+
+
+#: Our modes' settings under a trainer that never reads them: the trainer lines, and what trains.
+OTHER_TRAINERS = [
+    (("trainer.v1.trainer_mode=sync",), "trainer.v1.trainer_mode=sync"),
+    ((), "trainer.v1.trainer_mode=sync"),  # the mode line forgotten: verl's default
+    (("trainer.v1.trainer_mode=colocate_async",), "trainer.v1.trainer_mode=colocate_async"),
+    (("trainer.v1.trainer_mode=separate_async",), "trainer.v1.trainer_mode=separate_async"),
+    (("trainer.use_v1=false",), "verl's legacy trainer"),
+]
+#: One setting of each of our modes' nodes, and the mode that reads it.
+MODE_SETTINGS = [
+    ("+trainer.v1.pipelined.mini_batch=true", "trainer.v1.pipelined.mini_batch", "pipelined"),
+    ("+trainer.v1.pipelined.poll_interval_s=0.5", "trainer.v1.pipelined.poll_interval_s", "pipelined"),
+    ("+trainer.v1.decoupled.reward_backlog=8", "trainer.v1.decoupled.reward_backlog", "decoupled"),
+    ("+trainer.v1.decoupled.ledger=raise", "trainer.v1.decoupled.ledger", "decoupled"),
+]
+
+
+@pytest.mark.parametrize(("trainer_lines", "training"), OTHER_TRAINERS)
+@pytest.mark.parametrize(("setting", "key", "mode"), MODE_SETTINGS)
+def test_our_modes_settings_are_refused_under_a_trainer_that_ignores_them(
+    trainer_lines, training, setting, key, mode
+):
+    """Issue 25.4: ``trainer.v1.pipelined.*`` / ``trainer.v1.decoupled.*`` are read only by their own
+    mode; under any other trainer they are refused where the setup hook checks (verl building its
+    trainer or reward loop: ``apply_legacy_and_check``) and where a launcher prepares the config,
+    naming the key, what trains instead, and the mode line as the fix."""
+    from async_reward.checks import apply_legacy_and_check
+
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    config = compose_verl_config(["reward.reward_manager.name=llm_judge", judge, *trainer_lines, setting])
+    builds = [apply_legacy_and_check]
+    if "trainer.use_v1=false" not in trainer_lines:
+        builds.append(prepare_v1_config)
+    for build in builds:
+        refusal = rf"{key} is set .*but {re.escape(training)}.* is training"
+        with pytest.raises(ConfigError, match=refusal) as error:
+            build(config.copy())
+        assert error.value.key == key
+        assert f"trainer.use_v1=true trainer.v1.trainer_mode={mode}" in str(error.value)
+
+
+def test_our_modes_settings_are_read_under_their_own_mode_and_an_empty_node_is_no_setting():
+    from async_reward.checks import check_trainer_mode_settings
+
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    check_trainer_mode_settings(
+        v1_config(judge, "trainer.v1.trainer_mode=pipelined", "+trainer.v1.pipelined.mini_batch=true")
+    )
+    check_trainer_mode_settings(v1_config(judge, "+trainer.v1.pipelined={}", "+trainer.v1.decoupled={}"))
+    with pytest.raises(ConfigError, match=r"trainer\.v1\.decoupled\.reward_backlog is set"):
+        check_trainer_mode_settings(
+            v1_config(judge, "trainer.v1.trainer_mode=pipelined", "+trainer.v1.decoupled.reward_backlog=8")
+        )
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "many", True])

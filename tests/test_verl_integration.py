@@ -162,8 +162,11 @@ def test_job_wide_rpm_across_two_worker_processes(server, verl_config_factory, r
     for window in (1.0, 2.0, 4.0):
         counts = np.searchsorted(times, times + window, side="left") - np.arange(len(times))
         assert counts.max() <= rpm * window / 60 + 2, (window, counts.max())
-    # ...and the budget is used, not wasted: 60 requests at 10/s take about 6 s, not 12.
-    assert times[-1] - times[0] < 12.0
+    # ...and it is enforced: 60 requests at 10/s, less the two workers' first buckets, take at least
+    # 5.8 s whatever the load (a busy machine only makes them slower). That the shares are used, not
+    # wasted (about 6 s, not 12), is a rate a loaded machine can break in wall time: it is proven on a
+    # controlled clock in tests/test_limits.py (test_request_share_holds_in_every_window_and_is_used).
+    assert times[-1] - times[0] >= (len(rows) - 2) / (rpm / 60)
 
 
 def test_all_five_managers_are_registered_in_ray_workers(ray_cluster):

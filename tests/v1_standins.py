@@ -41,6 +41,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import compose_verl_config, shutdown_reward_loop
+from tests.warm_actors import release
 
 #: A scripted response starting ``@@sleep:<seconds>@@`` is answered that much later, without the marker.
 SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
@@ -104,10 +105,13 @@ class ScriptedLLMServer:
         self.script: dict[str, list[str]] = {}
         self.calls: dict[str, int] = defaultdict(int)
         self.version = 0
+        self.run = 0
 
     def start(self, script: dict[str, list[str]]) -> None:
-        """A new run: its script, call counters and policy version from zero."""
+        """A new run: its script, call counters and policy version from zero. A generation of an
+        earlier run still waiting for its version ends (the server is shared by the session's runs)."""
         self.script, self.calls, self.version = dict(script), defaultdict(int), 0
+        self.run += 1
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -134,7 +138,10 @@ class ScriptedLLMServer:
             text = text[delay.end() :]
         version = AT_VERSION.match(text)
         if version:  # answered once the policy reaches a version: generated with those weights
+            run = self.run
             while self.version < int(version.group(1)):
+                if self.run != run:
+                    raise RuntimeError("a generation of an earlier run, superseded")
                 await asyncio.sleep(0.05)
             text = text[version.end() :]
         if text.startswith(GENERATION_ERROR):  # a replica error: the session raises in generation
@@ -483,9 +490,10 @@ def run_v1_training(
             os.environ.pop("VERL_FILE_LOGGER_PATH", None)
         else:
             os.environ["VERL_FILE_LOGGER_PATH"] = previous_log_path
-        # Agent-loop workers of an async run still generate ahead: stop them before clearing what
-        # they wrote, so the next run starts from an empty partition.
-        kill_and_wait(getattr(runner.agent_loop_manager, "agent_loop_workers", []))
+        # Agent-loop workers of an async run still generate ahead: stop them (cancelled, back to the
+        # warm pool: tests/warm_actors.py) before clearing what they wrote, so the next run starts
+        # from an empty partition.
+        release(getattr(runner.agent_loop_manager, "agent_loop_workers", []))
         if reward_loop is not None:
             shutdown_reward_loop(reward_loop)
         clear_partition("train")

@@ -31,8 +31,18 @@ from omegaconf import DictConfig
 
 from async_reward._config_rules import bad_value, names_config_errors, plain_container, select_key
 from async_reward.errors import ConfigError
-from async_reward.v1.decoupled_config import is_decoupled_mode, load_decoupled_mode_config
-from async_reward.v1.pipelined_config import is_pipelined_mode, load_pipelined_mode_config
+from async_reward.v1.decoupled_config import (
+    DECOUPLED_MODE,
+    DECOUPLED_MODE_PATH,
+    is_decoupled_mode,
+    load_decoupled_mode_config,
+)
+from async_reward.v1.pipelined_config import (
+    PIPELINED_MODE,
+    PIPELINED_MODE_PATH,
+    is_pipelined_mode,
+    load_pipelined_mode_config,
+)
 from async_reward.v1.settings import (
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
@@ -49,6 +59,7 @@ __all__ = [
     "apply_legacy_and_check",
     "check_on_failure",
     "check_reward",
+    "check_trainer_mode_settings",
     "check_v1",
     "trains_critic",
 ]
@@ -93,6 +104,7 @@ def apply_legacy_and_check(config: Any) -> None:
     """
     if isinstance(config, DictConfig):
         apply_legacy_reward_keys(config, late=True)
+    check_trainer_mode_settings(config)
     check_reward(config)
     if select_key(config, "trainer.use_v1"):  # verl's v1 trainer: what it cannot honour, refused
         check_v1(config)
@@ -333,6 +345,7 @@ def check_v1(verl_config: Any) -> None:
             "with trainer.v1.trainer_mode=pipelined and the same flags under trainer.v1.pipelined.* "
             f"(e.g. +trainer.v1.pipelined.mini_batch=true), or drop the {PIPELINED_TRAINER_KEY}.* keys"
         )
+    check_trainer_mode_settings(verl_config)
     if is_pipelined_mode(verl_config):  # our trainer mode: its schedule and what it cannot honour
         load_pipelined_mode_config(verl_config)
     if is_decoupled_mode(verl_config):  # our other mode: its windows and what it cannot honour
@@ -346,6 +359,45 @@ def check_v1(verl_config: Any) -> None:
             "v1: verl's DAPO group filter reads every member's score, an excluded member's fallback_score "
             "(and NaN extras) included, so it would keep or drop groups on scores that are not rewards. "
             "Set one of them differently (e.g. on_failure=fallback, or filter_groups.enable=false)"
+        )
+
+
+#: Our trainer modes: ``trainer.v1.trainer_mode`` value, the node of its settings, and the test of a
+#: config for that mode.
+_OUR_TRAINER_MODES = (
+    (PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode),
+    (DECOUPLED_MODE, DECOUPLED_MODE_PATH, is_decoupled_mode),
+)
+
+
+def check_trainer_mode_settings(verl_config: Any) -> None:
+    """Refuse ``trainer.v1.pipelined.*`` / ``trainer.v1.decoupled.*`` while another trainer trains.
+
+    Each node is read only by its own mode (``trainer.use_v1=true trainer.v1.trainer_mode=<mode>``):
+    under verl's other v1 modes (``sync``, ``colocate_async``, ``separate_async``), a forgotten
+    ``trainer_mode`` line or the legacy trainer, ``mini_batch``, ``one_step_off_policy``,
+    ``reward_backlog``, ``ledger=raise``, ... would be accepted and do nothing. An empty node is
+    not a setting.
+
+    Raises:
+        ConfigError: naming the first key set, the trainer that would ignore it, and the fix.
+    """
+    for mode, path, is_mode in _OUR_TRAINER_MODES:
+        node = plain_container(select_key(verl_config, path), path)
+        if not isinstance(node, Mapping) or not node or is_mode(verl_config):
+            continue
+        keys = sorted(str(key) for key in node)
+        if select_key(verl_config, "trainer.use_v1"):
+            mode_set = select_key(verl_config, "trainer.v1.trainer_mode") or "sync"
+            trainer = f"trainer.v1.trainer_mode={mode_set}"
+        else:
+            trainer = "verl's legacy trainer (trainer.use_v1=false)"
+        fix = f"train with trainer.use_v1=true trainer.v1.trainer_mode={mode}, or remove the {path}.* keys"
+        raise ConfigError(
+            f"{path}.{keys[0]} is set ({', '.join(f'{path}.{key}' for key in keys)}), but {trainer} is "
+            f"training, which never reads {path}.*, so the setting would be silently ignored; {fix}",
+            key=f"{path}.{keys[0]}",
+            fix=fix,
         )
 
 

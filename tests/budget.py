@@ -1,0 +1,165 @@
+"""The suite's budget, printed at the end of every run: Ray worker processes and Python subprocesses
+started, and the slowest test files, so that growth is visible in every ``make test``.
+
+Most of the suite's CPU goes to starting processes (each Ray worker imports torch and verl), so the
+worker count is the number to watch. It is read from the session's Ray cluster: every worker process
+(an actor, a task worker, and those of a ``main_ppo`` subprocess that joins the cluster) leaves one
+``python-core-worker-*.log`` in the session's log directory (Ray moves a dead worker's logs to
+``old/``), counted after each test and charged to its file. A Python subprocess a test starts (the
+CLI, ``main_ppo``) is counted where it is started (``subprocess.Popen``); Ray's own daemons are not.
+
+Under pytest-xdist each process counts its own and hands its counts to the controller
+(``workeroutput``), which prints the total; test time per file is summed on the controller from the
+reports of every phase (setup, call, teardown), so a module fixture's set-up counts for its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: How many files the summary lists.
+SLOWEST_SHOWN = 10
+_WORKER_LOG_PREFIX = "python-core-worker-"
+
+
+def _ray_worker_logs() -> int:
+    """Worker processes the Ray cluster of this process has started so far (0 without one)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return 0
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None:
+        return 0
+    logs = Path(node.get_session_dir_path()) / "logs"
+    return sum(
+        1
+        for directory in (logs, logs / "old")
+        if directory.is_dir()
+        for name in os.listdir(directory)
+        if name.startswith(_WORKER_LOG_PREFIX)
+    )
+
+
+class _Counts:
+    """This process's counts, per test file."""
+
+    def __init__(self) -> None:
+        self.workers: Counter[str] = Counter()
+        self.subprocesses: Counter[str] = Counter()
+        self.seen_workers = 0
+        self.current_file = ""
+        self.clusters_seen: set[str] = set()
+
+    def charge_workers(self, path: str) -> None:
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            session = ray._private.worker._global_node.get_session_dir_path()
+            if session not in self.clusters_seen:  # a new cluster's count starts from zero
+                self.clusters_seen.add(session)
+                self.seen_workers = 0
+        total = _ray_worker_logs()
+        if total > self.seen_workers:
+            self.workers[path] += total - self.seen_workers
+            self.seen_workers = total
+
+    def as_json(self) -> str:
+        return json.dumps({"workers": dict(self.workers), "subprocesses": dict(self.subprocesses)})
+
+
+_COUNTS = _Counts()
+_ORIGINAL_POPEN_INIT = subprocess.Popen.__init__
+
+
+def _counting_popen_init(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+    from tests.conftest import _starts_python  # the same rule the subprocess marker is checked by
+
+    if _starts_python(args) and not _started_by_ray():
+        _COUNTS.subprocesses[_COUNTS.current_file or "(outside a test)"] += 1
+    _ORIGINAL_POPEN_INIT(self, args, *rest, **kwargs)
+
+
+def _started_by_ray() -> bool:
+    """Whether Ray itself is starting the process (its raylet, GCS, agents): those are the cluster's,
+    counted once per pytest process, not a test's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("ray."):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class Budget:
+    """The plugin (registered by :func:`pytest_configure`): counts here, totals on the controller."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        """Test time per file (every phase of every test), from the reports this process sees."""
+        self.workers: Counter[str] = Counter()
+        self.subprocesses: Counter[str] = Counter()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        _COUNTS.current_file = nodeid.split("::")[0]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Any:
+        # before the teardown: the last test of a process tears the Ray cluster down with it
+        _COUNTS.charge_workers(item.nodeid.split("::")[0])
+        yield
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        _COUNTS.charge_workers(nodeid.split("::")[0])
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid.split("::")[0]] += report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        _COUNTS.charge_workers(_COUNTS.current_file or "(outside a test)")
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist process: the controller adds it up
+            workeroutput["budget"] = _COUNTS.as_json()
+        else:
+            self._add(_COUNTS.as_json())
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: one process's counts, as it ends."""
+        output = getattr(node, "workeroutput", None) or {}
+        if "budget" in output:
+            self._add(output["budget"])
+
+    def _add(self, payload: str) -> None:
+        counts = json.loads(payload)
+        self.workers.update(counts["workers"])
+        self.subprocesses.update(counts["subprocesses"])
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.seconds:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("test budget")
+        write(
+            f"Ray worker processes started: {sum(self.workers.values())}; Python subprocesses started: "
+            f"{sum(self.subprocesses.values())}; test time summed over files: "
+            f"{sum(self.seconds.values()):.0f} s"
+        )
+        write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
+        for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
+            write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _counting_popen_init  # type: ignore[method-assign]
+    config.pluginmanager.register(Budget(), "async_reward_budget")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _ORIGINAL_POPEN_INIT  # type: ignore[method-assign]
