@@ -15,6 +15,7 @@ reports of every phase (setup, call, teardown), so a module fixture's set-up cou
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -48,11 +49,30 @@ def _ray_worker_logs() -> int:
     )
 
 
+def _ray_actor_classes() -> Counter[str]:
+    """Actors this process's Ray cluster has started, by class (Ray writes ``:actor_name:<class>`` at
+    the top of an actor's ``worker-*.out``)."""
+    ray = sys.modules.get("ray")
+    classes: Counter[str] = Counter()
+    if ray is None or not ray.is_initialized():
+        return classes
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    for directory in (logs, logs / "old"):
+        for path in directory.glob("worker-*.out") if directory.is_dir() else ():
+            with path.open(errors="replace") as stream:
+                for line in itertools.islice(stream, 5):
+                    if line.startswith(":actor_name:"):
+                        classes[line.strip().removeprefix(":actor_name:")] += 1
+                        break
+    return classes
+
+
 class _Counts:
     """This process's counts, per test file."""
 
     def __init__(self) -> None:
         self.workers: Counter[str] = Counter()
+        self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
         self.seen_workers = 0
         self.current_file = ""
@@ -71,7 +91,13 @@ class _Counts:
             self.seen_workers = total
 
     def as_json(self) -> str:
-        return json.dumps({"workers": dict(self.workers), "subprocesses": dict(self.subprocesses)})
+        return json.dumps(
+            {
+                "workers": dict(self.workers),
+                "actor_classes": dict(self.actor_classes),
+                "subprocesses": dict(self.subprocesses),
+            }
+        )
 
 
 _COUNTS = _Counts()
@@ -104,6 +130,7 @@ class Budget:
         self.seconds: Counter[str] = Counter()
         """Test time per file (every phase of every test), from the reports this process sees."""
         self.workers: Counter[str] = Counter()
+        self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
 
     @pytest.hookimpl(tryfirst=True)
@@ -111,9 +138,11 @@ class Budget:
         _COUNTS.current_file = nodeid.split("::")[0]
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Any:
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
         # before the teardown: the last test of a process tears the Ray cluster down with it
         _COUNTS.charge_workers(item.nodeid.split("::")[0])
+        if nextitem is None:
+            _COUNTS.actor_classes.update(_ray_actor_classes())
         yield
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
@@ -139,6 +168,7 @@ class Budget:
     def _add(self, payload: str) -> None:
         counts = json.loads(payload)
         self.workers.update(counts["workers"])
+        self.actor_classes.update(counts["actor_classes"])
         self.subprocesses.update(counts["subprocesses"])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -151,6 +181,11 @@ class Budget:
             f"{sum(self.subprocesses.values())}; test time summed over files: "
             f"{sum(self.seconds.values()):.0f} s"
         )
+        if self.actor_classes:
+            write(
+                "Ray actors by class: "
+                + ", ".join(f"{name} {count}" for name, count in self.actor_classes.most_common())
+            )
         write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
         for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
             write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")
