@@ -67,6 +67,7 @@ _OPTIONAL_FIELDS = (
     "extra_fields",
     "num_turns",
 )
+#: The masks verl's loss reads (engines ``loss_mask``, losses ``response_mask``); zeroed together.
 _MASK_FIELDS = ("response_mask", "loss_mask")
 
 
@@ -152,7 +153,7 @@ def compute_reward_colocate(
             np.asarray(non_tensor["uid"], dtype=object),
         )
     if untrained.any():
-        _write_excluded(data, write, keys, untrained, non_tensor["uid"])
+        _write_excluded(write, keys, partition, untrained, non_tensor["uid"])
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(write))
     if validate:
         return batch
@@ -177,14 +178,21 @@ def compute_reward_colocate(
 
 
 def _read_fields(keys: list[str], partition: str) -> TensorDict:
-    """The required fields, plus each optional one the batch has (a dataset may lack some)."""
+    """The required fields, plus each optional one the batch has (a dataset may lack some): one read
+    when all are there, else one per optional field."""
+    try:
+        return tq.kv_batch_get(
+            keys=keys, partition_id=partition, select_fields=[*_REQUIRED_FIELDS, *_OPTIONAL_FIELDS]
+        )
+    except (ValueError, KeyError, RuntimeError):
+        pass  # some optional field was never written for these keys
     data = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=list(_REQUIRED_FIELDS))
-    for name in (*_OPTIONAL_FIELDS, *_MASK_FIELDS):
+    for name in _OPTIONAL_FIELDS:
         try:
             more = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=[name])
         except (ValueError, KeyError, RuntimeError):
-            continue  # not written for these keys
-        if name in more.keys():  # noqa: SIM118
+            continue
+        if name in more.keys():  # noqa: SIM118 (TensorDict membership needs keys())
             data[name] = more[name]
     return data
 
@@ -229,16 +237,15 @@ def _excluded(info: dict[str, Any]) -> bool:
 
 
 def _write_excluded(
-    data: TensorDict, write: dict[str, Any], keys: list[str], untrained: np.ndarray, uids: np.ndarray
+    write: dict[str, Any], keys: list[str], partition: str, untrained: np.ndarray, uids: np.ndarray
 ) -> None:
     """Zero loss and response masks and a ``uid`` of its own for each untrained row, as our agent loop
     writes an excluded session (:func:`async_reward.v1.agent_loop.excluded_uid`)."""
     from async_reward.v1.agent_loop import excluded_uid
 
+    masks = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=list(_MASK_FIELDS))
     for name in _MASK_FIELDS:
-        if name not in data.keys():  # noqa: SIM118
-            continue
-        rows = [row * 0 if untrained[i] else row for i, row in enumerate(data[name].unbind())]
+        rows = [row * 0 if untrained[i] else row for i, row in enumerate(masks[name].unbind())]
         write[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
     own = []
     for i, key in enumerate(keys):
