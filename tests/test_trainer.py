@@ -369,8 +369,8 @@ def test_the_judge_is_busy_while_the_actor_updates_in_the_pipelined_modes(
         (["data.train_batch_size=5"], "multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
         (["algorithm.adv_estimator=reinforce_plus_plus"], "group-local advantage estimator"),
         (["actor_rollout_ref.actor.ppo_epochs=2"], "allow_ppo_epochs_per_chunk"),
-        # llm_judge would never call the reward model: refused before the trainer's own "cannot overlap".
-        (["reward_model.enable=true"], "reward model whose router only a custom_reward_function can call"),
+        # A judge server and the judge verl serves in the job: refused before the trainer's own checks.
+        (["reward_model.enable=true"], "would have two judges"),
         (["+async_reward.pipeline.chunk_timeout=5"], "valid keys"),
         (["+reward.async_reward.pipeline.mini_batch=true"], "put the trainer's pipeline settings under"),
     ],

@@ -233,7 +233,6 @@ def test_the_readme_lines_compose_into_verls_config_and_enable_everything():
     [
         ((), "agent_loop_manager_class"),
         (("trainer.use_v1=false", *V1_OVERRIDES), "legacy trainer"),
-        (("reward.reward_model.enable=true", *V1_OVERRIDES), "colocated reward model"),
         (
             (
                 *(line for line in V1_OVERRIDES if "agent_loop_manager_class" not in line),
@@ -247,6 +246,15 @@ def test_integration_problems_are_named(overrides, reason):
     config = compose_verl_config(["reward.reward_manager.name=llm_judge", *overrides])
     problem = v1_integration_problem(config)
     assert problem is not None and reason in problem
+
+
+def test_a_judge_on_the_training_gpus_is_no_integration_problem():
+    """Issue 27: verl scores a colocated judge after sampling, through the setup hook's colocated step
+    (async_reward.judge_in_job.colocate), which post-processes groups and honours exclude."""
+    config = compose_verl_config(
+        ["reward.reward_manager.name=llm_judge", "reward.reward_model.enable=true", *V1_OVERRIDES]
+    )
+    assert v1_integration_problem(config) is None
 
 
 def test_a_users_subclass_of_our_manager_counts():
@@ -281,10 +289,12 @@ def test_prepare_v1_config_sets_what_the_overrides_set_and_refuses_to_replace_a_
         prepare_v1_config(compose_verl_config(["trainer.v1.sampler.custom_sampler.path=/mine.py"]))
 
 
-def test_our_manager_refuses_the_legacy_trainer_and_a_colocated_reward_model():
+def test_our_manager_refuses_the_legacy_trainer_and_no_reward_workers_without_a_colocated_judge():
     with pytest.raises(ConfigError, match="v1 trainer only"):
         RewardAgentLoopManager(v1_config("trainer.use_v1=false"), llm_client=None)
-    with pytest.raises(ConfigError, match="scored in the agent loop"):
+    # No reward workers is right only for a judge on the training GPUs (scored after sampling:
+    # tests/test_judge_in_job.py trains that way).
+    with pytest.raises(ConfigError, match="got no reward workers"):
         RewardAgentLoopManager(v1_config(), llm_client=None, reward_loop_worker_handles=None)
 
 

@@ -161,12 +161,26 @@ def test_a_verl_key_that_is_not_a_number_is_named():
             "reward.custom_reward_function.path",
             "does not call one",
         ),
-        (
+        (  # a judge server and the judge verl serves in the job: two judges (issue 27)
             "llm_judge",
             ["+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1", "reward.reward_model.enable=true"],
             None,
+            "reward.async_reward.judge.base_url",
+            "two judges",
+        ),
+        (  # verl would send every sample to /classify and never run the manager
+            "async_naive",
+            ["reward.reward_model.enable=true"],
+            None,
             "reward.reward_model.enable",
-            "reward model",
+            "/classify",
+        ),
+        (
+            "async_remote",
+            ["+reward.async_reward.remote.url=http://127.0.0.1:9/score", "reward.reward_model.enable=true"],
+            None,
+            "reward.reward_model.enable",
+            "never calls",
         ),
         (
             "async_remote",

@@ -47,6 +47,7 @@ __all__ = [
     "VERL_TRAINERS",
     "declare_pipelined_trainer",
     "init_local_ray",
+    "install_judge_in_job_hooks",
     "prepare_v1_config",
     "prepare_verl_config",
     "ray_runtime_env",
@@ -82,12 +83,41 @@ def setup_worker() -> None:
     trainer is built (before its GPU workers) and where it builds its ``RewardLoopManager``."""
     import wrapt
 
+    from async_reward.judge_in_job.routing import install_reward_loop_hooks
+
     register_trainer_modes_on_lookup()
     _check_before_verl_reward_loop()
+    install_reward_loop_hooks()  # a judge served in the job: our reward worker, the judge awake
     for module, name in VERL_TRAINERS:
         # Wrapped when verl imports the module (most worker processes never do; importing it here
         # would cost every one of them a second of start-up).
         wrapt.register_post_import_hook(functools.partial(_wrap_trainer_init, name=name), module)
+    wrapt.register_post_import_hook(_install_colocate_step, VERL_V1_TRAINER_MODULE)
+
+
+#: verl v1's trainer module, whose colocated-judge scoring step the setup hook replaces for our managers.
+VERL_V1_TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
+
+
+def _install_colocate_step(module: Any) -> None:
+    """verl v1's score-the-batch step for a judge on the training GPUs, reading what our managers need
+    (:mod:`async_reward.judge_in_job.colocate`)."""
+    from async_reward.judge_in_job.colocate import install_colocate_step
+
+    install_colocate_step(module)
+
+
+def install_judge_in_job_hooks() -> None:
+    """What the setup hook installs for a judge served in the job, for a process that builds verl's
+    ``RewardLoopManager`` or v1 trainer without it (a launcher of your own, a test driver): our reward
+    worker and the standalone judge's wake-up (:func:`async_reward.judge_in_job.routing.
+    install_reward_loop_hooks`) and verl v1's colocated scoring step for our managers."""
+    import importlib
+
+    from async_reward.judge_in_job.routing import install_reward_loop_hooks
+
+    install_reward_loop_hooks()
+    _install_colocate_step(importlib.import_module(VERL_V1_TRAINER_MODULE))
 
 
 def _wrap_trainer_init(module: Any, name: str) -> None:

@@ -168,12 +168,15 @@ def check_verl_settings(
     uses_rate_budgets: bool,
     runs_custom_function: bool | None,
     uses_default_scorer: bool,
+    scores_with_reward_model: bool = False,
 ) -> None:
     """Refuse the verl reward settings that manager ``manager`` cannot honour.
 
     ``runs_custom_function``: the manager calls ``custom_reward_function`` (None: unknown, a user's
     subclass, not checked). ``uses_default_scorer``: without one it scores with verl's default scorer
-    for the data source (the one ``sandbox_fusion`` configures).
+    for the data source (the one ``sandbox_fusion`` configures). ``scores_with_reward_model``: it calls
+    the reward model verl serves (``reward.reward_model.enable``) itself, through the router
+    (``llm_judge``); its own checks of that model are its own (``async_reward.judge_in_job``).
 
     Raises:
         ConfigError: naming the key, why it cannot apply, and our equivalent.
@@ -210,15 +213,28 @@ def check_verl_settings(
                 f"names a reward function, and {manager} does not call one",
                 "remove it, or use async_naive / async_rate_limited to score with your function",
             )
-        if _get(reward, "reward_model.enable"):
+        if _get(reward, "reward_model.enable") and not scores_with_reward_model:
             raise bad_value(
                 "reward.reward_model.enable",
                 True,
-                f"starts a reward model whose router only a custom_reward_function can call; {manager} "
-                "does not call one",
-                "set it to false (point the manager at your server instead), or use async_naive / "
-                "async_rate_limited with a function that calls reward_router_address",
+                f"starts a reward model that {manager} never calls (it scores with its own service)",
+                "set it to false, or use llm_judge (which judges with the served model through verl's "
+                "router), or async_naive / async_rate_limited with a function that calls "
+                "reward_router_address",
             )
+    if runs_custom_function and not path and _get(reward, "reward_model.enable"):
+        # verl's RewardLoopWorker sends a sample to /classify (a discriminative model's score) whenever
+        # a reward model is enabled and no function path is set: the manager would never run.
+        raise bad_value(
+            "reward.reward_model.enable",
+            True,
+            f"starts a reward model, but without reward.custom_reward_function.path nothing calls it: "
+            f"verl's reward worker would send every sample to the model's /classify endpoint and "
+            f"{manager} would never run",
+            "set reward.custom_reward_function.path to a function that calls reward_router_address "
+            "(it receives reward_router_address and reward_model_tokenizer), use "
+            "reward.reward_manager.name=llm_judge to judge with the served model, or set it to false",
+        )
     sandbox_url = _get(reward, "sandbox_fusion.url")
     if sandbox_url and (not uses_default_scorer or path):
         why = (

@@ -93,6 +93,10 @@ class AsyncRewardManager(RewardManagerBase):
     #: Sections of ``reward.async_reward`` this manager cannot run without (e.g. ``("judge",)``): their
     #: ``require`` runs at start-up, on the driver and in every worker.
     required_sections: ClassVar[tuple[str, ...]] = ()
+    #: Whether it scores with the reward model verl serves in the job (``reward.reward_model.enable``)
+    #: itself, through ``reward_router_address`` (``llm_judge``); False refuses that model unless the
+    #: manager runs a function that may call it.
+    scores_with_reward_model: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -160,11 +164,19 @@ class AsyncRewardManager(RewardManagerBase):
             uses_rate_budgets=cls.uses_rate_budgets,
             runs_custom_function=cls.runs_custom_function,
             uses_default_scorer=cls.uses_default_scorer,
+            scores_with_reward_model=cls.scores_with_reward_model,
         )
-        for section in cls.required_sections:
+        for section in cls.sections_required(config):
             getattr(settings, section).require(env)
         check_on_failure(config)
         return settings
+
+    @classmethod
+    def sections_required(cls, config: Any) -> tuple[str, ...]:
+        """The sections whose ``require`` runs for ``config``: :attr:`required_sections` unless a
+        manager needs other ones in some set-ups (``llm_judge`` with the judge verl serves needs no
+        ``judge.base_url``)."""
+        return cls.required_sections
 
     @classmethod
     def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:

@@ -21,8 +21,11 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from async_reward.config import AsyncRewardConfig
+from async_reward.errors import ConfigError
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
+from async_reward.judge_in_job.checks import apply_in_job_judge
+from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
@@ -63,6 +66,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
 
     required_sections: ClassVar[tuple[str, ...]] = ("judge",)
     runs_custom_function: ClassVar[bool | None] = False
+    scores_with_reward_model: ClassVar[bool] = True
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,
         "judge_tokens": 0,
@@ -73,7 +77,13 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.judge = self.settings.judge
         self.judge.validate()
-        self.judge.require()
+        #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
+        self.in_job = in_job_judge(config)
+        if self.in_job:
+            self.url = self._router_url()
+        else:
+            self.judge.require()
+            self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
         # The one format the judge is told to use (``auto`` made concrete) is the only one read.
         parser = resolve_parser(self.judge.template, self.judge.parser)
         self.template = resolve_template(self.judge.template, parser)
@@ -83,7 +93,6 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             on_conflict=self.judge.on_conflict,
             think=self.judge.think,
         )
-        self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
         self._headers: dict[str, str] = {}
         if self.judge.api_key_env:
             # The key lives only in this private header dict: never logged, never in a repr.
@@ -106,7 +115,42 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         reward (:meth:`AsyncRewardConfig.validate_judge_fallback`), on the driver and in each worker."""
         settings = super().check_settings(config, env)
         settings.validate_judge_fallback()
+        if in_job_judge(config):  # the served judge's name, conflicts refused, its defaults
+            settings = apply_in_job_judge(config, settings)
         return settings
+
+    @classmethod
+    def sections_required(cls, config: Any) -> tuple[str, ...]:
+        """``judge`` (its ``base_url``), unless verl serves the judge in the job."""
+        return () if in_job_judge(config) else cls.required_sections
+
+    def _router_url(self) -> str:
+        """The chat-completions URL behind verl's router, refusing a manager that verl would bypass.
+
+        Raises:
+            ConfigError: no router address reached this manager, or it was built by verl's own
+                reward worker (which would send its samples to ``/classify``).
+        """
+        if self.reward_router_address is None:
+            raise ConfigError(
+                "llm_judge with reward.reward_model.enable=true got no reward_router_address: it was built "
+                "outside verl's Reward Loop (offline scoring, a loop of your own), where no served judge "
+                "exists; set reward.reward_model.enable=false and judge.base_url to a judge server",
+                key="reward.reward_model.enable",
+                fix="set reward.reward_model.enable=false and judge.base_url=<server>/v1",
+            )
+        if not is_routed():
+            raise ConfigError(
+                "llm_judge with reward.reward_model.enable=true was built by verl's own RewardLoopWorker, "
+                "which sends every sample to the reward model's /classify endpoint and never calls "
+                "llm_judge; add the setup hook "
+                "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook="
+                "async_reward.integration.setup_worker (it starts async-reward's worker), or call "
+                "async_reward.judge_in_job.install_reward_loop_hooks() where you build RewardLoopManager",
+                key="ray_kwargs.ray_init.runtime_env.worker_process_setup_hook",
+                fix="set it to async_reward.integration.setup_worker",
+            )
+        return f"http://{self.reward_router_address}/v1/chat/completions"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
@@ -165,6 +209,17 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             try:
                 reply, _headers = await post_json(self.url, body, headers=self._headers)
             except HTTPStatusError as exc:
+                if self.in_job and exc.status == 500:
+                    # verl's router turns every replica error (a refused request, an overloaded,
+                    # sleeping or dead replica) into a plain 500 after its own attempts. Still
+                    # retried (transient), but the sample's reason says what the 500 hides.
+                    raise HTTPStatusError(
+                        500,
+                        exc.url,
+                        exc.retry_after_s,
+                        "from verl's router, which hides the replica's own status (a refused request, "
+                        f"an overloaded, asleep or dead replica): {exc.body_excerpt}",
+                    ) from exc
                 unsupported = self._unsupported_structured_output(exc)
                 if unsupported is None:
                     raise

@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl import DataProto
 
 from async_reward.checks import check_reward
-from async_reward.config import load_config
+from async_reward.config import ConfigError, load_config
+from async_reward.judge_in_job.settings import in_job_judge
 from async_reward.managers.base import RewardScoringError
 from async_reward.pipeline.chunks import (
     GroupLayout,
@@ -42,6 +43,7 @@ from async_reward.pipeline.chunks import (
 from async_reward.pipeline.dispatch import Dispatcher
 from async_reward.pipeline.pool import start_workers
 from async_reward.pipeline.state import RewardChunkTimeout, Ticket, TicketError, TicketState
+from async_reward.pipeline.trainer_config import check_judge_placement
 
 __all__ = ["PipelinedRewardLoopManager", "RewardChunkTimeout", "TicketError"]
 
@@ -64,9 +66,12 @@ class PipelinedRewardLoopManager:
             as soon as they exist; this only bounds an idle poll).
         worker_options: extra Ray actor options (e.g. ``num_cpus``, ``scheduling_strategy``).
         ready_timeout_s: longest wait for the workers to build their reward managers.
+        reward_router_address: verl's router in front of the reward model it serves in the job
+            (``reward.reward_model.enable``, on GPUs of its own): verl's ``RewardLoopManager``
+            starts the model and its router (``.reward_router_address``); required with ``enable``.
 
     Ray must be initialised (with ``async_reward.integration.ray_runtime_env()`` when other Ray
-    processes must resolve our manager names). ``reward.reward_model`` servers are not managed here.
+    processes must resolve our manager names). ``reward.reward_model`` servers are not started here.
     Every reward setting a worker would refuse raises ``ConfigError`` here, before any worker starts
     (``async_reward.checks.check_reward``). Chunks carry each sample's ``excluded`` flag
     (``on_failure: exclude``); ``StepSchedule`` honours it, a loop of your own must too.
@@ -81,12 +86,19 @@ class PipelinedRewardLoopManager:
         collect_wait_s: float = 1.0,
         worker_options: dict[str, Any] | None = None,
         ready_timeout_s: float = 300.0,
+        reward_router_address: str | None = None,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("PipelinedRewardLoopManager needs Ray: call ray.init(...) first")
-        reward_model = config.reward.get("reward_model") or {}
-        if reward_model.get("enable"):
-            raise ValueError("reward.reward_model.enable is not supported by the pipelined manager")
+        check_judge_placement(config, "async_reward.pipeline")
+        if in_job_judge(config) and reward_router_address is None:
+            raise ConfigError(
+                "reward.reward_model.enable=true, but PipelinedRewardLoopManager got no "
+                "reward_router_address: pass the router of verl's RewardLoopManager "
+                "(reward_loop_manager.reward_router_address), which starts the served model",
+                key="reward.reward_model.enable",
+                fix="pass reward_router_address=<verl RewardLoopManager>.reward_router_address",
+            )
         from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
         count = int(num_workers or config.reward.get("num_workers") or 1)
@@ -114,6 +126,7 @@ class PipelinedRewardLoopManager:
             max_concurrency=max_concurrency,
             options=worker_options,
             ready_timeout_s=ready_timeout_s,
+            reward_router_address=reward_router_address,
         )
         self._dispatch = Dispatcher(workers, self._cond, self._tickets, collect_wait_s)
 

@@ -50,8 +50,10 @@ def start_workers(
     max_concurrency: int | None,
     options: dict[str, Any] | None,
     ready_timeout_s: float,
+    reward_router_address: str | None = None,
 ) -> list[WorkerRef]:
-    """Start ``count`` worker actors and wait until each has built its reward manager.
+    """Start ``count`` worker actors and wait until each has built its reward manager
+    (``reward_router_address``: verl's router in front of a reward model served in the job).
 
     Raises whatever a worker's constructor raised (bad config, unknown manager), after killing all.
     """
@@ -61,7 +63,9 @@ def start_workers(
     workers = []
     for i in range(count):
         label = f"{name_prefix}_{i}"
-        handle = actor_cls.options(name=label, **actor_options).remote(config, max_concurrency)
+        handle = actor_cls.options(name=label, **actor_options).remote(
+            config, max_concurrency, reward_router_address
+        )
         workers.append(WorkerRef(label=label, handle=handle))
     try:
         replies = ray.get([w.handle.ready.remote() for w in workers], timeout=ready_timeout_s)

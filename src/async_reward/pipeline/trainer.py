@@ -89,7 +89,11 @@ class PipelinedRayPPOTrainer(verl_trainer.RayPPOTrainer):
         if self.reward_source is None:
             from async_reward.pipeline.manager import PipelinedRewardLoopManager
 
-            self.reward_source = PipelinedRewardLoopManager(self.config)
+            # A judge served in the job (standalone): verl's RewardLoopManager started it and its
+            # router; our workers score through that router.
+            self.reward_source = PipelinedRewardLoopManager(
+                self.config, reward_router_address=self.reward_loop_manager.reward_router_address
+            )
             self._owns_reward_source = True
 
     def _validate(self, merged: bool = False) -> Any:

@@ -28,7 +28,13 @@ from async_reward._config_rules import (
 from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.schedule import check_estimator
 
-__all__ = ["PIPELINE_CONFIG_PATH", "PipelineConfig", "check_against_verl", "load_pipeline_config"]
+__all__ = [
+    "PIPELINE_CONFIG_PATH",
+    "PipelineConfig",
+    "check_against_verl",
+    "check_judge_placement",
+    "load_pipeline_config",
+]
 
 #: Where the node lives in the verl config.
 PIPELINE_CONFIG_PATH = "async_reward.pipeline"
@@ -117,6 +123,34 @@ def load_pipeline_config(verl_config: DictConfig | Mapping[str, Any]) -> Pipelin
     return config
 
 
+def check_judge_placement(verl_config: Any, schedule: str) -> None:
+    """Refuse a reward model served on the training GPUs (``reward.reward_model.enable`` without
+    ``enable_resource_pool``) under one of our pipelined schedules (``schedule``: where it is set).
+
+    verl wakes such a judge only after sampling, scores the whole batch and puts it back to sleep:
+    it needs the GPUs that our schedules keep busy with generation and updates while rewards are
+    awaited, so the overlap they exist for could not happen. Decided from that reasoning, without a
+    GPU measurement. A judge on GPUs of its own streams per sample and works with every schedule.
+
+    Raises:
+        ConfigError: naming ``reward.reward_model.enable_resource_pool`` and the fix.
+    """
+    from async_reward.judge_in_job.settings import colocated_judge
+
+    if colocated_judge(verl_config):
+        fix = (
+            "set reward.reward_model.enable_resource_pool=true with reward.reward_model.n_gpus_per_node "
+            "and nnodes for the judge's own GPUs, or train with verl's v1 sync / colocate_async"
+        )
+        raise ConfigError(
+            f"reward.reward_model.enable=true without enable_resource_pool puts the judge on the training "
+            f"GPUs, which {schedule} keeps busy while rewards are awaited: verl would wake the judge only "
+            f"after sampling and score the whole batch, so nothing could overlap; {fix}",
+            key="reward.reward_model.enable_resource_pool",
+            fix=fix,
+        )
+
+
 def check_against_verl(
     config: PipelineConfig,
     verl_config: Any,
@@ -136,14 +170,7 @@ def check_against_verl(
     """
     select = lambda key, default=None: OmegaConf.select(verl_config, key, default=default)  # noqa: E731
     estimator = str(getattr(select("algorithm.adv_estimator"), "value", select("algorithm.adv_estimator")))
-    if select("reward.reward_model.enable", False):
-        raise ConfigError(
-            "reward.reward_model.enable=true is not supported by the pipelined trainer: a reward model "
-            "on the training GPUs (enable_resource_pool=false) needs those GPUs while the policy trains, "
-            "so its scoring cannot overlap with training, and a standalone one is not driven by "
-            "PipelinedRewardLoopManager. Serve the model behind an HTTP endpoint and score with "
-            "llm_judge / async_remote, or use verl's own trainer."
-        )
+    check_judge_placement(verl_config, path)
     if estimator.lower() == "remax":
         raise ConfigError(
             "algorithm.adv_estimator=remax needs a greedy-baseline reward per prompt scored inside the "

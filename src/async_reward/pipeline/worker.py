@@ -32,22 +32,41 @@ ResultTuple = tuple[int, int, dict[str, Any]]
 class PipelineRewardWorker:
     """One reward worker process holding one reward manager built exactly as verl builds it."""
 
-    def __init__(self, config: DictConfig, max_concurrency: int | None = None) -> None:
+    def __init__(
+        self, config: DictConfig, max_concurrency: int | None = None, reward_router_address: str | None = None
+    ) -> None:
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.utils import hf_tokenizer
         from verl.utils.fs import copy_to_local
 
         import async_reward  # noqa: F401  (registers our managers here, even without the Ray setup hook)
         from async_reward.config import load_config
+        from async_reward.judge_in_job.settings import in_job_judge, routed_workers
         from async_reward.managers.base import AsyncRewardManager
 
         model = config.actor_rollout_ref.model
         tokenizer_path = model.get("tokenizer_path") or model.path
         self.tokenizer = hf_tokenizer(copy_to_local(tokenizer_path), trust_remote_code=True)
-        self.manager = load_reward_manager(config, self.tokenizer)
+        # A reward model served in the job: the manager gets its router and tokenizer, as verl's
+        # RewardLoopWorker hands them over.
+        model_tokenizer = None
+        if reward_router_address is not None and in_job_judge(config):
+            model_path = copy_to_local(config.reward.reward_model.model_path)
+            model_tokenizer = hf_tokenizer(model_path, trust_remote_code=True)
+        with routed_workers():  # samples reach the manager through run_single, never /classify
+            self.manager = load_reward_manager(
+                config,
+                self.tokenizer,
+                reward_router_address=reward_router_address,
+                reward_model_tokenizer=model_tokenizer,
+            )
         if isinstance(self.manager, AsyncRewardManager):
             self.manager.driven_by_pipeline = True  # scoring here is the pipelined trainer's own
-        self.capacity = int(max_concurrency or load_config(config).limits.max_concurrency)
+        # The manager's own limits: llm_judge's default follows a judge served in the job.
+        settings = (
+            self.manager.settings if isinstance(self.manager, AsyncRewardManager) else load_config(config)
+        )
+        self.capacity = int(max_concurrency or settings.limits.max_concurrency)
         if self.capacity < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.capacity}")
         self._heap: list[tuple[int, int, int]] = []  # (ticket_seq, rank, index)

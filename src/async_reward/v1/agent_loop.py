@@ -53,6 +53,7 @@ from verl.utils import tensordict_utils as tu
 
 from async_reward.checks import check_v1
 from async_reward.config import ConfigError
+from async_reward.judge_in_job.settings import colocated_judge
 from async_reward.postprocess import apply_group_postprocessing
 from async_reward.v1.groups import GroupGate
 from async_reward.v1.reward_failover import (
@@ -272,9 +273,9 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
 
     Name it with ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
     async_reward.v1.RewardAgentLoopManager``; verl's ``TaskRunnerV1`` builds it with ``create``.
-    Refused at start-up where it cannot do its job: the legacy trainer, a reward model colocated
-    with training (verl then scores after sampling, outside the agent loop), and the settings
-    :func:`~async_reward.checks.check_v1` refuses.
+    Refused at start-up where it cannot do its job: the legacy trainer and the settings
+    :func:`~async_reward.checks.check_v1` refuses. With a judge on the training GPUs (no reward
+    workers handed over) the sessions are scored after sampling, by the setup hook's colocated step.
     """
 
     def __init__(
@@ -290,11 +291,14 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
                 "(trainer.use_v1=true); the legacy trainer takes a non-TransferQueue agent-loop manager"
             )
         check_v1(config)
-        if reward_loop_worker_handles is None:
+        if reward_loop_worker_handles is None and not colocated_judge(config):
             raise ConfigError(
-                "async_reward.v1.RewardAgentLoopManager needs rewards scored in the agent loop; with "
-                "reward.reward_model.enable and no enable_resource_pool verl scores after sampling"
+                "async_reward.v1.RewardAgentLoopManager got no reward workers, and no judge on the "
+                "training GPUs scores after sampling (reward.reward_model.enable without "
+                "enable_resource_pool): nothing would score the sessions"
             )
+        # With a colocated judge the agent loop scores nothing: verl scores each sampled mini-batch
+        # after generation (async_reward.judge_in_job.colocate, installed by the setup hook).
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = RewardAgentLoopWorkerActor  # after super(): it sets verl's
         from async_reward.v1.pipelined_config import is_pipelined_mode

@@ -332,6 +332,9 @@ def check_decoupled_mode_against_verl(config: DecoupledModeConfig, verl_config: 
     Raises:
         ConfigError: naming the setting, why, and what to change.
     """
+    from async_reward.pipeline.trainer_config import check_judge_placement
+
+    check_judge_placement(verl_config, "trainer_mode=decoupled")  # a judge on the training GPUs
     if _select(verl_config, f"{SEPARATE_ASYNC_PATH}.hybrid_rollout.enable_switch"):
         raise ConfigError(
             f"{SEPARATE_ASYNC_PATH}.hybrid_rollout.enable_switch=true is not run by trainer_mode=decoupled: "

@@ -79,12 +79,9 @@ def v1_integration_problem(verl_config: DictConfig) -> str | None:
     trainer = verl_config.get("trainer") or {}
     if not trainer.get("use_v1", False):
         return "trainer.use_v1 is false: this is verl's legacy trainer, not v1"
-    reward_model = (verl_config.get("reward") or {}).get("reward_model") or {}
-    if reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False):
-        return (
-            "reward.reward_model.enable without enable_resource_pool: verl v1 scores after sampling "
-            "(colocated reward model), not in the agent loop, so groups cannot be post-processed there"
-        )
+    # A judge on the training GPUs (reward.reward_model.enable without enable_resource_pool): verl v1
+    # scores each sampled mini-batch after generation, where the setup hook's step
+    # (async_reward.judge_in_job.colocate) post-processes groups and honours exclude.
     agent = ((verl_config.get("actor_rollout_ref") or {}).get("rollout") or {}).get("agent") or {}
     manager = agent.get("agent_loop_manager_class")
     if not manager:

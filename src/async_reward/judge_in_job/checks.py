@@ -1,0 +1,109 @@
+"""``llm_judge``'s settings when it judges with the model verl serves in the job (router mode).
+
+The whole configuration is verl's keys plus the manager's name::
+
+    reward.reward_manager.name=llm_judge reward.reward_model.enable=true
+    reward.reward_model.model_path=<judge> (reward.reward_model.rollout.*, placement keys)
+
+:func:`apply_in_job_judge` refuses what contradicts that (a second judge, a key for a server that
+takes none, a model name the replicas do not answer to, a discriminative model) and fills in the
+defaults that follow from the served judge, where the user wrote nothing:
+
+* ``retry.max_attempts`` 2 and ``retry.initial_backoff_s`` 1 s: verl's router already makes up to 3
+  attempts on one replica (2 s then 4 s apart) for a connection that fails or drops, so ours multiply
+  with it; 2 of ours (the second one goes through the router's least-loaded pick again, usually
+  another replica) bound a sample at 6 replica attempts instead of 12, and no retry storm hits a
+  replica that is restarting;
+* ``limits.max_concurrency``: the replicas' capacity split over the reward workers
+  (:func:`~async_reward.judge_in_job.settings.judge_capacity`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from async_reward._config_rules import bad_value, select_key
+from async_reward.config import CONFIG_PATH, AsyncRewardConfig
+from async_reward.errors import ConfigError
+from async_reward.judge_in_job.settings import (
+    discriminative_architecture,
+    judge_capacity,
+    served_model_name,
+    was_set,
+)
+
+__all__ = ["ROUTER_RETRY_ATTEMPTS", "ROUTER_RETRY_BACKOFF_S", "apply_in_job_judge"]
+
+#: ``retry.max_attempts`` in router mode unless set (see the module docstring).
+ROUTER_RETRY_ATTEMPTS = 2
+#: ``retry.initial_backoff_s`` in router mode unless set.
+ROUTER_RETRY_BACKOFF_S = 1.0
+_JUDGE = f"{CONFIG_PATH}.judge"
+
+
+def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardConfig:
+    """``settings`` for ``llm_judge`` with ``reward.reward_model.enable``: conflicts refused, the
+    served judge's defaults filled in (a new object; ``settings`` is not changed).
+
+    Raises:
+        ConfigError: naming the keys and the fix.
+    """
+    judge = settings.judge
+    if judge.base_url:
+        raise bad_value(
+            f"{_JUDGE}.base_url",
+            judge.base_url,
+            "names a judge server while reward.reward_model.enable=true serves one in the job: llm_judge "
+            "would have two judges",
+            f"remove {_JUDGE}.base_url to judge with the model verl serves (reward.reward_model."
+            "model_path), or set reward.reward_model.enable=false to judge with your server",
+        )
+    if judge.api_key_env:
+        raise bad_value(
+            f"{_JUDGE}.api_key_env",
+            judge.api_key_env,
+            "names an API key, but the judge verl serves in the job (reward.reward_model.enable=true) "
+            "takes none, and the key would be sent to it",
+            f"remove {_JUDGE}.api_key_env",
+        )
+    served = served_model_name(config)
+    if served is None:
+        raise ConfigError(
+            "reward.reward_model.model_path is required with reward.reward_model.enable=true (not set): it "
+            "is the judge model verl serves and llm_judge asks; set reward.reward_model.model_path=<judge>",
+            key="reward.reward_model.model_path",
+            fix="set reward.reward_model.model_path=<judge model>",
+        )
+    if was_set(config, f"{_JUDGE}.model") and judge.model != served:
+        raise bad_value(
+            f"{_JUDGE}.model",
+            judge.model,
+            f"is not the name the served judge answers to ({served!r}, from reward.reward_model."
+            "model_path): every request would be refused",
+            f"remove {_JUDGE}.model (llm_judge sends the served name), or serve the model you mean",
+        )
+    architecture = discriminative_architecture(config)
+    if architecture is not None:
+        raise bad_value(
+            "reward.reward_model.model_path",
+            select_key(config, "reward.reward_model.model_path"),
+            f"is a discriminative reward model ({architecture}): it scores through /classify and cannot "
+            "write the verdict llm_judge reads",
+            "serve a generative (chat) model as the judge, or keep this one with verl's own manager "
+            "(reward.reward_manager.name=naive and no custom_reward_function, verl's /classify path)",
+        )
+    retry = settings.retry
+    if not was_set(config, f"{CONFIG_PATH}.retry.max_attempts"):
+        retry = replace(retry, max_attempts=ROUTER_RETRY_ATTEMPTS)
+    if (
+        not was_set(config, f"{CONFIG_PATH}.retry.initial_backoff_s")
+        and retry.max_backoff_s >= ROUTER_RETRY_BACKOFF_S
+    ):
+        retry = replace(retry, initial_backoff_s=max(retry.initial_backoff_s, ROUTER_RETRY_BACKOFF_S))
+    limits = settings.limits
+    if not (
+        was_set(config, f"{CONFIG_PATH}.limits.max_concurrency") or was_set(config, "reward.max_concurrent")
+    ):
+        limits = replace(limits, max_concurrency=judge_capacity(config).per_worker)
+    return replace(settings, judge=replace(judge, model=served), retry=retry, limits=limits)
