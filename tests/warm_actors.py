@@ -94,6 +94,8 @@ class WarmActors:
         self._idle: dict[tuple[type, str], list[Any]] = defaultdict(list)
         self._classes: dict[type, Any] = {}
         self._slot_of: dict[Any, tuple[type, str]] = {}
+        self._names: dict[Any, str] = {}
+        """Actor names (verl names its reward workers ``reward_loop_worker_{i}``), by handle."""
         self.enabled = True
         self.started: Counter[str] = Counter()
         """Actors built, by class name."""
@@ -113,14 +115,22 @@ class WarmActors:
                 ray.get(handle._warm_reinit.remote(*args))
             except Exception as exc:  # the fresh actor below fails the way verl's would
                 logger.info("warm %s refused its new config (%s): building a fresh one", cls.__name__, exc)
-                _kill(handle)
+                _kill(handle, self._names.get(handle))
                 break
             self.reused[cls.__name__] += 1
             self._slot_of[handle] = key
             return handle
+        name = options.get("name")
+        if name is not None:  # a warm actor of another class may hold the name: free it first
+            for idle in self._idle.values():
+                for held in [handle for handle in idle if self._names.get(handle) == name]:
+                    idle.remove(held)
+                    _kill(held, name)
         if cls not in self._classes:
             self._classes[cls] = _reusable(cls)
         handle = self._classes[cls].options(**options).remote(*args)
+        if name is not None:
+            self._names[handle] = name
         self.started[cls.__name__] += 1
         self._slot_of[handle] = key
         return handle
@@ -134,12 +144,12 @@ class WarmActors:
                 continue  # handed back already (a manager shut down twice)
             key = self._slot_of.pop(handle, None)
             if key is None or not self.enabled:
-                _kill(handle)
+                _kill(handle, self._names.get(handle))
                 continue
             try:
                 ray.get(handle._warm_quiesce.remote(), timeout=_PING_TIMEOUT_S)
             except Exception:  # dead, or stuck: never reused
-                _kill(handle)
+                _kill(handle, self._names.get(handle))
                 continue
             self._idle[key].append(handle)
 
@@ -151,11 +161,18 @@ class WarmActors:
         self._idle.clear()
 
 
-def _kill(handle: Any) -> None:
+def _kill(handle: Any, name: str | None = None) -> None:
+    """Kill an actor and return once it is gone and its ``name`` (if any) is free to take again."""
     with contextlib.suppress(Exception):
         ray.kill(handle, no_restart=True)
     deadline = time.monotonic() + _PING_TIMEOUT_S
     while time.monotonic() < deadline and _alive_quick(handle):
+        time.sleep(0.05)
+    while name is not None and time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return
         time.sleep(0.05)
 
 
