@@ -23,6 +23,7 @@ from verl import DataProto
 from async_reward.managers.base import RewardScoringError  # noqa: F401  (documented error type)
 from async_reward.pipeline import PipelinedRewardLoopManager, RewardChunkTimeout, Ticket, TicketError
 from async_reward.pipeline.worker import PipelineRewardWorker
+from tests.warm_actors import fresh_workers
 
 GOOD = {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"}
 BAD = {"prompt": "What is 2+3?", "response": "The answer is 7", "ground_truth": "5"}
@@ -378,8 +379,9 @@ def test_close_kills_actors_and_rejects_use(
     server.update_config(latency_ms=[5000.0, 5000.0])
     ticket = pipeline.submit(batch_factory(judge_rows([2])))
     handles = pipeline.worker_handles
-    pipeline.close()
-    pipeline.close()  # idempotent
+    with fresh_workers():  # our close and kill_workers, not the harness's hand-back to its warm pool
+        pipeline.close()
+        pipeline.close()  # idempotent
     for handle in handles:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(handle.stats.remote(), timeout=30)

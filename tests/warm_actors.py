@@ -16,11 +16,13 @@ Where reuse could change what a test sees, it does not happen:
 * an actor that died (a test killed it) is dropped, never handed out;
 * a reward worker keeps its name (verl names them ``reward_loop_worker_{i}``): a warm one is reused
   only for its own name, and freed before a fresh one takes the name;
-* :func:`fresh_workers` turns reuse off for a block of code (a test about worker start-up itself).
+* :func:`fresh_workers` turns reuse off for a block of code: a test about worker start-up or about
+  our own ``kill_workers`` runs the real thing there.
 
 Installed for the whole session by ``tests/conftest.py`` (``ray_cluster``), by wrapping
-``RewardLoopManager._init_reward_loop_workers`` and ``AgentLoopManager._init_agent_loop_workers`` in
-the pytest process only: Ray workers and subprocesses run verl unchanged.
+``RewardLoopManager._init_reward_loop_workers`` and ``AgentLoopManager._init_agent_loop_workers``, and
+our ``PipelinedRewardLoopManager``'s ``start_workers`` / ``kill_workers``, in the pytest process only:
+Ray workers and subprocesses run verl and our code unchanged.
 """
 
 from __future__ import annotations
@@ -239,3 +241,63 @@ def install() -> None:
     init_reward_loop_workers._warm = True  # type: ignore[attr-defined]
     RewardLoopManager._init_reward_loop_workers = init_reward_loop_workers  # type: ignore[method-assign]
     AgentLoopManager._init_agent_loop_workers = init_agent_loop_workers  # type: ignore[method-assign]
+    _install_pipeline_workers()
+
+
+def _install_pipeline_workers() -> None:
+    """The same for our legacy ``PipelinedRewardLoopManager``'s ``PipelineRewardWorker`` actors: its
+    ``start_workers`` takes warm ones (by index; a reused actor keeps the name it was built with, which
+    only logs show) and its ``kill_workers`` hands them back."""
+    from async_reward.pipeline import dispatch, manager, pool
+
+    original_start, original_kill = pool.start_workers, pool.kill_workers
+
+    def start_workers(
+        config: Any,
+        count: int,
+        *,
+        name_prefix: str,
+        max_concurrency: int | None,
+        options: dict[str, Any] | None,
+        ready_timeout_s: float,
+        reward_router_address: str | None = None,
+    ) -> list[Any]:
+        if options or not WARM.enabled:  # a caller's own actor options: built as it asked, never reused
+            return original_start(
+                config,
+                count,
+                name_prefix=name_prefix,
+                max_concurrency=max_concurrency,
+                options=options,
+                ready_timeout_s=ready_timeout_s,
+                reward_router_address=reward_router_address,
+            )
+        workers = []
+        for i in range(count):
+            label = f"{name_prefix}_{i}"
+            handle = WARM.acquire(
+                pool.PipelineRewardWorker,
+                slot=str(i),
+                options={"name": label, "max_concurrency": 64},
+                args=(config, max_concurrency, reward_router_address),
+            )
+            workers.append(pool.WorkerRef(label=label, handle=handle))
+        try:
+            replies = ray.get([w.handle.ready.remote() for w in workers], timeout=ready_timeout_s)
+        except BaseException:
+            kill_workers(workers)
+            raise
+        for worker, reply in zip(workers, replies, strict=True):
+            worker.capacity = int(reply["capacity"])
+        return workers
+
+    def kill_workers(workers: list[Any], wait_s: float = 30.0) -> None:
+        if not WARM.enabled:  # our own kill, as a test of it needs
+            original_kill(workers, wait_s)
+            return
+        for worker in workers:
+            worker.alive = False
+        release([worker.handle for worker in workers])
+
+    manager.start_workers = start_workers  # type: ignore[assignment]
+    dispatch.kill_workers = kill_workers  # type: ignore[assignment]
