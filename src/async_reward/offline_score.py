@@ -335,8 +335,13 @@ async def _score_rows(
     async def wait_for_one() -> None:
         finished, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
         in_flight.difference_update(finished)
-        for task in finished:
-            task.result()  # on_failure=raise (or a bug) stops the run here
+        # Every finished task's outcome is read before the first failure stops the run (on_failure=
+        # raise, or a bug): a failure left unread would be logged at exit as "Task exception was
+        # never retrieved", a second report of a row the output already accounts for.
+        outcomes = [asyncio.CancelledError() if task.cancelled() else task.exception() for task in finished]
+        for error in outcomes:
+            if error is not None:
+                raise error
 
     started = time.monotonic()
     task = asyncio.current_task()
