@@ -41,7 +41,7 @@ test: $(STAMP)
 # fails an unmarked one) and `slow` (a learning run, a large sweep), and runs each property test on at
 # most 25 examples instead of 300-400. `make test` runs everything, at full strength.
 test-fast: $(STAMP)
-	ASYNC_REWARD_TEST_EXAMPLES=25 $(BIN)/python -m pytest -q -m "not ray and not subprocess and not slow" $(PYTEST_ARGS)
+	ASYNC_REWARD_TEST_EXAMPLES=25 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray and not subprocess and not slow" $(PYTEST_ARGS)
 
 test-verl:
 	@test -n "$(VERL_SRC)" || { echo "usage: make test-verl VERL_SRC=/path/to/verl/checkout [VERL_VENV=dir]"; exit 2; }

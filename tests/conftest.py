@@ -3,6 +3,8 @@ and the local judge/reward server on loopback."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -174,13 +176,20 @@ def batch_factory(tokenizer: Any) -> Callable[..., Any]:
 
 
 def compose_verl_config(overrides: list[str] | None = None) -> DictConfig:
-    """verl's real ``ppo_trainer`` config, composed by hydra as ``main_ppo`` would."""
+    """verl's real ``ppo_trainer`` config, composed by hydra as ``main_ppo`` would (a copy of the one
+    composed for the same overrides earlier in the process: composing costs a quarter of a second,
+    copying a fiftieth, and tests change the config they get)."""
+    return copy.deepcopy(_composed(tuple(overrides or ())))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides or [])
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
@@ -445,7 +446,11 @@ def test_our_modes_settings_are_refused_under_a_trainer_that_ignores_them(
     from async_reward.checks import apply_legacy_and_check
 
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
-    config = compose_verl_config(["reward.reward_manager.name=llm_judge", judge, *trainer_lines, setting])
+    # verl's config for the trainer lines, then the setting as hydra's "+key=value" adds it
+    config = compose_verl_config(["reward.reward_manager.name=llm_judge", judge, *trainer_lines])
+    path, value = setting.removeprefix("+").split("=")
+    with open_dict(config):
+        OmegaConf.update(config, path, yaml.safe_load(value), force_add=True)
     builds = [apply_legacy_and_check]
     if "trainer.use_v1=false" not in trainer_lines:
         builds.append(prepare_v1_config)
