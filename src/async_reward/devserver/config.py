@@ -41,6 +41,7 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "unescaped_json",
     "honour_max_tokens",
     "api_key",
+    "hold",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -102,6 +103,11 @@ class DevServerConfig:
     honour_max_tokens: bool = True
     """Cut each reply after the request's ``max_tokens`` words (thinking first) and answer
     ``finish_reason: length``, as servers do; off: replies are never cut (``stop``)."""
+    hold: bool = False
+    """While on, no service request is answered: each one, after its latency (and holding its capacity
+    slot), waits until ``hold`` goes off, counted in ``in_flight_total`` and ``held``; one whose client
+    gives up meanwhile leaves. A gate for tests: "the judge has answered nothing yet" becomes a fact
+    the test controls, not a race against a latency (``update_config(hold=False)`` releases them all)."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -155,7 +161,7 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ValueError("fault_rates must be an object of kind -> rate")
         return {str(kind): float(rate) for kind, rate in value.items()}
-    if key in ("think", "echo_response", "unescaped_json", "honour_max_tokens") and not isinstance(
+    if key in ("think", "echo_response", "unescaped_json", "honour_max_tokens", "hold") and not isinstance(
         value, bool
     ):
         raise ValueError(f"{key} must be true or false")
@@ -174,6 +180,7 @@ class ServerStats:
     def __init__(self) -> None:
         self.in_flight = 0  # holding a capacity slot: what tests compare with ``capacity``
         self.in_flight_total = 0  # every service request inside the server: queued, served, hanging
+        self.held = 0  # service requests waiting, answer ready, for ``hold`` to go off
         self.reset()
 
     def reset(self) -> None:
@@ -196,6 +203,7 @@ class ServerStats:
             "overflow_rejected": self.overflow_rejected,
             "in_flight": self.in_flight,
             "in_flight_total": self.in_flight_total,
+            "held": self.held,
             "max_in_flight": self.max_in_flight,
             "max_in_flight_total": self.max_in_flight_total,
             "request_times": list(self.request_times),

@@ -6,6 +6,7 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 
 * ``latency_ms``, ``capacity`` and ``overflow`` model a slow, bounded service;
 * ``fault_rates`` inject seeded random faults (reproducible runs);
+* ``hold`` keeps every answer back until it goes off: a test's gate for "nothing answered yet";
 * ``judge_style``, ``fixed_verdict`` and ``structured_output`` make it an adversary's judge (one
   that quotes the response after its verdict) and a server with or without ``response_format``;
   ``unescaped_json`` a judge that pastes the response unescaped into its JSON verdict;
@@ -82,6 +83,9 @@ class DevServer:
         self.host, self.port = host, port
         self._rng = random.Random(self.config.seed)
         self._slots = self._make_slots(self.config.capacity)
+        self._released = asyncio.Event()  # set while ``hold`` is off
+        if not self.config.hold:
+            self._released.set()
         self._stats = ServerStats()
         self._marker_counts: Counter[str] = Counter()
         self._completion_ids = itertools.count(1)
@@ -176,6 +180,10 @@ class DevServer:
         new.validate()
         if new.capacity != self.config.capacity:
             self._slots = self._make_slots(new.capacity)
+        if new.hold:
+            self._released.clear()
+        else:
+            self._released.set()  # every held request goes on to its answer
         self.config = new
         return new
 
@@ -261,6 +269,8 @@ class DevServer:
         async with slots if slots is not None else contextlib.nullcontext():
             with self._holding_slot():
                 await asyncio.sleep(delay_s)
+                if not await self._wait_for_release(request):
+                    return None
                 if fault is not None:
                     # Faults are served like any request (slot and latency), as a failing backend is.
                     self._stats.faults_injected[fault] += 1
@@ -279,6 +289,25 @@ class DevServer:
             yield
         finally:
             stats.in_flight -= 1
+
+    async def _wait_for_release(self, request: web.Request) -> bool:
+        """Wait while ``hold`` is on; False when the client gave up meanwhile (nothing to answer).
+
+        Polling the transport, as ``_hang`` does, lets an abandoned request leave ``in_flight_total``
+        instead of being counted as held until the release."""
+        if self._released.is_set():
+            return True
+        stats = self._stats
+        stats.held += 1
+        try:
+            while not self._released.is_set():
+                if request.transport is None or request.transport.is_closing():
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), _HANG_POLL_S)
+            return True
+        finally:
+            stats.held -= 1
 
     def _too_many(self, why: str) -> web.Response:
         retry_after = self.config.retry_after_s
