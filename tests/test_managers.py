@@ -51,6 +51,29 @@ async def until_the_server_has(server: Any, requests: int, timeout_s: float = 60
         await asyncio.sleep(0.01)
 
 
+async def admitted_in_turn(
+    manager: Any, requests: list[Any], timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
+    """``manager.run_single`` of each request, every one queued behind a slot the test holds.
+
+    With ``max_concurrency: 1`` the test takes the only slot itself, then sends the requests one at a
+    time, each only once the one before it waits for admission (``admission.waiting``), and frees
+    the slot when all wait: the order they are admitted in is then decided by the priority code
+    alone, not by a sleep between arrivals racing a holder's timer (a stall there once let the holder
+    finish before the last arrival).
+    """
+    loop = asyncio.get_running_loop()
+    tasks = []
+    async with manager.admission.admit():
+        for queued, request in enumerate(requests, 1):
+            tasks.append(asyncio.create_task(manager.run_single(request)))
+            deadline = loop.time() + timeout_s
+            while manager.admission.waiting < queued:
+                assert loop.time() < deadline, f"request {queued} never queued for admission"
+                await asyncio.sleep(0.001)
+    return list(await asyncio.gather(*tasks))
+
+
 # ----------------------------------------------------------------------------- judge basics
 
 
@@ -702,7 +725,7 @@ async def test_samples_of_an_earlier_training_step_are_admitted_first(
     tmp_path, verl_config_factory, tokenizer, batch_factory
 ):
     """One slot; step 3's samples queue before step 2's arrive (verl's v1 agent loop stamps each
-    sample with its batch's ``global_steps``): every freed slot goes to step 2 first, so the batch the
+    sample with its batch's ``global_steps``): the freed slot goes to step 2 first, so the batch the
     trainer waits for is not delayed by the next one's requests."""
     import numpy as np
 
@@ -718,14 +741,11 @@ async def test_samples_of_an_earlier_training_step_are_admitted_first(
     responses = ["s3 a", "s3 b", "s3 c", "s2 a", "s2 b"]
     batch = batch_factory([{"response": r, "ground_truth": "1"} for r in responses])
     batch.non_tensor_batch["global_steps"] = np.array([3, 3, 3, 2, 2], dtype=object)
-    tasks = []
-    for i in range(len(batch)):
-        tasks.append(asyncio.create_task(manager.run_single(batch[i : i + 1])))
-        await asyncio.sleep(0.005)  # arrival order: all of step 3, then step 2
-    outputs = await asyncio.gather(*tasks)
+    # Arrival order: all of step 3, then step 2, each queued behind the slot the test holds.
+    outputs = await admitted_in_turn(manager, [batch[i : i + 1] for i in range(len(batch))])
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
-    assert sorted(started, key=started.__getitem__) == ["s3 a", "s2 a", "s2 b", "s3 b", "s3 c"]
+    assert sorted(started, key=started.__getitem__) == ["s2 a", "s2 b", "s3 a", "s3 b", "s3 c"]
 
 
 # ----------------------------------------------------------------------------- token budget

@@ -30,7 +30,7 @@ from async_reward.v1.reward_failover import (
     RewardWorkersLost,
     SessionKillsRewardWorkers,
 )
-from tests.test_managers import ORDER_RECORDING_FUNCTION, write_module
+from tests.test_managers import ORDER_RECORDING_FUNCTION, admitted_in_turn, write_module
 from tests.test_v1_reward_routing import RecordingRewardWorker, agent_loop_worker, session
 
 # ----------------------------------------------------------------------------- units, no Ray
@@ -297,14 +297,11 @@ async def test_samples_generated_by_older_weights_are_admitted_first(
             "extra_info": {"index": i},
         }
         await worker._compute_score([output], kwargs)
-    tasks = []
-    for request in capture.compute_score.requests:
-        tasks.append(asyncio.create_task(manager.run_single(request)))
-        await asyncio.sleep(0.005)  # arrival order: the newer generation first
-    outputs = await asyncio.gather(*tasks)
+    # Arrival order: the newer generation first, each queued behind the slot the test holds.
+    outputs = await admitted_in_turn(manager, capture.compute_score.requests)
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
-    assert sorted(started, key=started.__getitem__) == ["new a", "old a", "old b", "new b", "new c"]
+    assert sorted(started, key=started.__getitem__) == ["old a", "old b", "new a", "new b", "new c"]
 
 
 # ----------------------------------------------------------------------------- verl's separate_async
