@@ -373,12 +373,44 @@ async def test_a_held_request_whose_client_gives_up_leaves(
     assert server.stats["held"] == 0 and server.stats["responses_by_status"] == {}
 
 
-async def test_hold_is_a_runtime_switch_of_true_or_false(
+async def test_a_hold_of_n_answers_the_next_n_requests_then_holds_the_rest(
     server: DevServer, session: aiohttp.ClientSession
 ) -> None:
-    async with session.post(server.url + "/admin/config", json={"hold": "yes"}) as resp:
-        assert resp.status == 400
-        assert "hold must be true or false" in (await resp.json())["error"]["message"]
+    """``hold: n`` lets n answers through and holds the later ones; set again, it counts from then and
+    releases the oldest held first: a test can let exactly the answers it needs through."""
+
+    async def score(i: int) -> float:
+        async with session.post(
+            server.url + "/score", json={"response": str(i), "ground_truth": "2"}
+        ) as resp:
+            assert resp.status == 200
+            return (await resp.json())["score"]
+
+    server.update_config(hold=2)
+    assert [await score(i) for i in (1, 2)] == [0.0, 1.0]  # the two let through, one after the other
+    held = []
+    for i in (3, 4):  # each held before the next is sent: held in this order
+        held.append(asyncio.ensure_future(score(i)))
+        await _wait_until(lambda i=i: server.stats["held"] == i - 2)
+    server.update_config(latency_ms=[0.0, 0.0])  # another knob leaves the hold as it is
+    assert server.stats["held"] == 2
+    server.update_config(hold=1)  # one more: the oldest held
+    await asyncio.wait_for(held[0], 30)
+    assert server.stats["held"] == 1 and not held[1].done()
+    server.update_config(hold=False)
+    await asyncio.wait_for(held[1], 30)
+    assert server.stats["held"] == 0 and server.stats["responses_by_status"] == {"200": 4}
+
+
+async def test_hold_is_a_runtime_switch_of_true_false_or_a_count(
+    server: DevServer, session: aiohttp.ClientSession
+) -> None:
+    for wrong in ("yes", -1, 1.5):
+        async with session.post(server.url + "/admin/config", json={"hold": wrong}) as resp:
+            assert resp.status == 400
+            assert "hold must be true, false or an integer >= 0" in (await resp.json())["error"]["message"]
+    with pytest.raises(ValueError, match="hold must be"):
+        DevServerConfig(hold=-2).validate()
     async with session.post(server.url + "/admin/config", json={"hold": True}) as resp:
         assert resp.status == 200 and (await resp.json())["hold"] is True
     held = asyncio.ensure_future(session.post(server.url + "/score", json={"response": "1"}))

@@ -32,6 +32,7 @@ from async_reward.v1.reward_failover import (
 )
 from tests.test_managers import ORDER_RECORDING_FUNCTION, admitted_in_turn, write_module
 from tests.test_v1_reward_routing import RecordingRewardWorker, agent_loop_worker, session
+from tests.v1_standins import kill_and_wait
 
 # ----------------------------------------------------------------------------- units, no Ray
 
@@ -308,8 +309,15 @@ async def test_samples_generated_by_older_weights_are_admitted_first(
 
 
 class RewardWorkerKiller(threading.Thread):
-    """Kills verl's reward workers ``names`` once the judge server holds ``in_flight`` requests (so
-    sessions wait on the judge through them), then lets the judge answer at once again."""
+    """Kills verl's reward workers ``names`` while the judge holds ``in_flight`` requests, then
+    releases the judge.
+
+    The judge is held (``hold``) from :meth:`start` on, so the sessions sent to it wait there however
+    fast or slow the machine is. With ``in_flight`` >= 2 held from our one agent-loop worker, at
+    least one went through worker 0 (it picks the reward worker with the fewest of its sessions in
+    flight), so that worker dies with a session on it: a fact, not a race of the kill against a
+    latency. The kill is waited for (``kill_and_wait``) before the release, so the sessions on a
+    killed worker fail over instead of being answered."""
 
     def __init__(self, server: Any, names: list[str], in_flight: int, timeout_s: float = 280.0) -> None:
         super().__init__(daemon=True)
@@ -317,31 +325,35 @@ class RewardWorkerKiller(threading.Thread):
         self.killed: list[str] = []  # the killed actors' ids
         self.stop = threading.Event()
 
+    def start(self) -> None:
+        self.server.update_config(hold=True)
+        super().start()
+
     def run(self) -> None:
         import ray
 
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            if self.server.stats()["in_flight_total"] >= self.in_flight:
-                for name in self.names:
-                    handle = ray.get_actor(name)
-                    ray.kill(handle, no_restart=True)
-                    self.killed.append(handle._actor_id.hex())
-                self.server.update_config(latency_ms=(0.0, 0.0))
-                return
-            time.sleep(0.02)
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline and not self.stop.is_set():
+                if self.server.stats()["held"] >= self.in_flight:
+                    handles = [ray.get_actor(name) for name in self.names]
+                    kill_and_wait(handles)
+                    self.killed = [handle._actor_id.hex() for handle in handles]
+                    return
+                time.sleep(0.02)
+        finally:
+            self.server.update_config(hold=False)  # also when never reached: the run goes on and fails
 
 
 def _train_while_killing(
     tmp_path: Path, model_dir: Path, rollout: Any, server: Any, names: list[str], in_flight: int
 ) -> tuple[Any, RewardWorkerKiller]:
     """verl's ``separate_async`` (two steps of two mini-batches) with our judge manager in two reward
-    workers, the judge holding each request 0.6 s until ``names`` are killed."""
+    workers, the judge holding every request until ``names`` are killed."""
     from tests.test_v1 import FAST_RETRY
     from tests.test_v1_separate_async import ROWS, train_separate_async
 
     script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
-    server.update_config(latency_ms=(600.0, 600.0))
     killer = RewardWorkerKiller(server, names, in_flight)
     killer.start()
     try:
