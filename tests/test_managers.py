@@ -74,6 +74,14 @@ async def admitted_in_turn(
     return list(await asyncio.gather(*tasks))
 
 
+async def until_the_server_holds(server: Any, requests: int, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until the judge server holds ``requests`` requests (its ``hold`` is on)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while server.stats()["held"] < requests:
+        assert asyncio.get_running_loop().time() < deadline, f"the server holds {server.stats()['held']}"
+        await asyncio.sleep(0.01)
+
+
 # ----------------------------------------------------------------------------- judge basics
 
 
@@ -238,13 +246,21 @@ async def test_out_of_range_verdict_is_invalid(server, verl_config_factory, toke
 
 
 async def test_concurrency_cap_is_never_exceeded(server, verl_config_factory, tokenizer, batch_factory):
-    server.update_config(latency_ms=[30.0, 60.0])
+    # The judge holds the first answers until 4 calls wait there: saturation is then a fact, not a
+    # race of the 4th call's arrival against the 1st one's latency; a cap that let more through would
+    # have them all at the judge too.
+    server.update_config(latency_ms=[30.0, 60.0], hold=True)
     settings = judge_settings(server, limits={"max_concurrency": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     rows = [{"response": f"The answer is {i}", "ground_truth": str(i)} for i in range(40)]
-    outputs = await score_rows(manager, batch_factory, rows)
+    scoring = asyncio.ensure_future(score_rows(manager, batch_factory, rows))
+    await until_the_server_holds(server, 4)
+    assert manager.admission.in_flight == 4 and manager.admission.waiting == 36
+    server.update_config(hold=False)
+    outputs = await scoring
     stats = server.stats()
-    assert stats["max_in_flight"] == 4  # saturated, never above
+    assert stats["max_in_flight"] == stats["max_in_flight_total"] == 4  # saturated, never above
+    assert manager.admission.max_in_flight == 4
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
 
 
@@ -335,7 +351,8 @@ async def test_user_function_results_and_failures(tmp_path, verl_config_factory,
 
 async def test_async_user_function_deadline(tmp_path, verl_config_factory, tokenizer, batch_factory):
     path = write_module(tmp_path, USER_FUNCTIONS)
-    settings = {"timeout_s": 0.3, "retry": {"max_attempts": 1}}
+    # 5 s: the quick call (0.01 s) cannot miss it on a loaded machine; the slow one (30 s) cannot meet it.
+    settings = {"timeout_s": 5.0, "retry": {"max_attempts": 1}}
     config = verl_config_factory(
         "async_naive", settings, custom_reward_function={"path": path, "name": "async_score"}
     )
@@ -614,7 +631,8 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     server, verl_config_factory, tokenizer, batch_factory
 ):
     """A judge call nobody waits for any more must not keep retrying (and spending) in the background."""
-    settings = judge_settings(server, timeout_s=5.0, retry={"max_attempts": 4})
+    # 60 s: the cancellation below always comes within the first attempt, so no retry can be due.
+    settings = judge_settings(server, timeout_s=60.0, retry={"max_attempts": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     batch = batch_factory([{"response": "@@fault:hang@@ 5", "ground_truth": "5"}] * 2)
     callers = [asyncio.create_task(manager.run_single(batch[i : i + 1])) for i in range(2)]
@@ -623,8 +641,8 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     for caller in callers:
         caller.cancel()
     await asyncio.gather(*callers, return_exceptions=True)
-    # The shared call itself is cancelled (not left to time out and retry 3 more times, 20 s): no retry
-    # can follow, whatever the machine's speed.
+    # The shared call itself is cancelled (not left to time out and retry 3 more times, 240 s): no
+    # retry can follow, whatever the machine's speed.
     await asyncio.wait([shared], timeout=30)
     assert shared.cancelled()
     assert chat_requests(server) == 1
@@ -637,13 +655,14 @@ async def test_a_request_arriving_while_its_shared_call_is_cancelled_gets_its_ow
     """The pipeline cancels a ticket's samples and starts the next ticket's in the same loop turn: an
     identical request must not join the call being cancelled (it failed as ``error``, blamed on the
     scoring code)."""
-    server.update_config(latency_ms=[300.0, 300.0])
+    server.update_config(hold=True)  # the first call is answered only after it was cancelled
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
     batch = batch_factory([{"response": "same answer 5", "ground_truth": "5"}] * 2)
     leaving = asyncio.create_task(manager.run_single(batch[0:1]))
-    await until_the_server_has(server, 1)  # its call is being served
+    await until_the_server_holds(server, 1)  # its call is being served
     leaving.cancel()
     await asyncio.sleep(0)  # the same loop turn as the cancellation
+    server.update_config(hold=False)  # a call into the judge's thread: no turn of this loop passes
     output = await manager.run_single(batch[1:2])
     assert output["reward_extra_info"]["status"] == "ok", output["reward_extra_info"]
     assert leaving.cancelled()
