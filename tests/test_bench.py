@@ -1,9 +1,9 @@
 """The pipeline speedup benchmark end to end, shrunk (real Ray workers, our and verl's reward workers,
 real ``llm_judge`` over HTTP, calibrated waits, verl's own v1 trainer code), plus its pure parts. No
-tight speed asserts: only that every strategy ran, wrote sane numbers and pictures, that pipelining
-blocked less and showed its structure (which holds at any load), and that a broken judge or a
-disabled pipeline fails the quick verdict through the path ``make bench`` takes, the latter under a
-CPU hog."""
+speed asserts and no comparison of two measured times: only that every strategy ran, wrote sane
+numbers and pictures, that pipelining showed its structure (counts and orders that hold at any
+load), and that a broken judge or a disabled pipeline fails the quick verdict through the path
+``make bench`` takes, the latter under a CPU hog."""
 
 from __future__ import annotations
 
@@ -132,9 +132,9 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     assert 0 <= strategies["v1_sync"]["scored_during_rollout"] <= 1
     # No comparison of two measured times here (a loaded machine flipped baseline's reward-blocked
     # time against both's): that pipelining blocks less is asserted through its structure below
-    # (both waits 4 times a step for a chunk, each update starting before its batch is scored;
-    # baseline once, after the whole batch), which holds at any load; the speed-up is the
-    # benchmark's own verdict, which calls itself inconclusive on a busy machine.
+    # (both waits 4 times a step for a chunk and updates after each; baseline once, after the whole
+    # batch), which holds at any load; the speed-up is the benchmark's own verdict, which calls
+    # itself inconclusive on a busy machine.
     verdict = regime["verdict"]
     assert verdict["outcome"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert set(verdict["checks"]) == {
@@ -147,13 +147,21 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
         *STRUCTURAL,
     }
     assert verdict["checks"]["rewards_ok"]["ok"]  # the v1 rows are not judged, ours all scored ok
-    # The structural checks hold at any machine load, so a working pipeline passes them here too.
-    assert all(verdict["checks"][name]["ok"] for name in STRUCTURAL), verdict["checks"]
-    overlapping = verdict["checks"]["updates_overlap_scoring"]["strategies"]
-    assert overlapping == ["mini_batch", "both", "recipe_style"]
+    # Of the structural checks, only the causal parts are asserted on this live run: the staleness
+    # each schedule makes, and the mini-batch strategies' counts (4 reward waits and 4 updates a
+    # step). The leads and the wait share are measured times (a starved CPU can stretch one step's
+    # prepare past its scoring, or baseline's share below 1): the checks built on them are tested on
+    # recorded step events (test_bench_verdict.py, test_schedule_facts_... below), and that an update
+    # starts while its batch is still being scored is proven with the judge held (test_trainer.py).
+    checks = verdict["checks"]
+    assert checks["staleness_by_schedule"]["ok"], checks["staleness_by_schedule"]
+    overlapping = checks["updates_overlap_scoring"]
+    assert overlapping["strategies"] == ["mini_batch", "both", "recipe_style"]
+    assert (overlapping["mini_batches"], overlapping["wrong_counts"]) == (4, {}), overlapping
     assert strategies["both"]["reward_waits_per_step"] == [4, 4, 4]
     assert strategies["baseline"]["reward_waits_per_step"] == [1, 1, 1]
-    assert max(strategies["baseline"]["update_lead_s"]) < 0 < min(strategies["mini_batch"]["update_lead_s"])
+    # By causality, not timing: baseline updates only after its last chunk, so after its last reward.
+    assert max(strategies["baseline"]["update_lead_s"]) < 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0].startswith(f"async-reward bench: {verdict['outcome']}")  # the verdict line first
     assert any("v1_colocate_async" in line for line in out) and out[-1].startswith("wall time")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,8 @@ from tests.test_managers import write_module
 HAZARDS = """
 import asyncio
 import decimal
+import os
+import threading
 import time
 
 import numpy as np
@@ -73,25 +74,41 @@ RETURNS = {
 }
 
 
+BARRIERS = {}  # parties -> threading.Barrier: calls that return only once all parties run at once
+
+
+def released(gate):  # whether the test opened the gate (a file): a cause it controls, not a duration
+    return os.path.exists(gate)
+
+
 def sync_score(data_source, solution_str, ground_truth, extra_info=None):
     raise_for(ground_truth)
     if ground_truth in RETURNS:
         return RETURNS[ground_truth]()
     if ground_truth.startswith("sleep:"):
         time.sleep(float(ground_truth.split(":")[1]))
+    if ground_truth.startswith("together:"):  # returns once N calls run at the same time (60 s bound)
+        parties = int(ground_truth.split(":")[1])
+        BARRIERS.setdefault(parties, threading.Barrier(parties, timeout=60)).wait()
+    if ground_truth.startswith("until:"):  # blocks its thread until the gate file exists (60 s bound)
+        until = time.monotonic() + 60
+        while not released(ground_truth.split(":", 1)[1]) and time.monotonic() < until:
+            time.sleep(0.01)
     return 1.0
 
 
 async def async_score(data_source, solution_str, ground_truth, extra_info=None):
     await asyncio.sleep(0)
     raise_for(ground_truth)
-    if ground_truth.startswith("swallow:"):  # ignores every cancellation for a while, then returns
-        until = time.monotonic() + float(ground_truth.split(":")[1])
-        while time.monotonic() < until:
+    if ground_truth.startswith("swallow:"):  # ignores every cancellation until the gate file exists
+        gate = ground_truth.split(":", 1)[1]
+        until = time.monotonic() + 60
+        while not released(gate) and time.monotonic() < until:
             try:
                 await asyncio.sleep(0.05)
             except asyncio.CancelledError:
                 pass
+        open(gate + ".ended", "w").close()
     if ground_truth == "forever":
         await asyncio.sleep(3600)
     return 1.0
@@ -177,23 +194,35 @@ async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
 
 
 async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
-    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
 ):
-    """``asyncio.timeout`` waited for the coroutine to give up (here 4 s, possibly never) and then
-    reported it ``ok``; now the sample is ``timeout`` at its deadline plus a short grace, not retried."""
+    """``asyncio.timeout`` waited for the coroutine to give up (here: until the test releases it,
+    after the sample came back) and then reported it ``ok``; now the sample is ``timeout`` at its
+    deadline plus a short grace, not retried."""
+    gate = tmp_path / "gate"
     manager = build(
         verl_config_factory, tokenizer, hazards, "async_score", timeout_s=0.5, retry={"max_attempts": 3}
     )
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="async_reward.deadline"):
-        [output] = await score(manager, batch_factory, ["swallow:4"])
-    elapsed = time.monotonic() - started
+        # The coroutine gives up only once the gate opens, after this returns: the result coming back
+        # at all (before the 30 s bound of ``score``) is the proof it was abandoned, not waited for.
+        [output] = await score(manager, batch_factory, [f"swallow:{gate}"])
     info = output["reward_extra_info"]
     assert (info["status"], info["attempts"]) == ("timeout", 1), info
     assert "ignored its cancellation and was abandoned" in info["failure_reason"]
-    assert elapsed < 3.5, elapsed  # 0.5 s deadline + 1 s grace, not the 4 s the coroutine took
     assert any("left running" in r.getMessage() for r in caplog.records)
-    await asyncio.sleep(4)  # let the abandoned coroutine end before this test's loop closes
+    assert not (tmp_path / "gate.ended").exists()  # still running, abandoned
+    gate.touch()  # let the abandoned coroutine end before this test's loop closes
+    await until(lambda: (tmp_path / "gate.ended").exists())
+
+
+async def until(condition: Any, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until ``condition()`` holds: a poll, not a guess at how long it takes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 # ------------------------------------------------------------------ sync functions and their threads
@@ -202,12 +231,14 @@ async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
 async def test_the_deadline_of_a_sync_function_measures_the_call_not_the_queue(
     hazards, verl_config_factory, tokenizer, batch_factory
 ):
-    """160 calls of 0.5 s with a 2 s deadline and 160 allowed in flight: the loop's default pool
-    (min(32, cpus + 4) threads) queued them, so most timed out without the function being slow."""
+    """160 calls allowed in flight, each returning only once all 160 run at the same time (a
+    barrier), with a 30 s deadline: the loop's default pool (min(32, cpus + 4) threads) queued them,
+    so no call could ever return and every one timed out without the function being slow. The
+    barrier makes that a fact of the pool's size, not a race of 160 thread starts against a deadline."""
     manager = build(
-        verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=2.0, limits={"max_concurrency": 160}
+        verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=30.0, limits={"max_concurrency": 160}
     )
-    outputs = await score(manager, batch_factory, ["sleep:0.5"] * 160)
+    outputs = await score(manager, batch_factory, ["together:160"] * 160, bound_s=90)
     assert statuses(outputs) == ["ok"] * 160
     assert manager.function_pool.size == 160
 
@@ -215,33 +246,38 @@ async def test_the_deadline_of_a_sync_function_measures_the_call_not_the_queue(
 async def test_a_pool_busy_with_healthy_calls_is_queueing_not_a_timeout(
     hazards, verl_config_factory, tokenizer, batch_factory
 ):
-    """2 threads, 12 calls of 0.3 s, a 0.5 s deadline: most calls wait longer than the deadline for a
-    thread, and none of them is slow, so every sample is ok (the wait is queueing, as admission)."""
-    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.5, executor_workers=2)
-    outputs = await score(manager, batch_factory, ["sleep:0.3"] * 12)
-    assert statuses(outputs) == ["ok"] * 12
+    """2 threads, 60 calls of 0.1 s, a 2 s deadline: the last calls wait about 2.9 s for a thread
+    (29 rounds of 0.1 s; load only lengthens it), longer than the deadline, and none of them is slow,
+    so every sample is ok (the wait is queueing, as admission). Margin: each call has 1.9 s beyond its
+    0.1 s sleep for two thread hand-offs and a loop wake-up."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=2.0, executor_workers=2)
+    outputs = await score(manager, batch_factory, ["sleep:0.1"] * 60)
+    assert statuses(outputs) == ["ok"] * 60
     assert manager.function_pool.overdue == 0
 
 
 async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_later_samples(
-    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
 ):
+    """Two calls hold both threads until the test opens their gate (after the checks): a later sample
+    fails as ``timeout`` naming them, instead of waiting for them (which would be until the gate)."""
+    gate = tmp_path / "gate"
     manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.3, executor_workers=2)
     with caplog.at_level(logging.WARNING, logger="async_reward.user_code"):
-        stuck = await score(manager, batch_factory, ["sleep:2.0", "sleep:2.0"])
+        stuck = await score(manager, batch_factory, [f"until:{gate}", f"until:{gate}"])
         assert statuses(stuck) == ["timeout", "timeout"]
         assert manager.function_pool.overdue == 2
-        started = time.monotonic()
+        # Bounded by timeout_s (no admission_timeout_s set), not by the stuck calls: those return only
+        # once the gate opens below, so this coming back at all (within score's 30 s) is the proof.
         [starved] = await score(manager, batch_factory, ["ok"])
-        waited = time.monotonic() - started
     info = starved["reward_extra_info"]
     assert info["status"] == "timeout"
     assert "no free thread for the reward function" in info["failure_reason"]
     assert "2 call(s) of the reward function still run past their deadline" in info["failure_reason"]
-    assert waited < 1.5, waited  # bounded by timeout_s (no admission_timeout_s set), not by the stuck calls
     assert any("still run past their 0.3 s deadline" in r.getMessage() for r in caplog.records)
-    await asyncio.sleep(2.0)  # the stuck calls return and give their threads back
-    assert manager.function_pool.overdue == 0
+    assert manager.function_pool.overdue == 2  # still stuck: nothing but the gate frees them
+    gate.touch()  # the stuck calls return and give their threads back
+    await until(lambda: manager.function_pool.overdue == 0)
     assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
 
 

@@ -56,7 +56,7 @@ async def server() -> AsyncIterator[Server]:
 
     async def slow(request: web.Request) -> web.Response:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(release.wait(), 5)  # released at teardown, so shutdown is quick
+            await asyncio.wait_for(release.wait(), 60)  # released at teardown, so shutdown is quick
         return web.json_response({})
 
     async def drop(request: web.Request) -> web.Response:
@@ -149,7 +149,7 @@ async def test_timeout_surfaces_as_timeout_error(server: Server) -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError) as info:
         await post_json(f"{server.url}/slow", {}, headers=AUTH, timeout_s=0.2)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # the handler answers only at teardown (or after 60 s)
     assert default_is_transient(info.value)
     assert "timed out after 0.2 s" in str(info.value)
     assert_no_secret(info.value)

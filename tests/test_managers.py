@@ -51,6 +51,37 @@ async def until_the_server_has(server: Any, requests: int, timeout_s: float = 60
         await asyncio.sleep(0.01)
 
 
+async def admitted_in_turn(
+    manager: Any, requests: list[Any], timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
+    """``manager.run_single`` of each request, every one queued behind a slot the test holds.
+
+    With ``max_concurrency: 1`` the test takes the only slot itself, then sends the requests one at a
+    time, each only once the one before it waits for admission (``admission.waiting``), and frees
+    the slot when all wait: the order they are admitted in is then decided by the priority code
+    alone, not by a sleep between arrivals racing a holder's timer (a stall there once let the holder
+    finish before the last arrival).
+    """
+    loop = asyncio.get_running_loop()
+    tasks = []
+    async with manager.admission.admit():
+        for queued, request in enumerate(requests, 1):
+            tasks.append(asyncio.create_task(manager.run_single(request)))
+            deadline = loop.time() + timeout_s
+            while manager.admission.waiting < queued:
+                assert loop.time() < deadline, f"request {queued} never queued for admission"
+                await asyncio.sleep(0.001)
+    return list(await asyncio.gather(*tasks))
+
+
+async def until_the_server_holds(server: Any, requests: int, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until the judge server holds ``requests`` requests (its ``hold`` is on)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while server.stats()["held"] < requests:
+        assert asyncio.get_running_loop().time() < deadline, f"the server holds {server.stats()['held']}"
+        await asyncio.sleep(0.01)
+
+
 # ----------------------------------------------------------------------------- judge basics
 
 
@@ -215,13 +246,21 @@ async def test_out_of_range_verdict_is_invalid(server, verl_config_factory, toke
 
 
 async def test_concurrency_cap_is_never_exceeded(server, verl_config_factory, tokenizer, batch_factory):
-    server.update_config(latency_ms=[30.0, 60.0])
+    # The judge holds the first answers until 4 calls wait there: saturation is then a fact, not a
+    # race of the 4th call's arrival against the 1st one's latency; a cap that let more through would
+    # have them all at the judge too.
+    server.update_config(latency_ms=[30.0, 60.0], hold=True)
     settings = judge_settings(server, limits={"max_concurrency": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     rows = [{"response": f"The answer is {i}", "ground_truth": str(i)} for i in range(40)]
-    outputs = await score_rows(manager, batch_factory, rows)
+    scoring = asyncio.ensure_future(score_rows(manager, batch_factory, rows))
+    await until_the_server_holds(server, 4)
+    assert manager.admission.in_flight == 4 and manager.admission.waiting == 36
+    server.update_config(hold=False)
+    outputs = await scoring
     stats = server.stats()
-    assert stats["max_in_flight"] == 4  # saturated, never above
+    assert stats["max_in_flight"] == stats["max_in_flight_total"] == 4  # saturated, never above
+    assert manager.admission.max_in_flight == 4
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
 
 
@@ -312,7 +351,8 @@ async def test_user_function_results_and_failures(tmp_path, verl_config_factory,
 
 async def test_async_user_function_deadline(tmp_path, verl_config_factory, tokenizer, batch_factory):
     path = write_module(tmp_path, USER_FUNCTIONS)
-    settings = {"timeout_s": 0.3, "retry": {"max_attempts": 1}}
+    # 5 s: the quick call (0.01 s) cannot miss it on a loaded machine; the slow one (30 s) cannot meet it.
+    settings = {"timeout_s": 5.0, "retry": {"max_attempts": 1}}
     config = verl_config_factory(
         "async_naive", settings, custom_reward_function={"path": path, "name": "async_score"}
     )
@@ -591,7 +631,8 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     server, verl_config_factory, tokenizer, batch_factory
 ):
     """A judge call nobody waits for any more must not keep retrying (and spending) in the background."""
-    settings = judge_settings(server, timeout_s=5.0, retry={"max_attempts": 4})
+    # 60 s: the cancellation below always comes within the first attempt, so no retry can be due.
+    settings = judge_settings(server, timeout_s=60.0, retry={"max_attempts": 4})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     batch = batch_factory([{"response": "@@fault:hang@@ 5", "ground_truth": "5"}] * 2)
     callers = [asyncio.create_task(manager.run_single(batch[i : i + 1])) for i in range(2)]
@@ -600,8 +641,8 @@ async def test_cancelling_every_caller_stops_the_shared_judge_call(
     for caller in callers:
         caller.cancel()
     await asyncio.gather(*callers, return_exceptions=True)
-    # The shared call itself is cancelled (not left to time out and retry 3 more times, 20 s): no retry
-    # can follow, whatever the machine's speed.
+    # The shared call itself is cancelled (not left to time out and retry 3 more times, 240 s): no
+    # retry can follow, whatever the machine's speed.
     await asyncio.wait([shared], timeout=30)
     assert shared.cancelled()
     assert chat_requests(server) == 1
@@ -614,13 +655,14 @@ async def test_a_request_arriving_while_its_shared_call_is_cancelled_gets_its_ow
     """The pipeline cancels a ticket's samples and starts the next ticket's in the same loop turn: an
     identical request must not join the call being cancelled (it failed as ``error``, blamed on the
     scoring code)."""
-    server.update_config(latency_ms=[300.0, 300.0])
+    server.update_config(hold=True)  # the first call is answered only after it was cancelled
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
     batch = batch_factory([{"response": "same answer 5", "ground_truth": "5"}] * 2)
     leaving = asyncio.create_task(manager.run_single(batch[0:1]))
-    await until_the_server_has(server, 1)  # its call is being served
+    await until_the_server_holds(server, 1)  # its call is being served
     leaving.cancel()
     await asyncio.sleep(0)  # the same loop turn as the cancellation
+    server.update_config(hold=False)  # a call into the judge's thread: no turn of this loop passes
     output = await manager.run_single(batch[1:2])
     assert output["reward_extra_info"]["status"] == "ok", output["reward_extra_info"]
     assert leaving.cancelled()
@@ -702,7 +744,7 @@ async def test_samples_of_an_earlier_training_step_are_admitted_first(
     tmp_path, verl_config_factory, tokenizer, batch_factory
 ):
     """One slot; step 3's samples queue before step 2's arrive (verl's v1 agent loop stamps each
-    sample with its batch's ``global_steps``): every freed slot goes to step 2 first, so the batch the
+    sample with its batch's ``global_steps``): the freed slot goes to step 2 first, so the batch the
     trainer waits for is not delayed by the next one's requests."""
     import numpy as np
 
@@ -718,14 +760,11 @@ async def test_samples_of_an_earlier_training_step_are_admitted_first(
     responses = ["s3 a", "s3 b", "s3 c", "s2 a", "s2 b"]
     batch = batch_factory([{"response": r, "ground_truth": "1"} for r in responses])
     batch.non_tensor_batch["global_steps"] = np.array([3, 3, 3, 2, 2], dtype=object)
-    tasks = []
-    for i in range(len(batch)):
-        tasks.append(asyncio.create_task(manager.run_single(batch[i : i + 1])))
-        await asyncio.sleep(0.005)  # arrival order: all of step 3, then step 2
-    outputs = await asyncio.gather(*tasks)
+    # Arrival order: all of step 3, then step 2, each queued behind the slot the test holds.
+    outputs = await admitted_in_turn(manager, [batch[i : i + 1] for i in range(len(batch))])
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
-    assert sorted(started, key=started.__getitem__) == ["s3 a", "s2 a", "s2 b", "s3 b", "s3 c"]
+    assert sorted(started, key=started.__getitem__) == ["s2 a", "s2 b", "s3 a", "s3 b", "s3 c"]
 
 
 # ----------------------------------------------------------------------------- token budget

@@ -73,3 +73,28 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
         assert run["sampled_by_version"] == expected
         weights = run["is_weights_mean"]
         assert len(weights) == CFG.steps and all(0.0 < w <= CFG.is_threshold for w in weights)
+
+
+async def test_the_token_server_samples_the_same_responses_in_any_request_order() -> None:
+    """Each draw is seeded from (run seed, version, prompt, draw number): two servers given the same
+    requests in different orders answer each prompt alike, so a run's learning does not depend on the
+    order requests arrive in (a loaded machine reorders them). One shared generator did not."""
+    from async_reward_bench.toy.policy import TinyPolicy
+    from async_reward_bench.toy.v1_policy import PolicyServer
+
+    policy = TinyPolicy(16, 8, seed=3)
+    params = {"temperature": 1.0, "max_tokens": 6}
+
+    async def answers(order: list[list[int]]) -> dict[tuple[int, ...], list[list[int]]]:
+        server = PolicyServer.__ray_actor_class__(16, 8, eos_token_id=1, pad_token_id=0, response_length=6)
+        server.load(policy.state_dict(), version=2, seed=5)
+        given: dict[tuple[int, ...], list[list[int]]] = {}
+        for prompt in order:
+            output = await server.generate("r", prompt_ids=prompt, sampling_params=params)
+            given.setdefault(tuple(prompt), []).append(output.token_ids)
+        return given
+
+    a, b = [3, 4, 5], [6, 7]
+    first = await answers([a, b, a, b, a])
+    assert first == await answers([b, b, a, a, a])
+    assert len({tuple(tokens) for tokens in first[tuple(a)]}) > 1  # sampled, not one fixed answer

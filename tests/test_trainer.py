@@ -11,6 +11,7 @@ running ``llm_judge`` against the local judge server over loopback.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,23 +312,59 @@ def test_one_step_off_policy_overlaps_and_resumes_without_skipping(
     assert len(set(seen)) == len(seen) == 4 * PROMPTS  # distinct dataset rows: none twice, none lost
 
 
+def _wait_for(condition: Any, timeout_s: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False): a bound that only a
+    broken schedule reaches, never a guess at how long the right one takes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_the_judge_is_busy_while_the_actor_updates_in_the_pipelined_modes(
     rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, logged, monkeypatch
 ):
     """Why the trainer blocks less (structural, not timed: a loaded machine stretches any ratio of
-    wall-clock times). At the start of each actor update, the judge server is asked how many requests it
-    is serving: none in the baseline (every reward is in before training starts); in the mini-batch
-    modes, the step's later samples are still being judged while its first mini-batch trains; in the
-    off-policy modes, the next batch is being judged while this one trains."""
+    wall-clock times). At the start of each actor update the judge server is asked what it is doing:
+    in the baseline it serves nothing (every reward is in before training starts); in the mini-batch
+    mode each step's first update starts while requests of that step are still unanswered; in the
+    off-policy modes the next batch's requests reach the judge while this one trains.
+
+    Made causal rather than a race with the judge's latency: in the mini-batch mode the judge answers
+    only 14 of a step's 16 requests (``hold``; any 14 complete at least two of its four groups, one
+    mini-batch) until the step's first update, which waits (bounded) until the judge holds one of the
+    other two, then lets them through with the next step's 14. In the off-policy modes a step's
+    first update waits (bounded) until requests beyond the step's own 16 have reached the judge: the
+    next batch's, which a schedule that generated it only after this update could never send (it
+    reaches the 60 s bound and records 0). A mini-batch schedule that waited for its whole batch
+    before updating would never get the two held answers: it stalls until the test's timeout."""
     from tests.trainer_standins import ActorStandIn
 
     server.update_config(latency_ms=[300.0, 300.0], capacity=4)  # 16 samples: four rounds of 0.3 s
+    samples = PROMPTS * GROUP  # judge requests a step
     delays = StageDelays(generate=0.05, log_prob=0.0, optimizer_step=0.0)
     judging_at_update: list[int] = []
+    mode_flags: list[str] = []
+    total_steps = [2]
     update_actor = ActorStandIn.update_actor
 
     def recording_update(self: Any, td: Any) -> Any:
-        judging_at_update.append(server.stats()["in_flight_total"])
+        calls_per_step = PROMPTS // MINI if mini in mode_flags else 1
+        call = len(judging_at_update)
+        step, first = call // calls_per_step, call % calls_per_step == 0
+        if off in mode_flags and first and step < total_steps[0] - 1:  # the next batch is sent meanwhile
+            sent = samples * (step + 1)  # this step's requests and those before
+            arrived = _wait_for(lambda: server.stats()["requests_total"] > sent)
+            judging_at_update.append(server.stats()["requests_total"] - sent if arrived else 0)
+        elif mini in mode_flags and off not in mode_flags and first:  # this step's last two, held
+            judging_at_update.append(
+                server.stats()["held"] if _wait_for(lambda: server.stats()["held"]) else 0
+            )
+            server.update_config(hold=samples)  # those two, then the next step's first 14
+        else:
+            judging_at_update.append(server.stats()["in_flight_total"])
         return update_actor(self, td)
 
     monkeypatch.setattr(ActorStandIn, "update_actor", recording_update)
@@ -341,23 +378,35 @@ def test_the_judge_is_busy_while_the_actor_updates_in_the_pipelined_modes(
     }.items():
         logged.clear()
         judging_at_update.clear()
+        mode_flags[:] = flags
+        # "both" trains 3 steps, so that its first two steps each have a next batch to overlap.
+        total_steps[0] = steps_run = 3 if mode == "both" else 2
+        assert _wait_for(lambda: server.stats()["in_flight_total"] == 0)  # nothing left of the last run
+        server.reset()
+        server.update_config(hold=samples - 2 if flags == [mini] else False)
         config = make_config(
-            char_tokenizer_dir, server.url, tmp_path, "trainer.total_training_steps=2", *flags
+            char_tokenizer_dir, server.url, tmp_path, f"trainer.total_training_steps={steps_run}", *flags
         )
-        run_ours(config, char_tokenizer, rewards, delays=delays)
+        try:
+            run_ours(config, char_tokenizer, rewards, delays=delays)
+        finally:
+            server.update_config(hold=False)
         steps = train_steps(logged)
         assert all(m["reward/status_ok"] == PROMPTS * GROUP for m in steps)
         calls_per_step = PROMPTS // MINI if mini in flags else 1
-        assert len(judging_at_update) == 2 * calls_per_step, (mode, judging_at_update)
+        assert len(judging_at_update) == steps_run * calls_per_step, (mode, judging_at_update)
         seen[mode] = [
-            judging_at_update[k : k + calls_per_step] for k in range(0, 2 * calls_per_step, calls_per_step)
+            judging_at_update[k : k + calls_per_step]
+            for k in range(0, steps_run * calls_per_step, calls_per_step)
         ]
     assert seen["baseline"] == [[0], [0]], seen
     # Mini-batches: each step's first update runs while the step's later samples are judged.
     assert all(step[0] > 0 for step in seen["mini_batch"]), seen
-    # Off-policy: the first step trains while the second step's batch is judged.
-    assert seen["one_step_off"][0][0] > 0 and seen["both"][0][0] > 0, seen
-    assert all(step[0] > 0 for step in seen["both"]), seen
+    # Off-policy: a step trains while the next step's batch is judged; in "both", every step that
+    # has a next one (that its mini-batches overlap their own step's scoring is the mini-batch mode's
+    # check above, on the same chunking code).
+    assert seen["one_step_off"][0][0] > 0, seen
+    assert all(step[0] > 0 for step in seen["both"][:-1]), seen
 
 
 # -- start-up checks ---------------------------------------------------------------------------------

@@ -152,7 +152,9 @@ def test_llm_judge_trains_under_v1_with_per_step_metrics_and_a_hanging_judge(
     (hung,) = [row for row in rows if row.reward_extra_info["status"] != "ok"]
     info = hung.reward_extra_info
     assert info["status"] == "timeout" and info["attempts"] == 2 and "deadline" in info["failure_reason"]
-    assert 2 * timeout_s <= info["latency_s"] < 2 * timeout_s + 3.0  # two deadlines (+ slack for a busy CPU)
+    # Two deadlines, not a hang: ``attempts == 2`` already rules out a third attempt; the upper bound
+    # (30 s of slack in a Ray worker on a busy CPU) only catches a deadline that was not enforced.
+    assert 2 * timeout_s <= info["latency_s"] < 2 * timeout_s + 30.0
     assert hung.score == 0.0 and hung.index == 1
     assert server.stats()["faults_injected"].get("hang") == 2
 

@@ -13,6 +13,9 @@ tests/test_v1_transfer_queue.py, the ledger's reconciliation in tests/test_v1_de
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +32,7 @@ from tests.test_managers import write_module
 from tests.test_v1 import FAST_RETRY, step_logs
 from tests.test_v1_reward_failover import RewardWorkerKiller
 from tests.v1_standins import (
+    GATE,
     GENERATION_ERROR,
     SEPARATE_ASYNC_OVERRIDES,
     ScriptedRollout,
@@ -176,8 +180,15 @@ def assert_accounted_every_step(run: TrainingRun, steps: int) -> list[dict[str, 
 
 SLOW_JUDGE_MS = (400.0, 400.0)
 SLOW_STEPS = 3
-#: Row 0: the judge hangs on one session (deadline 1 s: status timeout); row 1: the judge answers 400
-#: to one (status error); both trained with the fallback score (on_failure: fallback).
+#: verl's ``separate_async`` keeps ``(num_warmup_batches + 1) x train_batch_size`` groups in flight
+#: (generating or in scoring); its sessions are that times ``rollout.n``.
+VERL_WINDOW = 2 * PROMPTS
+#: Deadline of a judge call in these runs: the judge holds every request from the start of a run
+#: until the window is shown (``HeldJudgeWatch``), which takes seconds at most on a loaded machine;
+#: 30 s keeps the held requests well inside their deadline. Row 0's hang becomes a timeout at it.
+SLOW_TIMEOUT_S = 30.0
+#: Row 0: the judge hangs on one session (status timeout at the deadline); row 1: the judge answers
+#: 400 to one (status error); both trained with the fallback score (on_failure: fallback).
 SLOW_SCRIPT = script_for(
     {
         0: ["The answer is 2 @@fault:hang@@", "The answer is 0"],
@@ -186,24 +197,92 @@ SLOW_SCRIPT = script_for(
 )
 
 
+class HeldJudgeWatch(threading.Thread):
+    """Holds the judge from :meth:`start` until the run's rollout has served ``until`` generation
+    requests, then (after ``settle_s`` more, held) records what it saw and releases the judge.
+
+    While held the judge answers nothing, so every group dispatched waits for its scores: how far
+    generation gets then is set by the mode's window code alone, not by a race between generation and
+    a judge latency. ``settle_s`` gives a mode that stopped at ``until`` the time to go past it if its
+    window allowed that; it can only make ``requests_while_held`` larger, never smaller, so load
+    cannot turn a bound on it into a failure."""
+
+    def __init__(self, judge: Any, rollout: ScriptedRollout, until: int, settle_s: float = 0.0) -> None:
+        super().__init__(daemon=True)
+        self.judge, self.rollout, self.until, self.settle_s = judge, rollout, until, settle_s
+        self.requests_while_held = -1  # generation requests when the judge was released
+        self.answered_while_held = -1  # judge answers by then (0: it answered nothing)
+        self.reached = False
+        self.held_s = -1.0  # from the run's first generation to the release: the deadline's margin
+        self._run = ray.get(rollout.server.__ray_call__.remote(lambda server: server.run))
+
+    def start(self) -> None:
+        self.judge.update_config(hold=True)
+        super().start()
+
+    def _requests(self) -> int:
+        """This run's generation requests (0 until the run's ``start`` resets the server's counts)."""
+        run, requests = ray.get(
+            self.rollout.server.__ray_call__.remote(lambda server: (server.run, server.requests()))
+        )
+        return requests if run > self._run else 0
+
+    def run(self) -> None:
+        started = None
+        try:
+            deadline = time.monotonic() + 240.0
+            while time.monotonic() < deadline and (requests := self._requests()) < self.until:
+                if started is None and requests:
+                    started = time.monotonic()
+                time.sleep(0.05)
+            self.reached = self._requests() >= self.until
+            time.sleep(self.settle_s)
+            self.requests_while_held = self._requests()
+            self.answered_while_held = sum(self.judge.stats()["responses_by_status"].values())
+        finally:
+            self.judge.update_config(hold=False)
+            self.held_s = time.monotonic() - (started or time.monotonic())
+
+
 @pytest.fixture(scope="module")
 def slow_judge_runs(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> dict[str, Any]:
-    """The same script and slow judge (400 ms a call) under ours and verl's ``separate_async``."""
+    """The same script and slow judge (400 ms a call) under ours and verl's ``separate_async``, the
+    judge held at each run's start: ours until it generated twice verl's window of sessions, verl's
+    until it generated its window (and 2 s more)."""
     judge.update_config(latency_ms=SLOW_JUDGE_MS)
     runs: dict[str, Any] = {}
-    for mode in ("decoupled", "separate_async"):
-        run = train(
-            tmp_path_factory.mktemp(mode),
-            model_dir,
-            rollout,
-            SLOW_SCRIPT,
-            judge_lines(judge.url, "fallback", "+reward.async_reward.timeout_s=1.0", reward_workers=2),
-            steps=SLOW_STEPS,
-            mode=mode,
-        )
+    for mode, until, settle_s in (
+        ("decoupled", 2 * VERL_WINDOW * N, 0.0),
+        ("separate_async", VERL_WINDOW * N, 2.0),
+    ):
+        watch = HeldJudgeWatch(judge, rollout, until, settle_s)
+        watch.start()
+        judge.reset()  # held first: an answer counted from here on is this run's
+        try:
+            run = train(
+                tmp_path_factory.mktemp(mode),
+                model_dir,
+                rollout,
+                SLOW_SCRIPT,
+                judge_lines(
+                    judge.url,
+                    "fallback",
+                    f"+reward.async_reward.timeout_s={SLOW_TIMEOUT_S}",
+                    reward_workers=2,
+                ),
+                steps=SLOW_STEPS,
+                mode=mode,
+            )
+        finally:
+            watch.join(timeout=300)
         runs[mode] = run
-        runs[f"{mode}/generation_requests"] = ray.get(rollout.server.requests.remote())
+        runs[f"{mode}/watch"] = watch
         runs[f"{mode}/judge_faults"] = dict(judge.stats()["faults_injected"])
+    # Row 0's hanging requests end at their deadline: wait for them (idle), so none is still inside
+    # the session's judge when a later test counts what it holds or has in flight.
+    deadline = time.monotonic() + SLOW_TIMEOUT_S + 30.0
+    while judge.stats()["in_flight_total"] and time.monotonic() < deadline:
+        time.sleep(0.1)
     reset_judge_server(judge)
     return runs
 
@@ -223,13 +302,14 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
         for row in trained_rows(run)
         if row.reward_extra_info["status"] != "ok"
     }
-    # The 400 comes back at once, so row 1's group is always trained within the run. Row 0's group
-    # waits for its hanging session's deadline: on a loaded machine the run's last step can be taken
-    # from faster groups before it is sampleable (it is then in flight, which the ledger accounts for),
-    # so its status is checked whenever it was trained, and the hang itself on the judge's side.
-    assert statuses.get(1) == "error" and set(statuses) <= {0, 1}
-    assert statuses.get(0, "timeout") == "timeout"
+    # Which groups a step trains depends on which were scored first, and the judge releases every
+    # held session at once: rows 0 and 1 may be left in flight when the last step is taken (the
+    # ledger accounts for them), so each status is checked whenever its row was trained, and the
+    # faults themselves on the judge's side (row 0 waits for its hang's deadline besides).
+    assert set(statuses) <= {0, 1}
+    assert statuses.get(0, "timeout") == "timeout" and statuses.get(1, "error") == "error"
     assert slow_judge_runs["decoupled/judge_faults"].get("hang", 0) >= 1
+    assert slow_judge_runs["decoupled/judge_faults"].get("400", 0) >= 1
     failed = [
         row for row in trained_rows(run) if row.index in statuses and row.reward_extra_info["status"] != "ok"
     ]
@@ -237,18 +317,25 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
 
 
 def test_a_generated_group_releases_its_place_while_it_is_scored(slow_judge_runs):
-    """Under a judge slower than generation, ours keeps generating while groups wait for scores: at a
-    step's end more groups are in flight (generating + in scoring) than verl's window of
-    ``(num_warmup_batches + 1) x train_batch_size`` holds, and by the end the rollout served more
-    sessions than under verl's ``separate_async`` with the same judge."""
+    """While the judge answers nothing (held), ours keeps generating: a group leaves the generation
+    window once generated, so the rollout serves twice verl's window of ``(num_warmup_batches + 1) x
+    train_batch_size`` groups' sessions, where verl's ``separate_async``, with the same judge held,
+    stops at its window (its groups hold their places until scored). Both counts are set by the
+    window code, not by how fast generation runs against the judge; the steps then logged more groups
+    in flight than verl's window holds."""
+    ours, verls = (slow_judge_runs[f"{mode}/watch"] for mode in ("decoupled", "separate_async"))
+    print(
+        f"generation requests, judge held: ours {ours.requests_while_held} (held {ours.held_s:.1f} s), "
+        f"verl's {verls.requests_while_held} (held {verls.held_s:.1f} s)"
+    )
+    assert ours.reached and ours.answered_while_held == 0, vars(ours)
+    assert ours.requests_while_held >= 2 * VERL_WINDOW * N
+    assert verls.reached and verls.answered_while_held == 0, vars(verls)
+    assert verls.requests_while_held == VERL_WINDOW * N
+    # Step 1 is logged after the release, having trained 2 of the >= 2 x VERL_WINDOW groups dispatched
+    # while held: TransferQueue still lists at least 6 > VERL_WINDOW in flight.
     logs = step_logs(slow_judge_runs["decoupled"])
-    verl_window = 2 * PROMPTS
-    in_flight = [m["decoupled/window/generating"] + m["aggregator/pending_groups_count"] for m in logs]
-    assert max(in_flight) > verl_window, in_flight
-    assert max(m["ledger/in_flight"] for m in logs) > verl_window
-    ours, verls = (slow_judge_runs[f"{mode}/generation_requests"] for mode in ("decoupled", "separate_async"))
-    print(f"generation requests, {SLOW_STEPS} steps of a slow judge: ours {ours}, verl's {verls}")
-    assert ours > verls, (ours, verls)
+    assert logs[0]["ledger/in_flight"] >= 2 * VERL_WINDOW - PROMPTS > VERL_WINDOW
     assert len(step_logs(slow_judge_runs["separate_async"])) == SLOW_STEPS
 
 
@@ -257,34 +344,60 @@ def test_a_generated_group_releases_its_place_while_it_is_scored(slow_judge_runs
 FAILURE_STEPS = 8
 #: Row 0: generated only once the policy reaches version 4 (dispatched in step 1: a submission span of
 #: 5 or more when trained, beyond the threshold 4). Row 1: a session fails in generation at once, its
-#: sibling finishes generating later and must not be scored (were it, the judge would count a
-#: 503). Row 2: the judge answers 400 to a session
-#: (on_failure: raise: the group is evicted with reward_error).
+#: sibling finishes generating only once the failure is published (the gate, opened by
+#: ``open_gate_on_failure``) and must not be scored (were it, the judge would count a 503). Row 2:
+#: the judge answers 400 to a session (on_failure: raise: the group is evicted with reward_error).
 FAILURE_SCRIPT = script_for(
     {
         0: ["@@version:4@@The answer is 2", "@@version:4@@The answer is 0"],
-        1: [GENERATION_ERROR, "@@sleep:1.0@@The answer is 3 @@fault:503@@"],
+        1: [GENERATION_ERROR, f"{GATE}The answer is 3 @@fault:503@@"],
         2: ["The answer is 4 @@fault:400@@", "The answer is 4"],
     }
 )
 STALENESS_THRESHOLD = 4
 
 
+@contextlib.contextmanager
+def open_gate_on_failure(rollout: ScriptedRollout) -> Iterator[None]:
+    """Open the scripted server's gate once a listing of the ``train`` partition (the trainer's and
+    the sampler's, in this process) shows a group failed in generation. Our agent-loop worker marks
+    the group failed before it publishes that tag, so a session released by the gate reaches scoring
+    after its group's failure, by causality rather than by a delay."""
+    import transfer_queue as tq
+
+    real_kv_list = tq.kv_list
+    opened = False
+
+    def kv_list(*args: Any, **kwargs: Any) -> Any:
+        nonlocal opened
+        listing = real_kv_list(*args, **kwargs)
+        tags = (listing or {}).get("train", {})
+        if not opened and any(tag.get("failure_reason") == "generation_error" for tag in tags.values()):
+            opened = True
+            ray.get(rollout.server.open_gate.remote())
+        return listing
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tq, "kv_list", kv_list)
+        yield
+
+
 @pytest.fixture(scope="module")
 def failure_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> tuple[TrainingRun, dict]:
     reset_judge_server(judge)
-    run = train(
-        tmp_path_factory.mktemp("failures"),
-        model_dir,
-        rollout,
-        FAILURE_SCRIPT,
-        judge_lines(judge.url, "raise"),
-        steps=FAILURE_STEPS,
-        extra=(
-            f"trainer.v1.sampler.max_off_policy_threshold={STALENESS_THRESHOLD}",
-            "+trainer.v1.decoupled.generation_window=2",
-        ),
-    )
+    with open_gate_on_failure(rollout):
+        run = train(
+            tmp_path_factory.mktemp("failures"),
+            model_dir,
+            rollout,
+            FAILURE_SCRIPT,
+            judge_lines(judge.url, "raise"),
+            steps=FAILURE_STEPS,
+            extra=(
+                f"trainer.v1.sampler.max_off_policy_threshold={STALENESS_THRESHOLD}",
+                "+trainer.v1.decoupled.generation_window=2",
+            ),
+        )
     return run, judge.stats()
 
 
@@ -449,22 +562,14 @@ BACKLOG_JUDGE_MS = (150.0, 150.0)
 BACKLOG_SCRIPT = script_for({0: ["The answer is 2 @@fault:400@@", "The answer is 0"]})
 
 
-class KillerKeepingTheJudgeSlow(RewardWorkerKiller):
-    """B's killer (tests/test_v1_reward_failover.py), with the judge put back to its latency after the
-    kill (B's makes it answer at once), so the backlog still fills for the rest of the run."""
-
-    def run(self) -> None:
-        super().run()
-        self.server.update_config(latency_ms=BACKLOG_JUDGE_MS)
-
-
 @pytest.fixture(scope="module")
 def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> tuple[TrainingRun, list[str]]:
     """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait. Two
-    reward workers; worker 0 is killed once the judge holds two requests (sessions wait on it)."""
+    reward workers; the judge is held from the start, and worker 0 is killed once it holds two
+    requests (so sessions wait on it: tests/test_v1_reward_failover.py), then released."""
     reset_judge_server(judge)
     judge.update_config(latency_ms=BACKLOG_JUDGE_MS)
-    killer = KillerKeepingTheJudgeSlow(judge, ["reward_loop_worker_0"], in_flight=2)
+    killer = RewardWorkerKiller(judge, ["reward_loop_worker_0"], in_flight=2)
     killer.start()
     try:
         run = train(
@@ -478,7 +583,7 @@ def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> 
         )
     finally:
         killer.stop.set()
-        killer.join(timeout=10)
+        killer.join(timeout=60)
     reset_judge_server(judge)
     return run, killer.killed
 

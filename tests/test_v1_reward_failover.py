@@ -30,8 +30,9 @@ from async_reward.v1.reward_failover import (
     RewardWorkersLost,
     SessionKillsRewardWorkers,
 )
-from tests.test_managers import ORDER_RECORDING_FUNCTION, write_module
+from tests.test_managers import ORDER_RECORDING_FUNCTION, admitted_in_turn, write_module
 from tests.test_v1_reward_routing import RecordingRewardWorker, agent_loop_worker, session
+from tests.v1_standins import kill_and_wait
 
 # ----------------------------------------------------------------------------- units, no Ray
 
@@ -297,22 +298,26 @@ async def test_samples_generated_by_older_weights_are_admitted_first(
             "extra_info": {"index": i},
         }
         await worker._compute_score([output], kwargs)
-    tasks = []
-    for request in capture.compute_score.requests:
-        tasks.append(asyncio.create_task(manager.run_single(request)))
-        await asyncio.sleep(0.005)  # arrival order: the newer generation first
-    outputs = await asyncio.gather(*tasks)
+    # Arrival order: the newer generation first, each queued behind the slot the test holds.
+    outputs = await admitted_in_turn(manager, capture.compute_score.requests)
     assert all(o["reward_extra_info"]["status"] == "ok" for o in outputs)
     started = {r: o["reward_extra_info"]["started"] for r, o in zip(responses, outputs, strict=True)}
-    assert sorted(started, key=started.__getitem__) == ["new a", "old a", "old b", "new b", "new c"]
+    assert sorted(started, key=started.__getitem__) == ["old a", "old b", "new a", "new b", "new c"]
 
 
 # ----------------------------------------------------------------------------- verl's separate_async
 
 
 class RewardWorkerKiller(threading.Thread):
-    """Kills verl's reward workers ``names`` once the judge server holds ``in_flight`` requests (so
-    sessions wait on the judge through them), then lets the judge answer at once again."""
+    """Kills verl's reward workers ``names`` while the judge holds ``in_flight`` requests, then
+    releases the judge.
+
+    The judge is held (``hold``) from :meth:`start` on, so the sessions sent to it wait there however
+    fast or slow the machine is. With ``in_flight`` >= 2 held from our one agent-loop worker, at
+    least one went through worker 0 (it picks the reward worker with the fewest of its sessions in
+    flight), so that worker dies with a session on it: a fact, not a race of the kill against a
+    latency. The kill is waited for (``kill_and_wait``) before the release, so the sessions on a
+    killed worker fail over instead of being answered."""
 
     def __init__(self, server: Any, names: list[str], in_flight: int, timeout_s: float = 280.0) -> None:
         super().__init__(daemon=True)
@@ -320,31 +325,35 @@ class RewardWorkerKiller(threading.Thread):
         self.killed: list[str] = []  # the killed actors' ids
         self.stop = threading.Event()
 
+    def start(self) -> None:
+        self.server.update_config(hold=True)
+        super().start()
+
     def run(self) -> None:
         import ray
 
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            if self.server.stats()["in_flight_total"] >= self.in_flight:
-                for name in self.names:
-                    handle = ray.get_actor(name)
-                    ray.kill(handle, no_restart=True)
-                    self.killed.append(handle._actor_id.hex())
-                self.server.update_config(latency_ms=(0.0, 0.0))
-                return
-            time.sleep(0.02)
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline and not self.stop.is_set():
+                if self.server.stats()["held"] >= self.in_flight:
+                    handles = [ray.get_actor(name) for name in self.names]
+                    kill_and_wait(handles)
+                    self.killed = [handle._actor_id.hex() for handle in handles]
+                    return
+                time.sleep(0.02)
+        finally:
+            self.server.update_config(hold=False)  # also when never reached: the run goes on and fails
 
 
 def _train_while_killing(
     tmp_path: Path, model_dir: Path, rollout: Any, server: Any, names: list[str], in_flight: int
 ) -> tuple[Any, RewardWorkerKiller]:
     """verl's ``separate_async`` (two steps of two mini-batches) with our judge manager in two reward
-    workers, the judge holding each request 0.6 s until ``names`` are killed."""
+    workers, the judge holding every request until ``names`` are killed."""
     from tests.test_v1 import FAST_RETRY
     from tests.test_v1_separate_async import ROWS, train_separate_async
 
     script = {question: [f"The answer is {truth}", "The answer is 0"] for question, truth in ROWS}
-    server.update_config(latency_ms=(600.0, 600.0))
     killer = RewardWorkerKiller(server, names, in_flight)
     killer.start()
     try:

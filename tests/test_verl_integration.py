@@ -147,6 +147,8 @@ def test_legacy_reward_model_key_through_our_entry_point(server, tokenizer_dir, 
 
 def test_job_wide_rpm_across_two_worker_processes(server, verl_config_factory, reward_loop, batch_factory):
     """Two reward worker processes together stay within the configured requests per minute."""
+    import ray
+
     rpm = 600.0  # 10 requests/s for the whole job, i.e. 5/s per worker
     settings = {"judge": {"base_url": server.url + "/v1"}, "limits": {"requests_per_minute": rpm}}
     config = verl_config_factory("llm_judge", settings, num_workers=2)
@@ -158,15 +160,25 @@ def test_job_wide_rpm_across_two_worker_processes(server, verl_config_factory, r
     assert_statuses(output, ["ok"] * len(rows))
     times = np.sort(np.array(server.stats()["request_times"]))
     assert len(times) == len(rows)
-    # In any window of w seconds the job admits at most rpm*w/60 plus one bucket per worker.
-    for window in (1.0, 2.0, 4.0):
-        counts = np.searchsorted(times, times + window, side="left") - np.arange(len(times))
-        assert counts.max() <= rpm * window / 60 + 2, (window, counts.max())
-    # ...and it is enforced: 60 requests at 10/s, less the two workers' first buckets, take at least
-    # 5.8 s whatever the load (a busy machine only makes them slower). That the shares are used, not
-    # wasted (about 6 s, not 12), is a rate a loaded machine can break in wall time: it is proven on a
+    # Each worker process limits itself to its share of the job's budget (read from the limiter in
+    # each Ray worker), and a limiter never admits more than its share in any window: proven on a
     # controlled clock in tests/test_limits.py (test_request_share_holds_in_every_window_and_is_used).
-    assert times[-1] - times[0] >= (len(rows) - 2) / (rpm / 60)
+    # Windows counted here, on the judge's arrival stamps, are not that: a stall of a worker (or of
+    # the judge's thread in this process) delivers requests admitted apart as one burst.
+    shares = ray.get(
+        [
+            handle.__ray_call__.remote(lambda worker: worker.reward_manager.admission.request_budget)
+            for handle in manager.reward_loop_workers
+        ]
+    )
+    assert shares == [rpm / 2, rpm / 2]
+    # ...and it is enforced end to end: 60 requests at 10/s, less the two workers' first buckets, are
+    # admitted over at least 5.8 s whatever the load (a busy machine only makes them slower). At the
+    # judge, the first request may arrive late (up to 1 s allowed) while the last does not: >= 4.8 s.
+    # Each worker taking the whole budget (the bug fixed) spans about 2.9 s. That the shares are used,
+    # not wasted (about 6 s, not 12), is a rate a loaded machine can break in wall time: the controlled
+    # clock of tests/test_limits.py proves it.
+    assert times[-1] - times[0] >= (len(rows) - 2) / (rpm / 60) - 1.0
 
 
 def test_all_five_managers_are_registered_in_ray_workers(ray_cluster):

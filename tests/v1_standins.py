@@ -5,7 +5,7 @@ Stand-ins (each honest about what it does not do):
 
 * :class:`ScriptedLLMServer` (a Ray actor) replaces a vLLM replica behind verl's real load balancer
   and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt
-  (after a delay, for a response marked :data:`SLOW`).
+  (after a delay, for a response marked :data:`SLOW`; once the test opens it, for one at :data:`GATE`).
 * :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
   ``update_actor`` records exactly what the actor would train on (the batch's advantages,
   ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward extras, read from
@@ -50,6 +50,9 @@ SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
 AT_VERSION = re.compile(r"@@version:([0-9]+)@@")
 #: A scripted response starting with this (after any ``@@sleep@@``) raises in the server instead.
 GENERATION_ERROR = "@@error@@"
+#: A scripted response starting with this (after any ``@@sleep@@``) is answered once the test calls
+#: ``open_gate`` (bounded: 120 s): a cause the test controls, where a delay would race the run.
+GATE = "@@gate@@"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
@@ -106,12 +109,19 @@ class ScriptedLLMServer:
         self.calls: dict[str, int] = defaultdict(int)
         self.version = 0
         self.run = 0
+        self.gate_open = False
 
     def start(self, script: dict[str, list[str]]) -> None:
-        """A new run: its script, call counters and policy version from zero. A generation of an
-        earlier run still waiting for its version ends (the server is shared by the session's runs)."""
+        """A new run: its script, call counters and policy version from zero, its gate closed. A
+        generation of an earlier run still waiting (for its version or gate) ends (the server is
+        shared by the session's runs)."""
         self.script, self.calls, self.version = dict(script), defaultdict(int), 0
+        self.gate_open = False
         self.run += 1
+
+    def open_gate(self) -> None:
+        """Answer the responses waiting at :data:`GATE` (and any later ones) of this run."""
+        self.gate_open = True
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -136,6 +146,13 @@ class ScriptedLLMServer:
         if delay:  # a slow generation: the test needs it to finish after a given point of the run
             await asyncio.sleep(float(delay.group(1)))
             text = text[delay.end() :]
+        if text.startswith(GATE):
+            run, deadline = self.run, time.monotonic() + 120.0
+            while not self.gate_open and time.monotonic() < deadline:
+                if self.run != run:
+                    raise RuntimeError("a generation of an earlier run, superseded")
+                await asyncio.sleep(0.02)
+            text = text[len(GATE) :]
         version = AT_VERSION.match(text)
         if version:  # answered once the policy reaches a version: generated with those weights
             run = self.run

@@ -41,6 +41,7 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "unescaped_json",
     "honour_max_tokens",
     "api_key",
+    "hold",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -102,6 +103,13 @@ class DevServerConfig:
     honour_max_tokens: bool = True
     """Cut each reply after the request's ``max_tokens`` words (thinking first) and answer
     ``finish_reason: length``, as servers do; off: replies are never cut (``stop``)."""
+    hold: bool | int = False
+    """``True``: answer no service request until ``hold`` is set back to ``False``: each one waits,
+    after its latency (holding its capacity slot), counted in ``in_flight_total`` and ``held``; one
+    whose client gives up meanwhile leaves. An integer n: answer the next n requests to reach their
+    answer (those held first, oldest first), then hold every later one as ``True`` does; setting it
+    again counts from then. A gate for tests: "the judge has answered nothing (or only these) yet"
+    becomes a fact the test controls, not a race against a latency."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -132,6 +140,8 @@ class DevServerConfig:
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")
         if self.think_style not in THINK_STYLES:
             raise ValueError(f"think_style must be one of {list(THINK_STYLES)}, got {self.think_style!r}")
+        if not isinstance(self.hold, bool) and (type(self.hold) is not int or self.hold < 0):
+            raise ValueError(f"hold must be true, false or an integer >= 0, got {self.hold!r}")
         if self.structured_output not in STRUCTURED_OUTPUT_MODES:
             raise ValueError(
                 f"structured_output must be one of {list(STRUCTURED_OUTPUT_MODES)}, "
@@ -155,6 +165,8 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ValueError("fault_rates must be an object of kind -> rate")
         return {str(kind): float(rate) for kind, rate in value.items()}
+    if key == "hold" and (isinstance(value, float) or not isinstance(value, int) or value < 0):
+        raise ValueError("hold must be true, false or an integer >= 0")
     if key in ("think", "echo_response", "unescaped_json", "honour_max_tokens") and not isinstance(
         value, bool
     ):
@@ -174,6 +186,7 @@ class ServerStats:
     def __init__(self) -> None:
         self.in_flight = 0  # holding a capacity slot: what tests compare with ``capacity``
         self.in_flight_total = 0  # every service request inside the server: queued, served, hanging
+        self.held = 0  # service requests waiting for ``hold`` to let them be answered
         self.reset()
 
     def reset(self) -> None:
@@ -196,6 +209,7 @@ class ServerStats:
             "overflow_rejected": self.overflow_rejected,
             "in_flight": self.in_flight,
             "in_flight_total": self.in_flight_total,
+            "held": self.held,
             "max_in_flight": self.max_in_flight,
             "max_in_flight_total": self.max_in_flight_total,
             "request_times": list(self.request_times),

@@ -6,6 +6,7 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 
 * ``latency_ms``, ``capacity`` and ``overflow`` model a slow, bounded service;
 * ``fault_rates`` inject seeded random faults (reproducible runs);
+* ``hold`` keeps answers back until it goes off (all, or all but the next n): a test's gate;
 * ``judge_style``, ``fixed_verdict`` and ``structured_output`` make it an adversary's judge (one
   that quotes the response after its verdict) and a server with or without ``response_format``;
   ``unescaped_json`` a judge that pastes the response unescaped into its JSON verdict;
@@ -31,7 +32,7 @@ import math
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -82,6 +83,10 @@ class DevServer:
         self.host, self.port = host, port
         self._rng = random.Random(self.config.seed)
         self._slots = self._make_slots(self.config.capacity)
+        # ``hold``: None lets every answer through; n lets n more through, then holds the rest, each
+        # held request waiting on its future in this queue (oldest first).
+        self._passes: int | None = self._passes_for(self.config.hold)
+        self._held: deque[asyncio.Future[None]] = deque()
         self._stats = ServerStats()
         self._marker_counts: Counter[str] = Counter()
         self._completion_ids = itertools.count(1)
@@ -177,7 +182,26 @@ class DevServer:
         if new.capacity != self.config.capacity:
             self._slots = self._make_slots(new.capacity)
         self.config = new
+        if "hold" in changes:
+            self._passes = self._passes_for(new.hold)
+            self._let_held_through()
         return new
+
+    @staticmethod
+    def _passes_for(hold: bool | int) -> int | None:
+        if isinstance(hold, bool):
+            return 0 if hold else None
+        return hold
+
+    def _let_held_through(self) -> None:
+        """Answer the held requests that ``hold`` now lets through, oldest first."""
+        while self._held and (self._passes is None or self._passes > 0):
+            waiter = self._held.popleft()
+            if waiter.done():  # its client gave up
+                continue
+            waiter.set_result(None)
+            if self._passes is not None:
+                self._passes -= 1
 
     # -- service pipeline: auth, fault choice, capacity, latency, then the answer --------------------
 
@@ -261,6 +285,8 @@ class DevServer:
         async with slots if slots is not None else contextlib.nullcontext():
             with self._holding_slot():
                 await asyncio.sleep(delay_s)
+                if not await self._wait_for_release(request):
+                    return None
                 if fault is not None:
                     # Faults are served like any request (slot and latency), as a failing backend is.
                     self._stats.faults_injected[fault] += 1
@@ -279,6 +305,32 @@ class DevServer:
             yield
         finally:
             stats.in_flight -= 1
+
+    async def _wait_for_release(self, request: web.Request) -> bool:
+        """Wait while ``hold`` keeps this request back; False when its client gave up meanwhile.
+
+        Polling the transport, as ``_hang`` does, lets an abandoned request leave ``in_flight_total``
+        instead of being counted as held until the release."""
+        if self._passes is None:
+            return True
+        if self._passes > 0:
+            self._passes -= 1
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._held.append(waiter)
+        stats = self._stats
+        stats.held += 1
+        try:
+            while not waiter.done():
+                if request.transport is None or request.transport.is_closing():
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), _HANG_POLL_S)
+            return True
+        finally:
+            stats.held -= 1
+            if not waiter.done():
+                waiter.cancel()  # skipped by _let_held_through, so it takes no pass
 
     def _too_many(self, why: str) -> web.Response:
         retry_after = self.config.retry_after_s

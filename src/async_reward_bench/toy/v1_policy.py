@@ -5,7 +5,11 @@ with parts that do the real thing for a :class:`~async_reward_bench.toy.policy.T
 
 * :class:`PolicyServer` (a Ray actor behind verl's real load balancer and ``LLMServerClient``)
   samples each response from the weights it was last given, at the request's temperature and
-  ``max_tokens``, and returns the tokens' log-probs (verl's ``rollout_log_probs``) when asked.
+  ``max_tokens``, and returns the tokens' log-probs (verl's ``rollout_log_probs``) when asked. Each
+  draw has its own seed, from the run's seed, the policy version, the prompt and how many responses
+  to that prompt that version gave before: a run samples the same responses to each prompt whatever
+  order the requests arrive in (one shared generator made every run on a loaded machine a new seed);
+  only which of a batch's groups asking the same prompt gets which of them can vary.
 * :class:`PolicyActor` (the actor worker group, one data-parallel rank) computes log-probs and
   entropy under the current weights (``compute_log_prob``) and trains (``update_actor``): it reads
   the batch from TransferQueue, splits it into updates as verl's engine worker does
@@ -23,6 +27,7 @@ prompt's text unchanged (``"3+4="``), and a config verl's ``HFModelConfig`` acce
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,16 +112,27 @@ class PolicyServer:
         self.eos, self.pad = eos_token_id, pad_token_id
         self.response_length = response_length
         self.version = -1
-        self.generator = torch.Generator()
+        self.seed = 0
         self.served: dict[int, int] = {}
+        self._draws: dict[tuple[int, tuple[int, ...]], int] = {}  # (version, prompt) -> responses given
 
     def load(self, state: dict[str, torch.Tensor], version: int, seed: int | None = None) -> None:
         """The weights of policy ``version``; a new ``seed`` also restarts sampling and the counts."""
         self.policy.load_state_dict(state)
         self.version = version
         if seed is not None:
-            self.generator.manual_seed(seed)
+            self.seed = seed
             self.served = {}
+            self._draws = {}
+
+    def _generator(self, prompt_ids: list[int]) -> torch.Generator:
+        """The generator of this draw: seeded from (run seed, version, prompt, its draw number), so the
+        k-th response of a version to a prompt is the same in every run of the seed, in any order."""
+        key = (self.version, tuple(prompt_ids))
+        draw = self._draws.get(key, 0)
+        self._draws[key] = draw + 1
+        digest = hashlib.blake2b(repr((self.seed, *key, draw)).encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
     def served_by_version(self) -> dict[int, int]:
         """Responses sampled under each policy version since the last seeded ``load``."""
@@ -140,7 +156,7 @@ class PolicyServer:
                 eos_token_id=self.eos,
                 pad_token_id=self.pad,
                 temperature=temperature,
-                generator=self.generator,
+                generator=self._generator(prompt_ids),
             )
             length = int(response_mask.sum())
             tokens = ids[0, :length].tolist()
