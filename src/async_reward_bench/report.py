@@ -27,7 +27,7 @@ STEADY_STATE_RULE = (
     "run's service backlog reaches its steady depth during step 1), and the last step rolls nothing out "
     "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
 )
-_GPU_STAGES = ("rollout", "prepare", "update")
+_GPU_STAGES = ("rollout", "prepare", "update", "judge")  # judge: one on the training GPUs
 _TRAINING_STAGES = ("prepare", "update")
 #: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
 #: queue and prompt ledger).

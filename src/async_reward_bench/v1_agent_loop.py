@@ -17,6 +17,11 @@ to the judge, tags in a :class:`~async_reward_bench.tag_store.TagStore` that ver
 buffer reads. The trainer switches the engine with :meth:`pause` / :meth:`resume` (a colocated GPU
 either generates or trains); scoring continues while it is paused, as verl's reward workers do.
 
+With a judge on the training GPUs (``score_when_generated=False``, verl's
+``reward.reward_model.enable_resource_pool=false``) the agent loop scores nothing: a group is
+``finished`` once generated, and the trainer scores the batch it sampled with :meth:`score_now`
+(verl's ``_compute_reward_colocate``), through the same reward workers.
+
 One asyncio loop in a thread holds the engine and the reward workers' result streams (verl's
 agent-loop workers are asyncio actors too); the trainer talks to it from its own thread.
 """
@@ -98,6 +103,8 @@ class V1AgentLoop:
         write_progress: keep each group's progress on its prompt tag (``gen_done`` / ``gen_n`` /
             ``unscored`` / ``gen_version``), as the decoupled mode's agent-loop worker does
             (``async_reward.v1.decoupled_agent_loop``).
+        score_when_generated: score each sample when its generation ends (a standalone judge or an
+            API); False: a judge on the training GPUs, scored only by :meth:`score_now`.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class V1AgentLoop:
         clock: Callable[[], float] = time.perf_counter,
         write_when_generated: bool = False,
         write_progress: bool = False,
+        score_when_generated: bool = True,
     ) -> None:
         if not reward_workers:
             raise ValueError("need at least one reward worker")
@@ -117,6 +125,7 @@ class V1AgentLoop:
         self.store = store
         self.write_when_generated = write_when_generated
         self.write_progress = write_progress
+        self.score_when_generated = score_when_generated
         self.version = 0
         """Policy version of the engine's weights (``set_version``: each weight push)."""
         self.clock = clock
@@ -141,6 +150,11 @@ class V1AgentLoop:
         self._started: dict[_Session, int] = {}
         """Sessions decoding -> the policy version of their first token (partial rollout keeps it)."""
         self._scoring: dict[tuple[str, int], _Session] = {}
+        self._generated: dict[str, _Session] = {}
+        """Colocated judge: sessions generated and not yet scored, by trajectory key."""
+        self._wanted: set[str] = set()
+        """Colocated judge: trajectory keys :meth:`score_now` waits for."""
+        self._wanted_done: concurrent.futures.Future[None] | None = None
         """Samples handed to a reward worker, by (batch key, row)."""
         self._left: dict[str, tuple[int, set[int]]] = {}
         """Batch key -> (sessions not yet settled, reward workers holding its rows)."""
@@ -214,6 +228,33 @@ class V1AgentLoop:
         """Decode again (``update_weights`` wakes the replicas; ``resume_generation_replicas``)."""
         self._post(lambda: setattr(self, "_running", True))
 
+    def score_now(self, keys: list[str]) -> concurrent.futures.Future[None]:
+        """Score the generated sessions ``keys`` (trajectory keys ``{uid}_{session}_0``) now, all at
+        once: a colocated judge's batch (``score_when_generated=False``). The future is done when
+        every one is scored, and fails if one raised or is not generated."""
+        if self.score_when_generated:
+            raise RuntimeError("score_now is for a colocated judge: the agent loop scores each sample itself")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def start() -> None:
+            missing = [key for key in keys if key not in self._generated]
+            if missing:
+                done.set_exception(KeyError(f"not generated (or scored already): {missing[:3]}"))
+                return
+            self._wanted, self._wanted_done = set(keys), done
+            if not keys:
+                done.set_result(None)
+            rows: dict[tuple[int, str], list[int]] = defaultdict(list)
+            for key in keys:
+                session = self._generated.pop(key)
+                self._scoring[(session.key, session.row)] = session
+                rows[(session.worker, session.key)].append(session.row)
+            for (worker, batch), chosen in rows.items():
+                self.reward_workers[worker].enqueue.remote(batch, chosen)
+
+        self._post(start)
+        return done
+
     def check(self) -> None:
         """Raise if the engine or a result stream died (its error would otherwise only show as a
         batch that never finishes)."""
@@ -273,8 +314,11 @@ class V1AgentLoop:
         for session in self.engine.advance(self._last - start):
             assert isinstance(session, _Session)
             self.events.append((self._last, "generated", session.group.global_steps))
-            self._scoring[(session.key, session.row)] = session
             first = self._started.pop(session, self.version)
+            if not self.score_when_generated:  # colocated judge: done once generated, scored later
+                self._generated_unscored(session)
+                continue
+            self._scoring[(session.key, session.row)] = session
             if self.write_progress:
                 group = session.group
                 group.generated += 1
@@ -316,6 +360,10 @@ class V1AgentLoop:
                         },
                         tag={"status": "success", "global_steps": group.global_steps},
                     )
+                if not self.score_when_generated:
+                    self._colocated_scored(f"{group.uid}_{session.session}_0", error)
+                    self._settled(key)
+                    continue
                 group.sessions_left -= 1
                 group.unscored -= 1
                 if group.sessions_left == 0:
@@ -324,6 +372,29 @@ class V1AgentLoop:
                 elif self.write_progress:
                     self.store.kv_put(group.uid, PARTITION, tag=group.progress())
                 self._settled(key)
+
+    def _generated_unscored(self, session: _Session) -> None:
+        """A colocated judge's session out of generation: a trajectory without a score yet, and its
+        group ``finished`` (sampleable) once every session is generated, as verl's agent loop tags
+        them when the reward model is colocated."""
+        group = session.group
+        key = f"{group.uid}_{session.session}_0"
+        self._generated[key] = session
+        self.store.kv_put(key, PARTITION, tag={"status": "success", "global_steps": group.global_steps})
+        group.sessions_left -= 1
+        if group.sessions_left == 0:
+            self.store.kv_put(group.uid, PARTITION, tag={"status": "finished"})
+
+    def _colocated_scored(self, key: str, error: str | None) -> None:
+        done = self._wanted_done
+        if done is None or key not in self._wanted or done.done():
+            return
+        if error is not None:
+            done.set_exception(RuntimeError(f"scoring {key} raised: {error}"))
+            return
+        self._wanted.discard(key)
+        if not self._wanted:
+            done.set_result(None)
 
     def _progress(self, group: _Group) -> dict[str, Any]:
         return group.progress() if self.write_progress else {}
@@ -343,5 +414,8 @@ class V1AgentLoop:
         self.engine.clear()
         self._started.clear()
         self._scoring.clear()
+        self._generated.clear()
+        if self._wanted_done is not None and not self._wanted_done.done():
+            self._wanted_done.set_exception(RuntimeError("the agent loop closed"))
         self._left.clear()
         await asyncio.gather(*(w.cancel_all.remote() for w in self.reward_workers), return_exceptions=True)

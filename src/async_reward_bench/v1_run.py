@@ -36,15 +36,18 @@ def run_v1_strategy(
     tag: int,
     bar: Any,
     split: GpuSplit | None = None,
+    judge_wake_sleep_s: float | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg.steps`` steps of verl's v1 trainer in ``V1_STRATEGIES[strategy]`` mode.
 
     ``stages`` are the regime's time-scaled medians, on the strategy's GPUs (for a separate mode,
     ``split.stages`` of them: generation on the rollout GPUs, training on the trainer GPUs); ``split``
     gives a separate mode its config and its weight-sync pause. Returns ``{"records", "samples", "origin"}``
-    like our strategies' runs. Whatever is still generating or scoring when the last step ends (a
-    ``colocate_async`` run keeps a batch in flight) is dropped, and the judge drains before the
-    next run starts.
+    like our strategies' runs. ``judge_wake_sleep_s`` (recipe seconds) puts the judge on the training
+    GPUs (``colocated_judge``): nothing is scored while generating, the trainer scores each sampled
+    batch at once, waking and putting the judge to sleep around it. Whatever is still generating or
+    scoring when the last step ends (a ``colocate_async`` run keeps a batch in flight) is dropped,
+    and the judge drains before the next run starts.
     """
     server, factory = env["server"], env["factory"]
     factory.tag = tag
@@ -60,6 +63,7 @@ def run_v1_strategy(
         write_when_generated=V1_STRATEGIES[strategy] == "pipelined",
         # our decoupled mode's agent loop keeps each group's progress on its prompt tag
         write_progress=V1_STRATEGIES[strategy] == "decoupled",
+        score_when_generated=judge_wake_sleep_s is None,
     ).start()
 
     def durations(number: int, samples: int) -> np.ndarray:
@@ -75,6 +79,8 @@ def run_v1_strategy(
         reward_loop_manager=rewards,
         time_scale=cfg.time_scale,
         weight_sync_s=(split.weight_sync_s if split is not None else 0.0) * cfg.time_scale,
+        judge_wake_sleep_s=None if judge_wake_sleep_s is None else judge_wake_sleep_s * cfg.time_scale,
+        judge_timeout_s=max(60.0, 20 * stages.step_s),
     )
     config = env["v1_config"](strategy, split) if split is not None else env["v1_config"](strategy)
     trainer = build_v1_trainer(config, harness, strategy)
@@ -98,6 +104,7 @@ def run_v1_strategy(
         "samples": samples,
         "origin": origin,
         "scored_during_rollout": scored_during_rollout(agent_loop.events),
+        "agent_loop_events": agent_loop.events,
     }
 
 

@@ -91,6 +91,12 @@ class V1Harness:
     time_scale: float
     weight_sync_s: float = 0.0
     """Real (time-scaled) seconds a separate mode's weight push pauses the engine and the trainer."""
+    judge_wake_sleep_s: float | None = None
+    """A judge on the training GPUs (``colocated_judge``): real (time-scaled) seconds its wake-up and
+    sleep add to each scoring; the agent loop must then not score (``score_when_generated=False``).
+    None: the judge scores each sample when generated (standalone, or an API)."""
+    judge_timeout_s: float = 600.0
+    """Real seconds a colocated judge's scoring of a batch may take before the run fails."""
     clock: Callable[[], float] = time.perf_counter
     sleep: Callable[[float], None] = time.sleep
     events: list[TimelineEvent] = field(default_factory=list)
@@ -329,7 +335,16 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
     mode = str(config.trainer.v1.trainer_mode)
     if mode not in classes:
         raise ValueError(f"v1 trainer mode {mode!r} is not benchmarked; choose one of {sorted(classes)}")
-    trainer: Any = classes[mode](config)
+    cls = classes[mode]
+    if harness.judge_wake_sleep_s is not None:  # a judge on the training GPUs
+        from async_reward_bench.colocated_judge import colocated_judge_class
+
+        if harness.agent_loop.score_when_generated:
+            raise ValueError(
+                "a colocated judge needs an agent loop that does not score: score_when_generated=False"
+            )
+        cls = colocated_judge_class(cls, mode)
+    trainer: Any = cls(config)
     trainer.bench_mode = strategy or mode
     trainer.bench = harness
     if mode == "pipelined":
@@ -338,6 +353,10 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
         # and at the latest after verl's replay-buffer poll interval (2 s), time-scaled.
         trainer.pipeline_config.poll_interval_s = 2.0 * harness.time_scale
     trainer.reward_loop_manager = harness.reward_loop_manager
+    if harness.judge_wake_sleep_s is not None:
+        from async_reward_bench.colocated_judge import NO_WORKER_HANDLES
+
+        trainer.reward_loop_manager = NO_WORKER_HANDLES  # verl's _step_once then scores the batch itself
     trainer.checkpoint_manager = _EngineSwitch(harness.agent_loop)
     if mode in SEPARATE_MODES:  # what _setup makes: the standalone rollout's weight sync, no hybrid
         trainer.standalone_checkpoint_manager = _StandaloneSync(harness)
