@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,10 +24,13 @@ import ray
 
 from async_reward import ConfigError
 from async_reward.checks import check_reward, check_v1
+from async_reward.integration import SETUP_HOOK
+from async_reward.judge_in_job.checks import ROUTER_RETRY_ATTEMPTS
 from async_reward.judge_in_job.settings import judge_capacity, routed_workers
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.v1 import V1_OVERRIDES
 from async_reward.v1.agent_loop import excluded_uid
+from async_reward.v1.registration import register_trainer_modes_on_lookup
 from tests.conftest import compose_verl_config, make_batch, shutdown_reward_loop
 from tests.judge_replica_standins import (
     REPLICA_NAME,
@@ -35,6 +39,8 @@ from tests.judge_replica_standins import (
     reset_replicas,
 )
 from tests.v1_standins import (
+    GATE,
+    SEPARATE_ASYNC_OVERRIDES,
     base_overrides,
     build_tiny_model_dir,
     group_by_index,
@@ -194,6 +200,31 @@ def test_the_served_judges_name_capacity_and_retry_defaults_follow_verls_keys(mo
         )
     written = judge_config(model_dir, judge_dir, "+reward.async_reward.retry.max_attempts=5")
     assert LLMJudgeRewardManager.check_settings(written).retry.max_attempts == 5
+
+
+def test_llm_judge_on_the_served_judge_says_so_at_start_up(model_dir, judge_dir, monkeypatch, capsys):
+    """Anything a user turns on must be visibly on: the start-up checks print, once per process, that
+    llm_judge scores through the served judge, with its name, placement, capacity and admission."""
+    from async_reward.judge_in_job import checks
+
+    monkeypatch.setattr(checks, "_ANNOUNCED", set())
+    config = judge_config(model_dir, judge_dir, "reward.reward_model.rollout.max_num_seqs=8")
+    check_reward(config)
+    check_reward(config)  # verl's task runner checks several times: one line
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]
+    assert line == (
+        "async_reward: llm_judge scores through the judge verl serves in the job (reward.reward_model."
+        f"enable=true), behind verl's router, as model {served_name(judge_dir)!r}; standalone on GPUs of "
+        "its own (reward.reward_model.enable_resource_pool=true): each sample scored while its batch "
+        "still generates; 2 replica(s) x 8 requests at once = 16; admission 16 per reward worker (the "
+        "replicas' share over 1 worker(s)); retry.max_attempts=2"
+    )
+    check_reward(judge_config(model_dir, judge_dir, "+reward.async_reward.limits.max_concurrency=3"))
+    (mine,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]
+    assert "admission 3 per reward worker (yours)" in mine
+    check_reward(judge_config(model_dir, judge_dir, standalone=False))
+    (colocated,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]
+    assert "colocated on the training GPUs" in colocated
 
 
 def discriminative_dir(tmp_path: Path) -> Path:
@@ -384,6 +415,11 @@ def test_the_legacy_pipelined_manager_scores_through_the_router(served_judge, mo
 
 
 V1_ROWS = [("What is 2+3?", "5"), ("What is 4*4?", "16")]
+#: verl's separate_async (and our decoupled mode) with one mini-batch per step, no warm-up batch.
+ONE_MINI_BATCH = [
+    "trainer.v1.separate_async.parameter_sync_step=1",
+    "trainer.v1.separate_async.num_warmup_batches=0",
+]
 V1_SCRIPT = {
     "What is 2+3?": ["The answer is 5", "The answer is 6", "The answer is 5 @@fault:400@@"],
     "What is 4*4?": ["The answer is 16", "The answer is 16", "The answer is 4"],
@@ -429,6 +465,194 @@ def test_v1_sync_with_a_colocated_judge_scores_through_our_step(
     stats = replica_stats(served_judge)
     assert [s["asleep"] for s in stats] == [True, True]  # put back to sleep for the policy
     assert [s["requests_while_asleep"] for s in stats] == [0, 0]
+
+
+# ----------------------------------------------------------------------- a standalone judge, in training
+
+#: A one-step run's script for a judge on GPUs of its own. Responses differ within a question (identical
+#: requests share one judge call, and every session must reach the judge); the judge answers one with
+#: 400 (``error``, excluded); one is generated only once the judge has been asked
+#: (:class:`GateOnFirstJudgeRequest`); each question's later calls wait for a policy version a
+#: one-step run never reaches, so a mode that dispatches ahead (``decoupled``) generates, and so
+#: scores, nothing beyond the trained batch.
+HELD = "@@version:99@@The answer is 0"
+STANDALONE_SCRIPT = {
+    "What is 2+3?": ["The answer is 5", "It is 6", "The answer is 5 @@fault:400@@", HELD, HELD, HELD],
+    "What is 4*4?": [f"{GATE}The answer is 16", "It is 16", "The answer is 4", HELD, HELD, HELD],
+}
+#: (dataset row, score) of the sessions trained with a loss; the 400 one is excluded.
+STANDALONE_SCORED = [(0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0), (1, 1.0)]
+#: What each v1 mode needs beyond the shared lines. verl's separate_async (and so our decoupled mode):
+#: one mini-batch per step (train_batch_size = parameter_sync_step x ppo_mini_batch_size) and no
+#: warm-up batch (its prompts would be generated ahead, out of order with the trained batch's).
+STANDALONE_MODES = {
+    "separate_async": [*V1_OVERRIDES, *SEPARATE_ASYNC_OVERRIDES, *ONE_MINI_BATCH],
+    "pipelined": [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}"],
+    "decoupled": [
+        *V1_OVERRIDES,
+        *SEPARATE_ASYNC_OVERRIDES,
+        *ONE_MINI_BATCH,
+        "+trainer.v1.decoupled.ledger=raise",
+    ],
+}
+
+
+class GateOnFirstJudgeRequest(threading.Thread):
+    """Opens the scripted server's gate once a judge request of the run has reached a replica, and
+    records how many generations were held at the gate then (``held``). One or more: a session was
+    scored while its batch still generated. A judge that scored only after sampling would never be
+    asked while a generation waits; the gate would then open by its own 120 s bound, with none held
+    when the judge is first asked."""
+
+    def __init__(self, models: Any, rollout: Any) -> None:
+        super().__init__(daemon=True)
+        self.models, self.rollout = models, rollout
+        self.held = -1
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 240.0
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            stats = replica_stats(self.models)
+            if any(s["models"] or s["requests_while_asleep"] for s in stats):
+                self.held = ray.get(self.rollout.server.open_gate.remote())
+                return
+            time.sleep(0.05)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", list(STANDALONE_MODES))
+def test_a_standalone_judge_scores_each_session_while_its_batch_generates(
+    mode, served_judge, model_dir, judge_dir, rollout, transfer_queue, tmp_path
+):
+    """verl's ``separate_async`` with our lines, our ``pipelined`` and ``decoupled`` modes, one step each
+    with a judge on GPUs of its own (verl's trainers leave it asleep; the hook wakes it): every session
+    reaches a replica through verl's router with the served name, while the batch still generates;
+    the 400 session is an ``error`` the trainer does not train on (``exclude``)."""
+    register_trainer_modes_on_lookup()  # what the setup hook does in verl's task runner (here the test)
+    served_judge.sleep()
+    reset_replicas(served_judge)
+    dataset = write_dataset(tmp_path / "train.parquet", V1_ROWS)
+    config = compose_verl_config(
+        [
+            *base_overrides(model_dir, dataset, steps=1, prompts=2, n=3),
+            f"trainer.v1.trainer_mode={mode}",
+            *STANDALONE_MODES[mode],
+            *judge_lines(judge_dir, standalone=True),
+            "+reward.async_reward.on_failure=exclude",
+            # A mini-batch with nothing to train (a judge that answered nothing) stops the run at once,
+            # instead of its prompts being generated again into the held calls until the timeout.
+            "+trainer.v1.sampler.sampler_kwargs.max_untrained_skips=0",
+            "trainer.val_before_train=false",
+        ]
+    )
+    watch = GateOnFirstJudgeRequest(served_judge, rollout)
+    watch.start()
+    try:
+        run = run_v1_training(config, rollout, STANDALONE_SCRIPT, tmp_path / "metrics.jsonl")
+    finally:
+        watch.stop.set()
+        watch.join(30)
+    assert watch.held >= 1, "no judge request while a generation of the batch was still held"
+    (metrics,) = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+    assert (metrics["reward/status_ok"], metrics["reward/status_error"]) == (5.0, 1.0), metrics
+    assert metrics["reward/excluded"] == 1.0
+    rows = [row for update in run.updates for row in sessions(update)]
+    trained = [row for row in rows if row.mask_tokens > 0]
+    assert sorted((row.index, row.score) for row in trained) == STANDALONE_SCORED
+    assert {row.reward_extra_info["status"] for row in trained} == {"ok"}
+    for row in rows:
+        if row.mask_tokens == 0:  # the 400 session, if the mode hands it to the actor at all
+            info = row.reward_extra_info
+            assert info["status"] == "error" and info["excluded"], info
+            assert "verl's router" in info["failure_reason"]
+    stats = replica_stats(served_judge)
+    assert [s["requests_while_asleep"] for s in stats] == [0, 0]
+    assert [s["asleep"] for s in stats] == [False, False]  # woken once, never put back to sleep
+    assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats), stats
+    # every session once, the 400 one once per attempt (verl's router hid the status: retried)
+    assert sum(s["models"].get(served_name(judge_dir), 0) for s in stats) == 5 + ROUTER_RETRY_ATTEMPTS
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_the_legacy_pipelined_trainer_scores_through_the_served_judges_router(
+    served_judge, judge_dir, tmp_path, monkeypatch
+):
+    """Our legacy pipelined trainer, ``init_workers`` then ``fit`` (one step), with a judge on GPUs of
+    its own: verl's ``RewardLoopManager`` (built where verl's ``init_workers`` builds it, the GPU
+    worker groups stand-ins) starts the judge's router and wakes it; our ``init_workers`` hands the
+    router's address to the pipelined reward workers, which score every sample through it."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+    from verl.trainer.ppo import ray_trainer
+    from verl.utils.tracking import Tracking
+
+    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward_bench.toy.task import build_char_tokenizer
+    from tests.test_trainer import GROUP, PROMPTS, build_trainer
+    from tests.trainer_standins import build_standins
+    from tests.warm_actors import _kill
+
+    served_judge.sleep()
+    reset_replicas(served_judge)
+    tokenizer_dir = tmp_path / "chars"
+    tokenizer = build_char_tokenizer(tokenizer_dir)
+    dumps = tmp_path / "rollouts"
+    config = compose_verl_config(
+        [
+            f"actor_rollout_ref.model.path={tokenizer_dir}",
+            f"data.train_batch_size={PROMPTS}",
+            "data.max_prompt_length=4",
+            "data.max_response_length=3",
+            "data.dataloader_num_workers=0",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
+            f"actor_rollout_ref.rollout.n={GROUP}",
+            "actor_rollout_ref.rollout.prompt_length=4",
+            "actor_rollout_ref.rollout.response_length=3",
+            "algorithm.adv_estimator=grpo",
+            "critic.enable=false",
+            "reward.num_workers=1",
+            *judge_lines(judge_dir, standalone=True),
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=-1",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[]",
+            "trainer.resume_mode=disable",
+            f"trainer.rollout_data_dir={dumps}",
+        ]
+    )
+    standins = build_standins(config, tokenizer)
+    verl_workers: list[Any] = []
+
+    def init_workers(self: Any) -> None:
+        """verl's ``init_workers`` on CPU: the worker groups are stand-ins; its ``RewardLoopManager``
+        is verl's own (the module's replicas, the hook's wake-up)."""
+        standins.attach(self)
+        self.reward_loop_manager = RewardLoopManager(config=self.config)
+        verl_workers.extend(self.reward_loop_manager.reward_loop_workers)
+
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "init_workers", init_workers)
+    logged: list[dict[str, Any]] = []
+    monkeypatch.setattr(Tracking, "log", lambda self, data, step, **kw: logged.append(dict(data)))
+    trainer = build_trainer(PipelinedRayPPOTrainer, config, tokenizer, standins)
+    try:
+        trainer.init_workers()
+        trainer.fit()
+    finally:
+        for handle in verl_workers:  # our init_workers killed them: wait until their names are free
+            _kill(handle, "reward_loop_worker_0")
+    samples = PROMPTS * GROUP
+    (metrics,) = [m for m in logged if "training/global_step" in m]
+    assert metrics["reward/status_ok"] == float(samples), metrics
+    rows = [json.loads(line) for line in (dumps / "1.jsonl").read_text().splitlines()]
+    assert len(rows) == samples and {row["status"] for row in rows} == {"ok"}
+    asked = sum(not row["judge_shared"] for row in rows)  # identical requests share one call
+    stats = replica_stats(served_judge)
+    assert [s["requests_while_asleep"] for s in stats] == [0, 0]
+    assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats), stats
+    assert sum(s["models"].get(served_name(judge_dir), 0) for s in stats) == asked > 0
 
 
 # Last: it kills a replica of the module's judge.

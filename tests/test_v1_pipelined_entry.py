@@ -54,13 +54,38 @@ STANDALONE_ROLLOUT = [
 SWEPT = [name for name, (mini_batch, one_step_off) in SCHEDULES.items() if mini_batch != one_step_off]
 
 
-def verl_main_ppo(root: Path, tmp_path: Path, extra: list[str], timeout: int = 840) -> tuple[int, str, int]:
-    """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster."""
+#: What ``llm_judge`` prints in verl's task runner when it scores through the judge verl serves.
+IN_JOB_LINE = re.compile(
+    r"async_reward: llm_judge scores through the judge verl serves in the job \(reward\.reward_model\."
+    r"enable=true\), behind verl's router, as model '(?P<model>[^']+)'; standalone on GPUs of its own "
+    r".*; (?P<replicas>\d+) replica\(s\) x (?P<per_replica>\d+) requests at once"
+)
+
+
+def served_judge_lines(root: Path) -> list[str]:
+    """The judge inside the job (issue 27), on GPUs of its own: verl's GenRM keys, nothing of ours but
+    the manager's name (``reward.reward_manager.name=llm_judge`` in :func:`overrides`)."""
+    return [
+        "reward.reward_model.enable=true",
+        f"reward.reward_model.model_path={root / 'model'}",
+        "reward.reward_model.enable_resource_pool=true",
+        "reward.reward_model.n_gpus_per_node=4",  # verl's reward rollout.tensor_model_parallel_size=2
+        "reward.reward_model.nnodes=1",
+    ]
+
+
+def verl_main_ppo(
+    root: Path, tmp_path: Path, extra: list[str], timeout: int = 840, common: list[str] | None = None
+) -> tuple[int, str, int]:
+    """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster, with
+    ``common`` (default: the tiny GRPO run of tests/test_entry_point.py, an external judge) and
+    ``extra``."""
 
     env = cluster_env()
     # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
     tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *overrides(root), tq_units]
+    lines = overrides(root) if common is None else common
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *extra, *lines, tq_units]
     process = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -94,7 +119,13 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     read from the other would name the wrong schedule in one run. Hydra runs every job of the sweep
     before it raises the first failure, so the refused job (last) fails the command after the others
     printed their lines. Every schedule's training is tested in-process in tests/test_v1_pipelined.py,
-    the decoupled mode's in tests/test_v1_decoupled.py."""
+    the decoupled mode's in tests/test_v1_decoupled.py.
+
+    ``llm_judge`` judges with the model verl serves in the job (issue 27: verl's GenRM keys, no
+    ``judge.base_url``, the judge on GPUs of its own): each built trainer's task runner says so at
+    start-up. The dry runs stop before verl starts the judge's replicas (nothing can start on CPU):
+    the scoring through verl's router is tested in-process in tests/test_judge_in_job.py."""
+    judge_in_job = [line for line in overrides(assets) if "judge.base_url" not in line]
     code, output, driver_pid = verl_main_ppo(
         assets,
         tmp_path,
@@ -108,10 +139,16 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
             f"{DECOUPLED_JOB},"
             f"{REFUSED_JOB}",
             *STANDALONE_ROLLOUT,
+            *served_judge_lines(assets),
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
+        common=judge_in_job,
     )
     assert code != 0 and REFUSAL.search(output), output[-6000:]
+    # one line per built trainer's task runner (the refused job stops before the reward checks)
+    in_job = [m.groupdict() for m in IN_JOB_LINE.finditer(output)]
+    assert len(in_job) == 3, output[-6000:]
+    assert all(line["model"] == str(assets / "model") and line["replicas"] == "2" for line in in_job)
     started = [m.groupdict() for m in START_LINE.finditer(output)]
     built = [m.groupdict() for m in DRY_RUN_LINE.finditer(output)]
     assert sorted(s["schedule"] for s in started) == sorted(SWEPT), output[-6000:]
@@ -137,3 +174,33 @@ def test_without_the_setup_hook_verl_refuses_the_mode_and_trains_nothing(assets,
     assert code != 0
     assert "Unknown trainer 'pipelined'" in output
     assert "async_reward: trainer" not in output and "dry run" not in output
+
+
+IN_JOB_REFUSAL = re.compile(
+    r"ConfigError: reward\.async_reward\.judge\.base_url='http://127\.0\.0\.1:9/v1' names a judge "
+    r"server while reward\.reward_model\.enable=true serves one in the job: llm_judge would have two "
+    r"judges; remove reward\.async_reward\.judge\.base_url"
+)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(600)
+def test_a_second_judge_beside_the_served_one_is_refused_in_verls_task_runner(assets, tmp_path):  # noqa: F811
+    """verl's GenRM keys with a ``judge.base_url`` too (:func:`overrides` names one): refused where
+    verl's task runner builds the trainer, naming the key and the fix, before any trainer is built
+    and before the start-up line that would say the served judge is used."""
+    code, output, _ = verl_main_ppo(
+        assets,
+        tmp_path,
+        [
+            "trainer.use_v1=true",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+            "trainer.v1.trainer_mode=pipelined",
+            "+trainer.v1.pipelined.dry_run=true",
+            *served_judge_lines(assets),
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+    )
+    assert code != 0 and IN_JOB_REFUSAL.search(output), output[-6000:]
+    assert not IN_JOB_LINE.search(output) and not DRY_RUN_LINE.search(output), output[-6000:]
+    assert "TaskRunnerV1 pid=" in output  # refused in verl's task runner, not before it

@@ -110,6 +110,7 @@ class ScriptedLLMServer:
         self.version = 0
         self.run = 0
         self.gate_open = False
+        self.at_gate = 0  # generations of this run waiting at the gate now
 
     def start(self, script: dict[str, list[str]]) -> None:
         """A new run: its script, call counters and policy version from zero, its gate closed. A
@@ -119,9 +120,11 @@ class ScriptedLLMServer:
         self.gate_open = False
         self.run += 1
 
-    def open_gate(self) -> None:
-        """Answer the responses waiting at :data:`GATE` (and any later ones) of this run."""
+    def open_gate(self) -> int:
+        """Answer the responses waiting at :data:`GATE` (and any later ones) of this run; returns how
+        many were waiting at it."""
         self.gate_open = True
+        return self.at_gate
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -148,10 +151,14 @@ class ScriptedLLMServer:
             text = text[delay.end() :]
         if text.startswith(GATE):
             run, deadline = self.run, time.monotonic() + 120.0
-            while not self.gate_open and time.monotonic() < deadline:
-                if self.run != run:
-                    raise RuntimeError("a generation of an earlier run, superseded")
-                await asyncio.sleep(0.02)
+            self.at_gate += 1
+            try:
+                while not self.gate_open and time.monotonic() < deadline:
+                    if self.run != run:
+                        raise RuntimeError("a generation of an earlier run, superseded")
+                    await asyncio.sleep(0.02)
+            finally:
+                self.at_gate -= 1
             text = text[len(GATE) :]
         version = AT_VERSION.match(text)
         if version:  # answered once the policy reaches a version: generated with those weights

@@ -152,7 +152,14 @@ def check_reward(verl_config: Any) -> None:
     # own constructor, so importing it here would close an import circle.
     check_config = getattr(manager_cls, "check_config", None) if isinstance(manager_cls, type) else None
     if callable(check_config):
-        check_config(verl_config, env=_worker_environment(verl_config))
+        settings = check_config(verl_config, env=_worker_environment(verl_config))
+        if getattr(manager_cls, "scores_with_reward_model", False) and select_key(
+            verl_config, "reward.reward_model.enable"
+        ):
+            # llm_judge on the judge verl serves: what it will do, in the job's log at start-up
+            from async_reward.judge_in_job.checks import announce_in_job_judge
+
+            announce_in_job_judge(verl_config, settings)
 
 
 def _v1_problem(verl_config: Any) -> str | None:

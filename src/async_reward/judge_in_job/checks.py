@@ -27,19 +27,28 @@ from async_reward._config_rules import bad_value, select_key
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig
 from async_reward.errors import ConfigError
 from async_reward.judge_in_job.settings import (
+    colocated_judge,
     discriminative_architecture,
     judge_capacity,
     served_model_name,
     was_set,
 )
 
-__all__ = ["ROUTER_RETRY_ATTEMPTS", "ROUTER_RETRY_BACKOFF_S", "apply_in_job_judge"]
+__all__ = [
+    "ROUTER_RETRY_ATTEMPTS",
+    "ROUTER_RETRY_BACKOFF_S",
+    "announce_in_job_judge",
+    "apply_in_job_judge",
+    "in_job_judge_line",
+]
 
 #: ``retry.max_attempts`` in router mode unless set (see the module docstring).
 ROUTER_RETRY_ATTEMPTS = 2
 #: ``retry.initial_backoff_s`` in router mode unless set.
 ROUTER_RETRY_BACKOFF_S = 1.0
 _JUDGE = f"{CONFIG_PATH}.judge"
+#: The lines :func:`announce_in_job_judge` printed in this process (each once).
+_ANNOUNCED: set[str] = set()
 
 
 def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardConfig:
@@ -107,3 +116,41 @@ def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardC
     ):
         limits = replace(limits, max_concurrency=judge_capacity(config).per_worker)
     return replace(settings, judge=replace(judge, model=served), retry=retry, limits=limits)
+
+
+def in_job_judge_line(config: Any, settings: AsyncRewardConfig) -> str:
+    """What ``llm_judge`` does with the judge verl serves, in one line: the served name, the
+    placement and when it scores, the capacity and the admission and retries in force (``settings``:
+    :func:`apply_in_job_judge`'s)."""
+    capacity = judge_capacity(config)
+    placement = (
+        "colocated on the training GPUs (reward.reward_model.enable_resource_pool=false): woken after "
+        "sampling to score each batch, then put back to sleep"
+        if colocated_judge(config)
+        else "standalone on GPUs of its own (reward.reward_model.enable_resource_pool=true): each "
+        "sample scored while its batch still generates"
+    )
+    limit = settings.limits.max_concurrency
+    yours = was_set(config, f"{CONFIG_PATH}.limits.max_concurrency") or was_set(
+        config, "reward.max_concurrent"
+    )
+    admission = (
+        f"{limit} per reward worker (yours)"
+        if yours
+        else f"{limit} per reward worker (the replicas' share over {capacity.workers} worker(s))"
+    )
+    return (
+        "llm_judge scores through the judge verl serves in the job (reward.reward_model.enable=true), "
+        f"behind verl's router, as model {settings.judge.model!r}; {placement}; "
+        f"{capacity.replicas} replica(s) x {capacity.per_replica} requests at once = {capacity.total}; "
+        f"admission {admission}; retry.max_attempts={settings.retry.max_attempts}"
+    )
+
+
+def announce_in_job_judge(config: Any, settings: AsyncRewardConfig) -> None:
+    """Print :func:`in_job_judge_line` once per process (the start-up checks run several times in
+    verl's task runner): a judge served in the job is visibly on in the job's log."""
+    line = f"async_reward: {in_job_judge_line(config, settings)}"
+    if line not in _ANNOUNCED:
+        _ANNOUNCED.add(line)
+        print(line, flush=True)
