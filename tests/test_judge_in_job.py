@@ -655,6 +655,42 @@ def test_the_legacy_pipelined_trainer_scores_through_the_served_judges_router(
     assert sum(s["models"].get(served_name(judge_dir), 0) for s in stats) == asked > 0
 
 
+@pytest.mark.ray
+def test_v1_colocate_async_with_a_colocated_judge_scores_every_trained_session_awake(
+    served_judge, model_dir, judge_dir, rollout, transfer_queue, tmp_path
+):
+    """verl's v1 ``colocate_async`` takes the same score-the-batch step as ``sync`` (ours, installed by
+    the hook) while it generates a batch ahead: every trained session is scored by llm_judge through
+    the router, with the judge awake, and the judge is asleep again for the policy."""
+    served_judge.sleep()
+    reset_replicas(served_judge)
+    dataset = write_dataset(tmp_path / "train.parquet", V1_ROWS)
+    # Question 0 answered right every time and question 1 wrong: a score says which path scored it.
+    script = {"What is 2+3?": ["The answer is 5"] * 6, "What is 4*4?": ["The answer is 15"] * 6}
+    config = compose_verl_config(
+        [
+            *base_overrides(model_dir, dataset, steps=1, prompts=2, n=2),
+            "trainer.v1.trainer_mode=colocate_async",
+            *V1_OVERRIDES,
+            *judge_lines(judge_dir, standalone=False),
+            "trainer.val_before_train=false",
+        ]
+    )
+    run = run_v1_training(config, rollout, script, tmp_path / "metrics.jsonl")
+    (update,) = run.updates
+    rows = sessions(update)
+    assert rows and {row.reward_extra_info["status"] for row in rows} == {"ok"}
+    assert all(row.score == (1.0 if row.index == 0 else 0.0) for row in rows), rows
+    (metrics,) = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+    assert metrics["reward/status_ok"] == float(len(rows))
+    stats = replica_stats(served_judge)
+    assert [s["asleep"] for s in stats] == [True, True]
+    assert [s["requests_while_asleep"] for s in stats] == [0, 0]
+    assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats)
+    unshared = [row for row in rows if not row.reward_extra_info.get("judge_shared")]
+    assert unshared and sum(s["models"].get(served_name(judge_dir), 0) for s in stats) >= len(unshared)
+
+
 # Last: it kills a replica of the module's judge.
 @pytest.mark.ray
 def test_a_replica_killed_mid_batch_leaves_every_sample_with_a_status(
