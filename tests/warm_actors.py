@@ -282,14 +282,7 @@ def _install_pipeline_workers() -> None:
                 args=(config, max_concurrency, reward_router_address),
             )
             workers.append(pool.WorkerRef(label=label, handle=handle))
-        try:
-            replies = ray.get([w.handle.ready.remote() for w in workers], timeout=ready_timeout_s)
-        except BaseException:
-            kill_workers(workers)
-            raise
-        for worker, reply in zip(workers, replies, strict=True):
-            worker.capacity = int(reply["capacity"])
-        return workers
+        return pool.wait_until_ready(workers, ready_timeout_s)
 
     def kill_workers(workers: list[Any], wait_s: float = 30.0) -> None:
         if not WARM.enabled:  # our own kill, as a test of it needs

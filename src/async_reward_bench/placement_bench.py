@@ -72,13 +72,21 @@ class PlacementConfig:
     """Prompts per step: 32 x 5 = 160 samples, 1/32 of the recipe's, so that a fast served judge's
     request rate stays within what 2 CPU cores serve at the time scale."""
     group_size: int = 5
+    """Responses per prompt (the recipe's 5), as in ``BenchSettings``."""
     mini_batches: int = 4
+    """Optimizer updates per step (the recipe's 4)."""
     steps: int = 7
+    """Steps per (judge, placement, trainer); steps 2..N-2 are averaged (steady state)."""
     time_scale: float = 0.02
+    """Real seconds per recipe second."""
     num_workers: int = 2
+    """verl reward workers scoring for the judge."""
     seed: int = 0
+    """The run's seed, passed to every row's ``BenchSettings.seed``."""
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
+    """Where ``judge_placement.json`` and the tables are written."""
     progress: bool = True
+    """Print a line per finished run."""
 
     def validate(self) -> None:
         if self.regime not in REGIMES:

@@ -19,7 +19,7 @@ from verl import DataProto
 
 from async_reward.pipeline.worker import PipelineRewardWorker
 
-__all__ = ["BackgroundLoop", "WorkerRef", "enqueue_rows", "kill_workers", "start_workers"]
+__all__ = ["BackgroundLoop", "WorkerRef", "enqueue_rows", "kill_workers", "start_workers", "wait_until_ready"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,14 @@ def start_workers(
             config, max_concurrency, reward_router_address
         )
         workers.append(WorkerRef(label=label, handle=handle))
+    return wait_until_ready(workers, ready_timeout_s)
+
+
+def wait_until_ready(workers: list[WorkerRef], ready_timeout_s: float) -> list[WorkerRef]:
+    """Wait until each worker has built its reward manager and record the capacity it reports.
+
+    Raises whatever a worker's constructor raised (or Ray's timeout), after killing all of them.
+    """
     try:
         replies = ray.get([w.handle.ready.remote() for w in workers], timeout=ready_timeout_s)
     except BaseException:
