@@ -8,6 +8,7 @@ import functools
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -332,9 +333,16 @@ class _SessionTransferQueue:
         self.open = False
 
     def ensure_open(self) -> None:
-        if not self.open:
-            import transfer_queue as tq
+        """Open it, or reopen it when code under test closed it behind the flag's back (a
+        ``tq.close()`` in this process leaves TransferQueue's client ``None``; a failure here names
+        that, rather than a later ``kv_batch_put`` saying "has not been initialized")."""
+        import transfer_queue as tq
+        from transfer_queue import interface
 
+        if self.open and interface._TQ_CLIENT is None:
+            self.open = False
+        if not self.open:
+            _wait_until_no_transfer_queue_runs()
             tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
             self.open = True
 
@@ -347,6 +355,26 @@ class _SessionTransferQueue:
 
 
 _SESSION_TQ = _SessionTransferQueue()
+
+
+def _wait_until_no_transfer_queue_runs(timeout_s: float = 60.0) -> None:
+    """Wait for the cluster's TransferQueue controller name to be free. A ``main_ppo`` subprocess's
+    task runner kills its controller as the job ends, and ``ray.kill`` only sends the request: a
+    ``tq.init`` in that window attaches to the dying controller instead of starting ours."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        except ValueError:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"a TransferQueueController still runs on the test cluster {timeout_s:.0f} s after this "
+                "process closed its own: a job started by a test did not close its TransferQueue"
+            )
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -141,3 +141,24 @@ def test_transfer_queue_writes_back_the_tag_a_field_put_read(transfer_queue):
         assert tq.kv_list("train")["train"][key]["status"] == "running"
     finally:
         tq.kv_clear(keys=[key], partition_id="train")
+
+
+def test_the_toy_v1_benchmark_attaches_to_a_running_transfer_queue_and_leaves_it_open(transfer_queue):
+    """``async_reward_bench.toy.v1_parity`` run where a TransferQueue already runs (a test session, a
+    job) attaches to it and does not close it: closing one it only attached to killed the caller's
+    controller and left its client ``None`` (a CI run's later TransferQueue tests then failed with
+    "has not been initialized yet")."""
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    from async_reward_bench.toy.v1_parity import _open_transfer_queue
+
+    controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    assert _open_transfer_queue() is False
+    assert interface._TQ_CLIENT is not None
+    assert ray.get_actor("TransferQueueController", namespace="transfer_queue")._actor_id == controller._actor_id
+    tq.kv_batch_put(keys=["attach_probe"], partition_id="train", tags=[{"probe": 1}])
+    try:
+        assert tq.kv_list("train")["train"]["attach_probe"]["probe"] == 1
+    finally:
+        tq.kv_clear(keys=["attach_probe"], partition_id="train")

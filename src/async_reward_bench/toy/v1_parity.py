@@ -214,8 +214,8 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
         )
         if init_local_ray(num_cpus=8):
             stack.callback(ray.shutdown)
-        tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
-        stack.callback(tq.close)
+        if _open_transfer_queue():
+            stack.callback(tq.close)
         server_cls: Any = PolicyServer  # a Ray actor class
         policy_server = server_cls.remote(
             len(tokenizer),
@@ -356,6 +356,23 @@ def run_one(
         "sampled_by_version": {str(k): v for k, v in sorted(served.items())},
         "synced_versions": sync.versions,
     }
+
+
+def _open_transfer_queue() -> bool:
+    """Attach to the cluster's TransferQueue, starting one only if none runs; True when this call
+    started it (and so must close it). A caller that already runs one (a test session, a job) keeps
+    it: closing a TransferQueue this run only attached to would kill the caller's controller and
+    leave its client pointing at nothing."""
+    import ray
+    import transfer_queue as tq
+
+    try:
+        ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    except ValueError:
+        tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+        return True
+    tq.init()
+    return False
 
 
 def _warm_up(reward_loop: Any, env: dict[str, Any]) -> None:
