@@ -156,7 +156,8 @@ def test_the_toy_v1_benchmark_attaches_to_a_running_transfer_queue_and_leaves_it
     controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
     assert _open_transfer_queue() is False
     assert interface._TQ_CLIENT is not None
-    assert ray.get_actor("TransferQueueController", namespace="transfer_queue")._actor_id == controller._actor_id
+    still_running = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    assert still_running._actor_id == controller._actor_id
     tq.kv_batch_put(keys=["attach_probe"], partition_id="train", tags=[{"probe": 1}])
     try:
         assert tq.kv_list("train")["train"]["attach_probe"]["probe"] == 1
