@@ -49,7 +49,9 @@ def env(ray_cluster: None) -> Iterator[dict[str, Any]]:
 def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_staleness(
     mode: str, env: dict[str, Any]
 ) -> None:
-    """12 steps of 4 prompts x 8 samples: greedy accuracy rises from the untrained policy's; every
+    """12 steps of 4 prompts x 8 samples: the sampled training score of the last 6 steps averages at
+    least twice the untrained policy's (greedy accuracy on 4 problems moves in steps of 0.25 and a
+    run's path depends on which groups get which draws, so it is only required not to fall); every
     sample is trained exactly once, in ``mini_batches`` updates per step; ``sync`` samples batch k
     from the weights after step k-1, the pipelined ``both`` one version older (batch 2 from the
     initial weights too), staleness 0 vs 1 from the second step, and ``both_is`` trains with verl's
@@ -59,7 +61,10 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
 
     curve = run["curve"]
     assert [point["step"] for point in curve] == [0, 4, 8, 12]
-    assert run["final_accuracy"] >= 0.25 and run["final_accuracy"] > curve[0]["accuracy"], curve
+    scores = run["train_score"]
+    assert len(scores) == CFG.steps and all(0.0 <= score <= 1.0 for score in scores), scores
+    assert sum(scores[-6:]) / 6 >= max(2 * scores[0], 0.2), (scores, curve)
+    assert run["final_accuracy"] >= curve[0]["accuracy"], curve
 
     assert run["trained_rows"] == run["distinct_trained_rows"] == CFG.steps * samples
     assert run["optimizer_steps"] == CFG.steps * CFG.mini_batches

@@ -1,26 +1,71 @@
 """async-reward: asyncio-native reward managers for verl's Reward Loop.
 
 Importing the package registers our managers with verl's registry (``async_naive``,
-``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). The public API is what
-this module lists in ``__all__``.
+``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). In a Ray worker process
+(where our setup hook imports it) they are registered when verl first looks a manager up instead, so
+that a worker that never loads verl does not pay for it (:mod:`async_reward.worker_imports`); their
+names here load on first use. The public API is what this module lists in ``__all__``.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from async_reward.config import AsyncRewardConfig, ConfigError, load_config
 from async_reward.integration import SETUP_HOOK, prepare_verl_config, ray_runtime_env, setup_worker
-from async_reward.managers import (
-    MANAGER_NAMES,
-    AsyncNaiveRewardManager,
-    AsyncRateLimitedRewardManager,
-    AsyncRemoteRewardManager,
-    AsyncRewardManager,
-    AsyncStatefulRewardManager,
-    LLMJudgeRewardManager,
-    RewardScoringError,
-)
-from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
+from async_reward.worker_imports import in_ray_worker, register_managers_on_lookup
+
+#: The public names that import verl, and their modules: loaded on first use in a Ray worker.
+_VERL_NAMES = {
+    **dict.fromkeys(
+        (
+            "MANAGER_NAMES",
+            "AsyncNaiveRewardManager",
+            "AsyncRateLimitedRewardManager",
+            "AsyncRemoteRewardManager",
+            "AsyncRewardManager",
+            "AsyncStatefulRewardManager",
+            "LLMJudgeRewardManager",
+            "RewardScoringError",
+        ),
+        "async_reward.managers",
+    ),
+    "register_manager": "async_reward.registry",
+}
+
+register_managers_on_lookup()
+if TYPE_CHECKING or not in_ray_worker():
+    from async_reward.managers import (
+        MANAGER_NAMES,
+        AsyncNaiveRewardManager,
+        AsyncRateLimitedRewardManager,
+        AsyncRemoteRewardManager,
+        AsyncRewardManager,
+        AsyncStatefulRewardManager,
+        LLMJudgeRewardManager,
+        RewardScoringError,
+    )
+    from async_reward.registry import register_manager
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of :data:`_VERL_NAMES` (or a submodule) used in a Ray worker before verl loaded."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _VERL_NAMES.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as missing:
+        if missing.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
 
 __version__ = "0.1.0"
 

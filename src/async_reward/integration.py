@@ -76,18 +76,24 @@ VERL_TRAINERS = (
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: registers our managers in this process (importing this module
-    imports the package, which registers them) and our ``pipelined`` and ``decoupled`` verl v1 trainer
-    modes where verl looks a mode up here (verl's task-runner actor; :mod:`async_reward.v1.registration`),
-    applies the legacy ``reward_model.*`` reward keys and checks the reward settings where verl's own
-    trainer is built (before its GPU workers) and where it builds its ``RewardLoopManager``."""
+    """Ray ``worker_process_setup_hook``: registers our managers where verl looks a manager up in this
+    process and our ``pipelined`` and ``decoupled`` verl v1 trainer modes where verl looks a mode up
+    (verl's task-runner actor; :mod:`async_reward.v1.registration`), applies the legacy
+    ``reward_model.*`` reward keys and checks the reward settings where verl's own trainer is built
+    (before its GPU workers) and where it builds its ``RewardLoopManager``. Nothing of verl is imported
+    here: a worker that never loads verl starts as fast as without the hook
+    (:mod:`async_reward.worker_imports`)."""
     import wrapt
 
-    from async_reward.judge_in_job.routing import install_reward_loop_hooks
+    from async_reward.worker_imports import (
+        check_where_verl_builds_its_reward_loop,
+        register_managers_on_lookup,
+    )
 
+    # Each waits for verl: a worker that never loads verl (TransferQueue's, a server's) pays nothing.
+    register_managers_on_lookup()
     register_trainer_modes_on_lookup()
-    _check_before_verl_reward_loop()
-    install_reward_loop_hooks()  # a judge served in the job: our reward worker, the judge awake
+    check_where_verl_builds_its_reward_loop(apply_legacy_and_check)  # + the judge-in-job routing
     for module, name in VERL_TRAINERS:
         # Wrapped when verl imports the module (most worker processes never do; importing it here
         # would cost every one of them a second of start-up).
@@ -136,32 +142,6 @@ def _wrap_trainer_init(module: Any, name: str) -> None:
 
     checked_init._async_reward_checked = True  # type: ignore[attr-defined]
     trainer_cls.__init__ = checked_init  # type: ignore[misc]
-
-
-def _check_before_verl_reward_loop() -> None:
-    """Run :func:`~async_reward.checks.apply_legacy_and_check` at the top of verl's
-    ``RewardLoopManager.__init__``.
-
-    verl builds that manager in its task runner (a Ray actor, so this hook ran there) and starts its
-    ``RewardLoopWorker`` actors without waiting for them: a worker whose manager refuses the config
-    only surfaces as an ``ActorDiedError`` at the first scoring call, after every GPU worker started.
-    Checking first makes the same ``ConfigError`` the task runner's own error, at start-up. Only this
-    process's class is wrapped, once; verl's behaviour is otherwise unchanged.
-    """
-    from verl.experimental.reward_loop import reward_loop
-
-    manager_cls = reward_loop.RewardLoopManager
-    original = manager_cls.__init__
-    if getattr(original, "_async_reward_checked", False):
-        return
-
-    @functools.wraps(original)
-    def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        apply_legacy_and_check(config)
-        original(self, config, *args, **kwargs)
-
-    checked_init._async_reward_checked = True  # type: ignore[attr-defined]
-    manager_cls.__init__ = checked_init  # type: ignore[method-assign]
 
 
 def ray_runtime_env(base: dict[str, Any] | None = None) -> dict[str, Any]:

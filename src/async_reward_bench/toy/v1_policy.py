@@ -12,7 +12,8 @@ with parts that do the real thing for a :class:`~async_reward_bench.toy.policy.T
   only which of a batch's groups asking the same prompt gets which of them can vary.
 * :class:`PolicyActor` (the actor worker group, one data-parallel rank) computes log-probs and
   entropy under the current weights (``compute_log_prob``) and trains (``update_actor``): it reads
-  the batch from TransferQueue, splits it into updates as verl's engine worker does
+  the batch from TransferQueue, puts its rows in an order of their content (not the order they
+  finished scoring, which load changes), splits it into updates as verl's engine worker does
   (``tu.make_iterator`` with the trainer's ``mini_batch_size``, ``epochs``, ``seed``, ``shuffle``) and
   takes one step of verl's registered policy loss per update
   (:func:`~async_reward_bench.toy.policy.ppo_update`), with verl's ``rollout_is_weights`` when the
@@ -311,7 +312,9 @@ class PolicyActor:
         full = DataProto.from_dict(tensors=tensors)
         full.meta_info["temperature"] = float(batch.extra_info.get("temperature", 1.0))
         metrics: dict[str, list[float]] = {}
-        for rows in _verl_updates(batch):
+        order = _canonical_order(tensors)
+        for positions in _verl_updates(batch):
+            rows = [order[i] for i in positions]
             part = full.select_idxs(torch.tensor(rows, dtype=torch.long))
             part.meta_info = dict(full.meta_info)
             result = ppo_update(
@@ -330,6 +333,23 @@ class PolicyActor:
                 metrics.setdefault(key.removeprefix("actor/"), []).append(value)
         self.update_s += time.perf_counter() - start
         return {"metrics": {"mfu": [0.0], **metrics}}
+
+
+def _canonical_order(tensors: dict[str, torch.Tensor]) -> list[int]:
+    """The batch's rows in an order of their content (a digest of tokens and advantage), not of
+    their position. verl hands the actor a batch in the order its samples finished scoring, which the
+    machine's load changes, and its updates split that order into mini-batches: the same samples made
+    a different run on a busy machine (a learning test flipped under load). A digest, not the
+    tokens themselves, so that an update still mixes prompts as an arrival order does (sorted by
+    tokens, each update saw one prompt and the policy oscillated); rows equal in every trained field
+    are interchangeable."""
+    ids = tensors["input_ids"].tolist()
+    advantages = tensors["advantages"][:, 0].tolist()
+
+    def digest(row: int) -> bytes:
+        return hashlib.blake2b(repr((ids[row], advantages[row])).encode(), digest_size=8).digest()
+
+    return sorted(range(len(ids)), key=lambda row: (digest(row), ids[row], advantages[row]))
 
 
 def _padded(data: Any) -> dict[str, Any]:

@@ -1,0 +1,111 @@
+"""What a Ray worker process pays for our setup hook: nothing of verl until verl needs us.
+
+The setup hook (``async_reward.integration.setup_worker``) runs in every worker process of a job:
+the reward and agent-loop workers that use our managers, and also TransferQueue's controller and
+storage units, servers and every other actor, which never do. Importing our managers imports verl
+(``DataProto``, its Reward Loop, transformers), about 3.5 CPU-seconds on top of torch. So in a Ray
+worker the package defers them, and they load where verl looks a manager up:
+
+* :func:`register_managers_on_lookup` wraps verl's ``get_reward_manager_cls`` (the one lookup verl's
+  ``load_reward_manager`` uses, in the task runner's ``RewardLoopManager`` and in every
+  ``RewardLoopWorker``); the wrapper imports :mod:`async_reward.managers`, which registers them, then
+  asks verl. Outside a Ray worker ``import async_reward`` still registers them at once.
+* :func:`check_where_verl_builds_its_reward_loop` wraps verl's ``RewardLoopManager.__init__`` once its
+  module is imported: the wrapper runs our start-up checks and installs the judge-in-job routing
+  (which imports verl) when the manager is built.
+
+Both wrap when verl's module has been imported (wrapt's post-import hook) and import nothing then:
+an import from a post-import hook runs in the middle of whichever import loaded verl's module, and
+a module that imports it back fails half-initialised (the circular import described in
+:mod:`async_reward.v1.registration`). The wrappers import at call time, when imports are done.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import wrapt
+
+__all__ = [
+    "check_where_verl_builds_its_reward_loop",
+    "in_ray_worker",
+    "register_managers_on_lookup",
+]
+
+#: verl's reward-manager registry (``get_reward_manager_cls`` lives here) and the package callers
+#: import it from (``from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls``).
+VERL_REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager.registry"
+VERL_REGISTRY_PACKAGE = "verl.experimental.reward_loop.reward_manager"
+#: The module of verl's ``RewardLoopManager``.
+VERL_REWARD_LOOP_MODULE = "verl.experimental.reward_loop.reward_loop"
+#: The module whose import registers our managers.
+OUR_MANAGERS = "async_reward.managers"
+
+
+def in_ray_worker() -> bool:
+    """True in a Ray worker process (where the setup hook runs), False in a driver or a plain process."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    global_worker = getattr(worker, "global_worker", None)
+    return getattr(global_worker, "mode", None) == getattr(worker, "WORKER_MODE", object())
+
+
+def register_managers_on_lookup() -> None:
+    """Make verl's ``get_reward_manager_cls`` import (and so register) our managers before it looks a
+    name up: now if verl's registry is loaded, else once it is. Idempotent."""
+    wrapt.register_post_import_hook(_wrap_manager_lookup, VERL_REGISTRY_MODULE)
+
+
+def _wrap_manager_lookup(registry: ModuleType) -> None:
+    package = sys.modules.get(VERL_REGISTRY_PACKAGE)  # loaded before the registry only if it was loaded
+    for module in (registry, package):
+        lookup = getattr(module, "get_reward_manager_cls", None)
+        if lookup is not None and not getattr(lookup, "_async_reward_managers", False):
+            module.get_reward_manager_cls = _registering_ours_first(lookup)  # type: ignore[union-attr]
+
+
+def _registering_ours_first(lookup: Callable[[str], Any]) -> Callable[[str], Any]:
+    @functools.wraps(lookup)
+    def get_reward_manager_cls(name: str) -> Any:
+        importlib.import_module(OUR_MANAGERS)  # registers on import; a broken module raises its own error
+        return lookup(name)
+
+    get_reward_manager_cls._async_reward_managers = True  # type: ignore[attr-defined]
+    return get_reward_manager_cls
+
+
+def check_where_verl_builds_its_reward_loop(check: Callable[[Any], None]) -> None:
+    """Run ``check(config)`` and install the judge-in-job routing at the top of verl's
+    ``RewardLoopManager.__init__`` in this process, now if its module is loaded, else once it is."""
+    wrap = functools.partial(_wrap_reward_loop_manager, check=check)
+    wrapt.register_post_import_hook(wrap, VERL_REWARD_LOOP_MODULE)
+
+
+def _wrap_reward_loop_manager(module: ModuleType, check: Callable[[Any], None]) -> None:
+    """verl builds ``RewardLoopManager`` in its task runner (a Ray actor) and starts its
+    ``RewardLoopWorker`` actors without waiting for them: a worker whose manager refuses the config
+    only surfaces as an ``ActorDiedError`` at the first scoring call, after every GPU worker started.
+    Checking first makes the same ``ConfigError`` the task runner's own error, at start-up. Only this
+    process's class is wrapped, once; verl's behaviour is otherwise unchanged."""
+    manager_cls = module.RewardLoopManager
+    original = manager_cls.__init__
+    if getattr(original, "_async_reward_checked", False):
+        return
+
+    @functools.wraps(original)
+    def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        from async_reward.judge_in_job.routing import install_reward_loop_hooks
+
+        install_reward_loop_hooks()  # a judge served in the job: our reward worker, the judge awake
+        check(config)
+        original(self, config, *args, **kwargs)
+
+    checked_init._async_reward_checked = True  # type: ignore[attr-defined]
+    manager_cls.__init__ = checked_init
