@@ -49,9 +49,12 @@ def env(ray_cluster: None) -> Iterator[dict[str, Any]]:
 def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_staleness(
     mode: str, env: dict[str, Any]
 ) -> None:
-    """12 steps of 4 prompts x 8 samples: the sampled training score of the last 6 steps averages at
-    least twice the untrained policy's (greedy accuracy on 4 problems moves in steps of 0.25 and a
-    run's path depends on which groups get which draws, so it is only required not to fall); every
+    """12 steps of 4 prompts x 8 samples: the policy learns, read off the sampled training score (32
+    samples a step): half of a step's samples right at some step, from about 1 in 11 untrained, and
+    the later steps' mean at least 1.5 times the first step's (a toy run's path depends on which
+    groups get which draws and oscillates at this learning rate, and greedy accuracy on 4 problems
+    moves in steps of 0.25, so it is only required not to fall); a policy that does not learn
+    (learning rate 0: at most 0.09, mean 0.03) fails both; every
     sample is trained exactly once, in ``mini_batches`` updates per step; ``sync`` samples batch k
     from the weights after step k-1, the pipelined ``both`` one version older (batch 2 from the
     initial weights too), staleness 0 vs 1 from the second step, and ``both_is`` trains with verl's
@@ -63,7 +66,7 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
     assert [point["step"] for point in curve] == [0, 4, 8, 12]
     scores = run["train_score"]
     assert len(scores) == CFG.steps and all(0.0 <= score <= 1.0 for score in scores), scores
-    assert sum(scores[-6:]) / 6 >= max(2 * scores[0], 0.2), (scores, curve)
+    assert max(scores) >= 0.5 and sum(scores[1:]) / len(scores[1:]) >= 1.5 * scores[0], (scores, curve)
     assert run["final_accuracy"] >= curve[0]["accuracy"], curve
 
     assert run["trained_rows"] == run["distinct_trained_rows"] == CFG.steps * samples

@@ -1,24 +1,35 @@
 """What our setup hook costs a Ray worker (:mod:`async_reward.worker_imports`): a worker that never
-loads verl (TransferQueue's controller and storage, a server) imports none of it, and one where verl
-looks a manager up finds ours, on the session's cluster whose workers run the hook."""
+loads verl (TransferQueue's controller and storage, a server) imports none of it; wherever verl's
+reward-manager registry is read, ours are in it, whichever module loads verl first."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
-
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``, spelled out: reading that name in
-#: the worker would import the managers before verl's lookup could).
+#: a worker would import the managers before verl's registry could).
 MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
+#: verl modules a worker may load first, besides each of ours.
+VERL_FIRST = (
+    "verl.experimental.reward_loop.reward_manager.registry",
+    "verl.experimental.reward_loop",
+    "verl.trainer.ppo.reward",
+    "verl.trainer.ppo.v1",
+)
 
 
 @ray.remote(num_cpus=0)
 class ImportProbe:
-    """An actor of no verl class: what the setup hook left loaded, and verl's lookups once asked."""
+    """An actor of no verl class: what the setup hook left loaded, and verl's registry once read."""
 
     def loaded(self) -> dict[str, bool]:
         import async_reward  # what a user's code in a worker may do first
@@ -31,20 +42,21 @@ class ImportProbe:
             "has_config": hasattr(async_reward, "AsyncRewardConfig"),
         }
 
-    def lookups(self) -> dict[str, str]:
+    def registry(self) -> dict[str, Any]:
         from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
-        from verl.experimental.reward_loop.reward_manager.registry import get_reward_manager_cls as home
+        from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 
         import async_reward
 
-        assert "async_reward.managers" not in sys.modules  # verl loaded; ours not yet: the lookup loads them
-        found = {name: get_reward_manager_cls(name).__qualname__ for name in MANAGER_NAMES}
-        found["via_registry_module"] = home("llm_judge").__qualname__
-        found["package_attribute"] = async_reward.LLMJudgeRewardManager.__qualname__
-        return found
+        return {
+            "registered": sorted(set(MANAGER_NAMES) & set(REWARD_MANAGER)),
+            "llm_judge": get_reward_manager_cls("llm_judge").__qualname__,
+            "package_attribute": async_reward.LLMJudgeRewardManager.__qualname__,
+        }
 
 
-def test_a_worker_that_never_loads_verl_imports_none_of_it_and_a_lookup_finds_our_managers():
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_worker_that_never_loads_verl_imports_none_of_it_and_verls_registry_has_ours():
     import async_reward
 
     assert tuple(async_reward.MANAGER_NAMES) == MANAGER_NAMES
@@ -58,15 +70,87 @@ def test_a_worker_that_never_loads_verl_imports_none_of_it_and_a_lookup_finds_ou
             "managers": False,
             "has_config": True,
         }
-        found = ray.get(probe.lookups.remote(), timeout=120)
+        registry = ray.get(probe.registry.remote(), timeout=120)
     finally:
         ray.kill(probe, no_restart=True)
-    assert found == {
-        "async_naive": "AsyncNaiveRewardManager",
-        "async_rate_limited": "AsyncRateLimitedRewardManager",
-        "async_remote": "AsyncRemoteRewardManager",
+    assert registry == {
+        "registered": sorted(MANAGER_NAMES),
         "llm_judge": "LLMJudgeRewardManager",
-        "async_stateful": "AsyncStatefulRewardManager",
-        "via_registry_module": "LLMJudgeRewardManager",
         "package_attribute": "LLMJudgeRewardManager",
     }
+
+
+def _first_import_through(name: str) -> dict[str, Any]:
+    """In this (forked, fresh) process: import ``name`` first, then read verl's registry."""
+    importlib.import_module(name)
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+    return {
+        "module": name,
+        "registered": sorted(set(MANAGER_NAMES) & set(REWARD_MANAGER)),
+        "llm_judge": get_reward_manager_cls("llm_judge").__qualname__,
+    }
+
+
+def _our_modules(root: Path) -> list[str]:
+    """Every module of the package, read off its files (``pkgutil.walk_packages`` would import each
+    subpackage, and so verl, in the process meant to stay fresh)."""
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def probe_every_module_as_a_ray_worker() -> None:
+    """Run in a subprocess: the package and our setup hook as a Ray worker imports them (the process
+    marked a worker, as Ray's ``default_worker`` has it when the hook runs), then in a forked child
+    each, one module of ours or of verl imported first."""
+    import ray._private.worker as ray_worker
+
+    ray_worker.global_worker.mode = ray_worker.WORKER_MODE
+    import async_reward
+    from async_reward.integration import setup_worker
+
+    setup_worker()
+    assert "verl" not in sys.modules and "async_reward.managers" not in sys.modules
+    for name in [
+        *VERL_FIRST,
+        *(n for n in _our_modules(Path(async_reward.__file__).parent) if n not in sys.modules),
+    ]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report one JSON line, whatever happens
+            os.close(read)
+            try:
+                report = _first_import_through(name)
+            except BaseException as error:  # reported, the parent fails the test with it
+                report = {"module": name, "failed": f"{type(error).__name__}: {error}"}
+            os.write(write, json.dumps(report).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            data = pipe.read()
+        os.waitpid(pid, 0)
+        print("REPORT", data.decode() or json.dumps({"module": name, "failed": "no report"}), flush=True)
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_in_a_ray_worker_any_module_may_load_verl_first_and_the_registry_has_ours() -> None:
+    """No circular import, whichever module loads verl's reward managers first (one of ours whose
+    import reaches verl's base class included), and the registry then holds all five of ours."""
+    code = "from tests.test_worker_imports import probe_every_module_as_a_ray_worker as p; p()"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=280, cwd=os.getcwd()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    reports = [json.loads(line.removeprefix("REPORT ")) for line in lines if line.startswith("REPORT ")]
+    assert not [r for r in reports if "failed" in r], [r for r in reports if "failed" in r]
+    probed = {r["module"] for r in reports}
+    assert set(VERL_FIRST) | {"async_reward.managers.base", "async_reward.judge_in_job.routing"} <= probed
+    for report in reports:
+        assert report["registered"] == sorted(MANAGER_NAMES), report
+        assert report["llm_judge"] == "LLMJudgeRewardManager", report

@@ -2,9 +2,10 @@
 
 Importing the package registers our managers with verl's registry (``async_naive``,
 ``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). In a Ray worker process
-(where our setup hook imports it) they are registered when verl first looks a manager up instead, so
-that a worker that never loads verl does not pay for it (:mod:`async_reward.worker_imports`); their
-names here load on first use. The public API is what this module lists in ``__all__``.
+(where our setup hook imports it) they are registered as soon as verl's reward-manager package loads
+instead, so that a worker that never loads verl does not pay for it
+(:mod:`async_reward.worker_imports`); their names here load on first use. The public API is what
+this module lists in ``__all__``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from async_reward.config import AsyncRewardConfig, ConfigError, load_config
 from async_reward.integration import SETUP_HOOK, prepare_verl_config, ray_runtime_env, setup_worker
 from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.worker_imports import in_ray_worker, register_managers_on_lookup
+from async_reward.worker_imports import in_ray_worker, register_managers_with_verls_registry
 
 #: The public names that import verl, and their modules: loaded on first use in a Ray worker.
 _VERL_NAMES = {
@@ -35,7 +36,7 @@ _VERL_NAMES = {
     "register_manager": "async_reward.registry",
 }
 
-register_managers_on_lookup()
+register_managers_with_verls_registry()
 if TYPE_CHECKING or not in_ray_worker():
     from async_reward.managers import (
         MANAGER_NAMES,

@@ -76,8 +76,8 @@ VERL_TRAINERS = (
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: registers our managers where verl looks a manager up in this
-    process and our ``pipelined`` and ``decoupled`` verl v1 trainer modes where verl looks a mode up
+    """Ray ``worker_process_setup_hook``: registers our managers in verl's registry once verl loads it in
+    this process, and our ``pipelined`` and ``decoupled`` verl v1 trainer modes where verl looks a mode up
     (verl's task-runner actor; :mod:`async_reward.v1.registration`), applies the legacy
     ``reward_model.*`` reward keys and checks the reward settings where verl's own trainer is built
     (before its GPU workers) and where it builds its ``RewardLoopManager``. Nothing of verl is imported
@@ -87,11 +87,11 @@ def setup_worker() -> None:
 
     from async_reward.worker_imports import (
         check_where_verl_builds_its_reward_loop,
-        register_managers_on_lookup,
+        register_managers_with_verls_registry,
     )
 
     # Each waits for verl: a worker that never loads verl (TransferQueue's, a server's) pays nothing.
-    register_managers_on_lookup()
+    register_managers_with_verls_registry()
     register_trainer_modes_on_lookup()
     check_where_verl_builds_its_reward_loop(apply_legacy_and_check)  # + the judge-in-job routing
     for module, name in VERL_TRAINERS:

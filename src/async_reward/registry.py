@@ -13,8 +13,6 @@ import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
-from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, register
-
 __all__ = ["VERL_BUILTIN_NAMES", "register_manager"]
 
 #: Names verl registers itself; ours must differ.
@@ -39,6 +37,11 @@ def register_manager(name: str) -> Callable[[_C], _C]:
     """
 
     def decorator(cls: _C) -> _C:
+        # Imported here, not at the top: importing verl's registry loads verl's reward-manager package,
+        # whose load imports our managers in a Ray worker (async_reward.worker_imports), and they import
+        # this module: it must not be the one half-initialised then.
+        from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, register
+
         if name in VERL_BUILTIN_NAMES:
             raise ValueError(f"{name!r} is one of verl's built-in reward managers; choose another name")
         existing = REWARD_MANAGER.get(name)

@@ -6,18 +6,21 @@ storage units, servers and every other actor, which never do. Importing our mana
 (``DataProto``, its Reward Loop, transformers), about 3.5 CPU-seconds on top of torch. So in a Ray
 worker the package defers them, and they load where verl looks a manager up:
 
-* :func:`register_managers_on_lookup` wraps verl's ``get_reward_manager_cls`` (the one lookup verl's
-  ``load_reward_manager`` uses, in the task runner's ``RewardLoopManager`` and in every
-  ``RewardLoopWorker``); the wrapper imports :mod:`async_reward.managers`, which registers them, then
-  asks verl. Outside a Ray worker ``import async_reward`` still registers them at once.
+* :func:`register_managers_with_verls_registry` imports :mod:`async_reward.managers` (which registers them)
+  as soon as verl's ``verl.experimental.reward_loop.reward_manager`` package has loaded: whoever
+  reads verl's registry (``get_reward_manager_cls`` in the task runner's ``RewardLoopManager`` and in
+  every ``RewardLoopWorker``, or ``REWARD_MANAGER`` itself) imports that package first, so finds
+  ours. Outside a Ray worker ``import async_reward`` still registers them at once.
 * :func:`check_where_verl_builds_its_reward_loop` wraps verl's ``RewardLoopManager.__init__`` once its
   module is imported: the wrapper runs our start-up checks and installs the judge-in-job routing
   (which imports verl) when the manager is built.
 
-Both wrap when verl's module has been imported (wrapt's post-import hook) and import nothing then:
-an import from a post-import hook runs in the middle of whichever import loaded verl's module, and
-a module that imports it back fails half-initialised (the circular import described in
-:mod:`async_reward.v1.registration`). The wrappers import at call time, when imports are done.
+Both act when verl's module has been imported (wrapt's post-import hook). An import from a
+post-import hook runs in the middle of whichever import loaded verl's module, and a module that
+imports it back fails half-initialised (the circular import described in
+:mod:`async_reward.v1.registration`): the managers are imported after verl's whole reward-manager
+package (which only its own modules import at load time) and never while one of ours is loading
+them; the ``RewardLoopManager`` wrapper imports at call time, when imports are done.
 """
 
 from __future__ import annotations
@@ -34,12 +37,11 @@ import wrapt
 __all__ = [
     "check_where_verl_builds_its_reward_loop",
     "in_ray_worker",
-    "register_managers_on_lookup",
+    "register_managers_with_verls_registry",
 ]
 
-#: verl's reward-manager registry (``get_reward_manager_cls`` lives here) and the package callers
-#: import it from (``from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls``).
-VERL_REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager.registry"
+#: verl's reward-manager package: its registry (``REWARD_MANAGER``, ``get_reward_manager_cls``) and
+#: verl's own managers; every reader of the registry imports it first.
 VERL_REGISTRY_PACKAGE = "verl.experimental.reward_loop.reward_manager"
 #: The module of verl's ``RewardLoopManager``.
 VERL_REWARD_LOOP_MODULE = "verl.experimental.reward_loop.reward_loop"
@@ -57,28 +59,20 @@ def in_ray_worker() -> bool:
     return getattr(global_worker, "mode", None) == getattr(worker, "WORKER_MODE", object())
 
 
-def register_managers_on_lookup() -> None:
-    """Make verl's ``get_reward_manager_cls`` import (and so register) our managers before it looks a
-    name up: now if verl's registry is loaded, else once it is. Idempotent."""
-    wrapt.register_post_import_hook(_wrap_manager_lookup, VERL_REGISTRY_MODULE)
+def register_managers_with_verls_registry() -> None:
+    """Import (and so register) our managers once verl's reward-manager package has loaded: now if
+    it is, else right after it is. Idempotent."""
+    wrapt.register_post_import_hook(_import_our_managers, VERL_REGISTRY_PACKAGE)
 
 
-def _wrap_manager_lookup(registry: ModuleType) -> None:
-    package = sys.modules.get(VERL_REGISTRY_PACKAGE)  # loaded before the registry only if it was loaded
-    for module in (registry, package):
-        lookup = getattr(module, "get_reward_manager_cls", None)
-        if lookup is not None and not getattr(lookup, "_async_reward_managers", False):
-            module.get_reward_manager_cls = _registering_ours_first(lookup)  # type: ignore[union-attr]
-
-
-def _registering_ours_first(lookup: Callable[[str], Any]) -> Callable[[str], Any]:
-    @functools.wraps(lookup)
-    def get_reward_manager_cls(name: str) -> Any:
-        importlib.import_module(OUR_MANAGERS)  # registers on import; a broken module raises its own error
-        return lookup(name)
-
-    get_reward_manager_cls._async_reward_managers = True  # type: ignore[attr-defined]
-    return get_reward_manager_cls
+def _import_our_managers(_package: ModuleType) -> None:
+    """verl's package has finished its own imports (its registry, its managers): importing ours now
+    cannot meet one of verl's half-initialised. When one of ours is the importer (a manager module
+    imports verl's base class, which loads verl's package), ``async_reward.managers`` is already being
+    imported and registers every manager as it completes: importing it again from here would read
+    it half-initialised."""
+    if OUR_MANAGERS not in sys.modules:
+        importlib.import_module(OUR_MANAGERS)
 
 
 def check_where_verl_builds_its_reward_loop(check: Callable[[Any], None]) -> None:
