@@ -70,16 +70,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: clone on 2026-11-27, the budget printed at its end), longest first.
 LONGEST_FILES = [
     "test_entry_point.py",
+    "test_judge_in_job.py",
+    "test_v1_pipelined_entry.py",
     "test_legacy_keys.py",
     "test_toy_v1_parity.py",
-    "test_v1_pipelined_entry.py",
     "test_v1_pipelined_edges.py",
     "test_v1_pipelined.py",
-    "test_judge_in_job.py",
     "test_v1.py",
     "test_bench.py",
     "test_v1_decoupled.py",
     "test_warm_actors.py",
+    "test_worker_imports.py",
 ]
 
 

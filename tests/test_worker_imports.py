@@ -80,6 +80,18 @@ def test_a_worker_that_never_loads_verl_imports_none_of_it_and_verls_registry_ha
     }
 
 
+#: Imported by the probe's parent before it forks: torch, transformers, verl's data layer and configs.
+PRELOADED = (
+    "torch",
+    "tensordict",
+    "transformers",
+    "verl.protocol",
+    "verl.utils.model",
+    "verl.workers.config",
+    "verl.single_controller.ray",
+)
+
+
 def _first_import_through(name: str) -> dict[str, Any]:
     """In this (forked, fresh) process: import ``name`` first, then read verl's registry."""
     importlib.import_module(name)
@@ -115,6 +127,12 @@ def probe_every_module_as_a_ray_worker() -> None:
 
     setup_worker()
     assert "verl" not in sys.modules and "async_reward.managers" not in sys.modules
+    # What every child would import anyway, once here (a child then costs a fraction of a second, not
+    # the five CPU-seconds of torch and verl): nothing of verl's Reward Loop, whose first importer is
+    # what each child varies.
+    for heavy in PRELOADED:
+        importlib.import_module(heavy)
+    assert not [name for name in sys.modules if name.startswith(("verl.experimental", "async_reward.managers"))]
     for name in [
         *VERL_FIRST,
         *(n for n in _our_modules(Path(async_reward.__file__).parent) if n not in sys.modules),
