@@ -132,7 +132,8 @@ def probe_every_module_as_a_ray_worker() -> None:
     # what each child varies.
     for heavy in PRELOADED:
         importlib.import_module(heavy)
-    assert not [name for name in sys.modules if name.startswith(("verl.experimental", "async_reward.managers"))]
+    fresh = ("verl.experimental", "async_reward.managers")
+    assert not [name for name in sys.modules if name.startswith(fresh)]
     for name in [
         *VERL_FIRST,
         *(n for n in _our_modules(Path(async_reward.__file__).parent) if n not in sys.modules),
