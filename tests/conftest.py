@@ -335,8 +335,8 @@ class _SessionTransferQueue:
 
     def ensure_open(self) -> None:
         """Open it, or reopen it when code under test closed it behind the flag's back (a
-        ``tq.close()`` in this process leaves TransferQueue's client ``None``; a failure here names
-        that, rather than a later ``kv_batch_put`` saying "has not been initialized")."""
+        ``tq.close()`` in this process leaves TransferQueue's client ``None``, and every later call
+        of the module's tests failed with "has not been initialized")."""
         import transfer_queue as tq
         from transfer_queue import interface
 

@@ -4,7 +4,7 @@ The setup hook (``async_reward.integration.setup_worker``) runs in every worker 
 the reward and agent-loop workers that use our managers, and also TransferQueue's controller and
 storage units, servers and every other actor, which never do. Importing our managers imports verl
 (``DataProto``, its Reward Loop, transformers), about 3.5 CPU-seconds on top of torch. So in a Ray
-worker the package defers them, and they load where verl looks a manager up:
+worker the package defers them, and they load when verl loads its own:
 
 * :func:`register_managers_with_verls_registry` imports :mod:`async_reward.managers` (which registers them)
   as soon as verl's ``verl.experimental.reward_loop.reward_manager`` package has loaded: whoever
