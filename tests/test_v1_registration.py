@@ -12,15 +12,14 @@ imports verl's v1 trainer for the first time through that module.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
-import os
 import pkgutil
-import subprocess
 import sys
 from typing import Any
 
 import pytest
+
+from tests.first_import_probe import report_each_in_a_fork, run_probe
 
 VERL_V1 = "verl.trainer.ppo.v1"
 OURS = {
@@ -70,35 +69,13 @@ def probe_every_module() -> None:
     setup_worker()
     assert VERL_V1 not in sys.modules  # the hook itself does not pay for verl's v1 trainer
     names = [info.name for info in pkgutil.walk_packages(async_reward.__path__, "async_reward.")]
-    for name in [VERL_V1, *(n for n in names if n not in sys.modules)]:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report one JSON line, whatever happens
-            os.close(read)
-            try:
-                report = _first_import_through(name)
-            except BaseException as error:  # reported, the parent fails the test with it
-                report = {"module": name, "failed": f"{type(error).__name__}: {error}"}
-            os.write(write, json.dumps(report).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            data = pipe.read()
-        os.waitpid(pid, 0)
-        print("REPORT", data.decode() or json.dumps({"module": name, "failed": "no report"}), flush=True)
+    report_each_in_a_fork([VERL_V1, *(n for n in names if n not in sys.modules)], _first_import_through)
 
 
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_the_modes_resolve_whichever_module_imports_verls_v1_trainer_first() -> None:
-    code = "from tests.test_v1_registration import probe_every_module; probe_every_module()"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=280, cwd=os.getcwd()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    reports = [json.loads(line.removeprefix("REPORT ")) for line in lines if line.startswith("REPORT ")]
-    assert not [r for r in reports if "failed" in r], [r for r in reports if "failed" in r]
+    reports = run_probe("from tests.test_v1_registration import probe_every_module; probe_every_module()")
     first_importers = {r["module"]: r for r in reports if r["imports_verl_v1"]}
     # Not vacuous: verl itself (the task runner) and the modules verl's workers load first are there.
     assert {VERL_V1, "async_reward.v1.agent_loop", "async_reward.v1.replay_buffer"} <= set(first_importers)

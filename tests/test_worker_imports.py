@@ -5,15 +5,14 @@ reward-manager registry is read, ours are in it, whichever module loads verl fir
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
+
+from tests.first_import_probe import report_each_in_a_fork, run_probe
 
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``, spelled out: reading that name in
 #: a worker would import the managers before verl's registry could).
@@ -134,25 +133,8 @@ def probe_every_module_as_a_ray_worker() -> None:
         importlib.import_module(heavy)
     fresh = ("verl.experimental", "async_reward.managers")
     assert not [name for name in sys.modules if name.startswith(fresh)]
-    for name in [
-        *VERL_FIRST,
-        *(n for n in _our_modules(Path(async_reward.__file__).parent) if n not in sys.modules),
-    ]:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report one JSON line, whatever happens
-            os.close(read)
-            try:
-                report = _first_import_through(name)
-            except BaseException as error:  # reported, the parent fails the test with it
-                report = {"module": name, "failed": f"{type(error).__name__}: {error}"}
-            os.write(write, json.dumps(report).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            data = pipe.read()
-        os.waitpid(pid, 0)
-        print("REPORT", data.decode() or json.dumps({"module": name, "failed": "no report"}), flush=True)
+    ours = _our_modules(Path(async_reward.__file__).parent)
+    report_each_in_a_fork([*VERL_FIRST, *(n for n in ours if n not in sys.modules)], _first_import_through)
 
 
 @pytest.mark.subprocess
@@ -160,14 +142,7 @@ def probe_every_module_as_a_ray_worker() -> None:
 def test_in_a_ray_worker_any_module_may_load_verl_first_and_the_registry_has_ours() -> None:
     """No circular import, whichever module loads verl's reward managers first (one of ours whose
     import reaches verl's base class included), and the registry then holds all five of ours."""
-    code = "from tests.test_worker_imports import probe_every_module_as_a_ray_worker as p; p()"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=280, cwd=os.getcwd()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    reports = [json.loads(line.removeprefix("REPORT ")) for line in lines if line.startswith("REPORT ")]
-    assert not [r for r in reports if "failed" in r], [r for r in reports if "failed" in r]
+    reports = run_probe("from tests.test_worker_imports import probe_every_module_as_a_ray_worker as p; p()")
     probed = {r["module"] for r in reports}
     assert set(VERL_FIRST) | {"async_reward.managers.base", "async_reward.judge_in_job.routing"} <= probed
     for report in reports:
