@@ -85,13 +85,10 @@ def setup_worker() -> None:
     (:mod:`async_reward.worker_imports`)."""
     import wrapt
 
-    from async_reward.worker_imports import (
-        check_where_verl_builds_its_reward_loop,
-        register_managers_with_verls_registry,
-    )
+    from async_reward.worker_imports import check_where_verl_builds_its_reward_loop
 
     # Each waits for verl: a worker that never loads verl (TransferQueue's, a server's) pays nothing.
-    register_managers_with_verls_registry()
+    # (Our managers' registration is installed by the package's __init__, which importing this ran.)
     register_trainer_modes_on_lookup()
     check_where_verl_builds_its_reward_loop(apply_legacy_and_check)  # + the judge-in-job routing
     for module, name in VERL_TRAINERS:
