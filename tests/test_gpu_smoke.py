@@ -141,3 +141,34 @@ def test_our_v1_runs_need_their_start_line_metrics_and_no_import_error_of_ours(s
         verdict("v1_lines", lines_without)
         == "FAILED: steps [2] without reward/* (our replay buffer not used)"
     )
+
+
+IN_JOB_START = (
+    "(TaskRunnerV1 pid=9) async_reward: llm_judge scores through the judge verl serves in the job "
+    "(reward.reward_model.enable=true), behind verl's router, as model '/tmp/gpu_assets/model'; colocated"
+)
+LOCAL_JUDGE_STATS = '{"requests_total": %d, "requests_by_path": {}}'
+
+
+def test_the_judge_in_job_run_needs_its_line_statuses_and_no_request_to_the_local_judge(summarize, tmp_path):
+    steps = [
+        step_line(s, timing_s__step=5.0, reward__status_ok=20, reward__status_invalid=12) for s in (1, 2, 3)
+    ]
+    run_log = [IN_JOB_START, *steps, LOCAL_JUDGE_STATS % 0]
+    write_log(tmp_path, "v1_judge_in_job", run_log)
+    assert summarize.main(["summarize.py", str(tmp_path)]) == 0
+    assert "| v1_judge_in_job | ok | 0 | 236 | 3 |" in (tmp_path / "summary.md").read_text()
+
+    def verdict(lines: list[str]) -> str:
+        return summarize.verdict(
+            "v1_judge_in_job", summarize.parse_log("\n".join([*lines, "MAIN_PPO_RC=0 WALL=1s"]))
+        )
+
+    assert verdict(run_log) == "ok"
+    # Scored by the kit's own server (the URL left in), or no line of ours: not the served judge.
+    assert verdict([IN_JOB_START, *steps, LOCAL_JUDGE_STATS % 96]).startswith("FAILED: the kit's judge")
+    assert verdict([*steps, LOCAL_JUDGE_STATS % 0]).startswith("FAILED: no start line")
+    assert verdict([IN_JOB_START, *steps]).startswith("FAILED: the kit's judge server got None")
+    # A step without any reward status (scored by verl's /classify path, or not at all): failed.
+    unscored = [IN_JOB_START, step_line(1, timing_s__step=5.0), *steps[1:], LOCAL_JUDGE_STATS % 0]
+    assert verdict(unscored) == "FAILED: steps [1] without reward/* statuses"

@@ -205,9 +205,9 @@ def test_the_served_judges_name_capacity_and_retry_defaults_follow_verls_keys(mo
 def test_llm_judge_on_the_served_judge_says_so_at_start_up(model_dir, judge_dir, monkeypatch, capsys):
     """Anything a user turns on must be visibly on: the start-up checks print, once per process, that
     llm_judge scores through the served judge, with its name, placement, capacity and admission."""
-    from async_reward.judge_in_job import checks
+    from async_reward import start_lines
 
-    monkeypatch.setattr(checks, "_ANNOUNCED", set())
+    monkeypatch.setattr(start_lines, "_SAID", set())
     config = judge_config(model_dir, judge_dir, "reward.reward_model.rollout.max_num_seqs=8")
     check_reward(config)
     check_reward(config)  # verl's task runner checks several times: one line
@@ -331,15 +331,24 @@ def test_llm_judge_built_by_verls_own_reward_worker_refuses_to_start(model_dir, 
 
 @pytest.mark.ray
 def test_standalone_judge_is_woken_and_scores_through_the_router(
-    served_judge, model_dir, judge_dir, reward_loops
+    served_judge, model_dir, judge_dir, reward_loops, monkeypatch, capfd
 ):
     """verl's keys and the manager's name only: llm_judge scores every sample through the router on
-    both replicas with the served model name; the judge verl's trainer left asleep is woken first."""
+    both replicas with the served model name; the judge verl's trainer left asleep is woken first, and
+    the wake-up and the capacity are printed to the job's log (a ``logging`` record of the capacity
+    never reached it on the GPU run of 2026-11-27)."""
     from transformers import AutoTokenizer
 
+    from async_reward import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())  # an earlier test of this process said them
     served_judge.sleep()  # as verl's trainers leave a judge with a pool of its own
     reset_replicas(served_judge, latency_ms=(50.0, 50.0))
     manager = reward_loops(judge_config(model_dir, judge_dir))
+    printed = capfd.readouterr().out.splitlines()
+    assert "async_reward: woke the standalone reward model" in "\n".join(printed)
+    (capacity,) = [line for line in printed if line.startswith("async_reward: in-job judge capacity: ")]
+    assert capacity.startswith("async_reward: in-job judge capacity: 2 replica(s) x "), capacity
     assert manager.reward_loop_worker_handles is not None  # streamed per sample by the agent loop
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     batch = make_batch(tokenizer, distinct_rows(4))

@@ -4,6 +4,10 @@
 #   python -m verl.trainer.main_ppo (v1)       verl's own v1 trainer with our llm_judge manager
 #     v1_lines: the same with the README's v1 lines (agent-loop manager, replay buffer, on_failure=exclude)
 #     v1_pipelined: our v1 trainer mode, trainer_mode=pipelined with both schedules
+#     v1_judge_in_job: v1 sync with our lines, llm_judge scoring through the judge verl serves in the
+#       job (reward.reward_model.enable=true, the tiny model on vLLM, colocated on the training GPU);
+#       the local judge server still runs and must get no request; its start-up took 6 min 22 s
+#       on one H200 (two vLLM servers), so give it TIMEOUT_S=600
 # each scored by llm_judge against the project's local judge server, then one summary table
 # (examples/gpu_smoke/summarize.py): step times, timing_s/reward_blocked, off_policy/staleness,
 # pipeline/num_updates, reward/status_ok, and a verdict per mode that fails when verl's own trainer
@@ -27,7 +31,7 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIT=${KIT:-$REPO/.gpu}
-MODES=${MODES:-baseline mini_batch one_step_off both v1 v1_lines v1_pipelined}
+MODES=${MODES:-baseline mini_batch one_step_off both v1 v1_lines v1_pipelined v1_judge_in_job}
 TIMEOUT_S=${TIMEOUT_S:-540}
 export REPO GPU_OUT=${GPU_OUT:-$REPO/gpu_out}
 mkdir -p "$GPU_OUT"
@@ -49,6 +53,22 @@ V1_LINES=(
   trainer.v1.sampler.custom_sampler.path=pkg://async_reward.v1.replay_buffer
   trainer.v1.sampler.custom_sampler.name=RewardReplayBuffer
 )
+# The judge served in the job: the kit's local judge URL removed (two judges are refused), the tiny
+# model served by verl's Reward Loop on vLLM, colocated (one GPU: a standalone pool needs a second).
+# A random 2-layer model writes no verdict of its own accord, so the verdict is asked for as a JSON
+# object through response_format (parser=structured, vLLM's guided decoding): what it scores is noise,
+# what the run shows is the path (router, wake/sleep, our colocated step, statuses).
+JUDGE_IN_JOB=(
+  "~reward.async_reward.judge.base_url"
+  reward.reward_model.enable=true
+  "reward.reward_model.model_path=$ASSETS/model"
+  reward.reward_model.rollout.name=vllm
+  reward.reward_model.rollout.tensor_model_parallel_size=1
+  reward.reward_model.rollout.gpu_memory_utilization=0.2
+  reward.reward_model.rollout.max_model_len=1024
+  +reward.async_reward.judge.parser=structured
+  +reward.async_reward.judge.max_tokens=64
+)
 for mode in $MODES; do
   # The kit knows baseline..both and v1 (verl's v1 sync with our manager only); our two v1 runs are its
   # v1 mode plus overrides, their logs renamed after the run.
@@ -57,6 +77,7 @@ for mode in $MODES; do
     v1_pipelined) kit_mode=v1; extra=("${V1_LINES[@]}" trainer.v1.trainer_mode=pipelined
                                       +trainer.v1.pipelined.mini_batch=true
                                       +trainer.v1.pipelined.one_step_off_policy=true) ;;
+    v1_judge_in_job) kit_mode=v1; extra=("${V1_LINES[@]}" "${JUDGE_IN_JOB[@]}") ;;
     *) kit_mode=$mode; extra=() ;;
   esac
   logs=(train judge raystop)

@@ -10,8 +10,11 @@ Exits 1 when a mode failed: a non-zero exit status; for our entry point's modes,
 our trainer's start line (``async_reward: trainer ...PipelinedRayPPOTrainer, pipeline mode <mode>``)
 or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained; for
 ``v1_pipelined``, the same with our v1 trainer mode's start line; for ``v1_lines``, a step without our
-replay buffer's ``reward/status_ok``; and in every mode an ``ImportError`` of ours in any process's log
-(the GPU run of 2026-11-26 trained, but every agent-loop worker logged one).
+replay buffer's ``reward/status_ok``; for ``v1_judge_in_job``, a run without the line saying llm_judge
+scores through the judge verl serves in the job, a step without ``reward/*`` statuses, or any request
+reaching the kit's own judge server (scoring must go to the served model); and in every mode an
+``ImportError`` of ours in any process's log (the GPU run of 2026-11-26 trained, but every agent-loop
+worker logged one).
 
 Standard library only: it runs with the GPU image's bare Python.
 """
@@ -24,7 +27,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODES = ("baseline", "mini_batch", "one_step_off", "both", "v1", "v1_lines", "v1_pipelined")
+MODES = (
+    "baseline",
+    "mini_batch",
+    "one_step_off",
+    "both",
+    "v1",
+    "v1_lines",
+    "v1_pipelined",
+    "v1_judge_in_job",
+)
 #: The metrics per step that go in the table (``None`` where a step lacks one).
 KEYS = (
     "timing_s/step",
@@ -32,8 +44,12 @@ KEYS = (
     "off_policy/staleness",
     "pipeline/num_updates",
     "reward/status_ok",
+    "reward/status_invalid",
+    "reward/status_error",
     "timing_s/agent_loop/compute_score/mean",
 )
+#: Every per-sample status our managers report (``reward/status_<status>`` per step).
+STATUSES = ("ok", "timeout", "error", "invalid")
 _STEP = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 # verl formats values with pprint, so numpy scalars read ``np.float64(1.25)``.
 _VALUE = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))\)?$")
@@ -41,6 +57,9 @@ _RC = re.compile(r"MAIN_PPO_RC=(\d+) WALL=(\d+)s")
 _START = re.compile(r"async_reward: trainer (\S+), pipeline mode (\w+)")
 _V1_START = re.compile(r"async_reward: trainer (\S+) \(verl v1 trainer_mode=pipelined\), schedule (\w+)")
 _OUR_IMPORT_ERROR = re.compile(r"ImportError: .*async_reward")
+_IN_JOB = re.compile(r"async_reward: llm_judge scores through the judge verl serves in the job")
+# The kit's judge server's counters (GET /admin/stats), printed after the run.
+_LOCAL_JUDGE_REQUESTS = re.compile(r'"requests_total":\s*(\d+)')
 
 
 def parse_log(text: str) -> dict[str, Any]:
@@ -58,6 +77,7 @@ def parse_log(text: str) -> dict[str, Any]:
                 metrics[key] = float(value.group(1))
     rc = _RC.findall(text)
     start = _START.findall(text) or _V1_START.findall(text)
+    local_requests = _LOCAL_JUDGE_REQUESTS.findall(text)
     return {
         "rc": int(rc[-1][0]) if rc else None,
         "wall_s": int(rc[-1][1]) if rc else None,
@@ -65,6 +85,8 @@ def parse_log(text: str) -> dict[str, Any]:
         "trainer_mode": start[0][1] if start else None,
         "steps": {step: steps[step] for step in sorted(steps)},
         "import_errors": len(_OUR_IMPORT_ERROR.findall(text)),
+        "judge_in_job": bool(_IN_JOB.search(text)),
+        "local_judge_requests": int(local_requests[-1]) if local_requests else None,
     }
 
 
@@ -78,6 +100,8 @@ def verdict(mode: str, run: dict[str, Any]) -> str:
         return f"FAILED: {run['import_errors']} ImportError(s) of async_reward logged"
     if mode == "v1":
         return "ok"
+    if mode == "v1_judge_in_job":
+        return _judge_in_job_verdict(run)
     if mode == "v1_lines":
         missing = [step for step, metrics in run["steps"].items() if "reward/status_ok" not in metrics]
         return f"FAILED: steps {missing} without reward/* (our replay buffer not used)" if missing else "ok"
@@ -92,6 +116,19 @@ def verdict(mode: str, run: dict[str, Any]) -> str:
     if "pipeline/num_updates" not in last:
         return "FAILED: no pipeline metrics (verl's own trainer trained)"
     return "ok"
+
+
+def _judge_in_job_verdict(run: dict[str, Any]) -> str:
+    if not run["judge_in_job"]:
+        return "FAILED: no start line saying llm_judge scores through the judge served in the job"
+    if run["local_judge_requests"] != 0:
+        return f"FAILED: the kit's judge server got {run['local_judge_requests']} requests (want 0)"
+    unscored = [
+        step
+        for step, metrics in run["steps"].items()
+        if sum(metrics.get(f"reward/status_{status}", 0.0) for status in STATUSES) == 0
+    ]
+    return f"FAILED: steps {unscored} without reward/* statuses" if unscored else "ok"
 
 
 def _cells(run: dict[str, Any], key: str) -> str:

@@ -33,6 +33,7 @@ from async_reward.judge_in_job.settings import (
     served_model_name,
     was_set,
 )
+from async_reward.start_lines import say_once
 
 __all__ = [
     "ROUTER_RETRY_ATTEMPTS",
@@ -48,7 +49,6 @@ ROUTER_RETRY_ATTEMPTS = 2
 ROUTER_RETRY_BACKOFF_S = 1.0
 _JUDGE = f"{CONFIG_PATH}.judge"
 #: The lines :func:`announce_in_job_judge` printed in this process (each once).
-_ANNOUNCED: set[str] = set()
 
 
 def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardConfig:
@@ -150,7 +150,4 @@ def in_job_judge_line(config: Any, settings: AsyncRewardConfig) -> str:
 def announce_in_job_judge(config: Any, settings: AsyncRewardConfig) -> None:
     """Print :func:`in_job_judge_line` once per process (the start-up checks run several times in
     verl's task runner): a judge served in the job is visibly on in the job's log."""
-    line = f"async_reward: {in_job_judge_line(config, settings)}"
-    if line not in _ANNOUNCED:
-        _ANNOUNCED.add(line)
-        print(line, flush=True)
+    say_once(in_job_judge_line(config, settings))

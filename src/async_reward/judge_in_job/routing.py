@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import logging
 from typing import Any
 
 import ray
@@ -35,10 +34,9 @@ from async_reward.judge_in_job.settings import (
     routed_workers,
 )
 from async_reward.managers.base import AsyncRewardManager
+from async_reward.start_lines import say_once
 
 __all__ = ["JudgeRewardLoopWorker", "install_reward_loop_hooks", "wake_standalone_judge"]
-
-logger = logging.getLogger(__name__)
 
 _RewardLoopWorker: Any = verl_reward_loop.RewardLoopWorker
 
@@ -100,8 +98,8 @@ def wake_standalone_judge(reward_loop_manager: Any) -> bool:
     if not config.reward.reward_model.rollout.get("free_cache_engine", False):
         return False  # RewardModelManager did not put it to sleep
     _outside_event_loop(models.wake_up)
-    logger.warning(
-        "async_reward: woke the standalone reward model (reward.reward_model.enable_resource_pool=true): "
+    say_once(
+        "woke the standalone reward model (reward.reward_model.enable_resource_pool=true): "
         "verl starts its replicas asleep (rollout.free_cache_engine) and only its colocated scoring step "
         "wakes them, so without this every request would reach a sleeping server"
     )
@@ -135,4 +133,4 @@ def _log_capacity(reward_loop_manager: Any) -> None:
             "; rollout.full_determinism=true: verl serves the reward model one request at a time "
             "(max_num_seqs=1, meant for its /classify path)"
         )
-    logger.warning("async_reward: in-job judge capacity: %s%s", capacity.describe(), mismatch)
+    say_once(f"in-job judge capacity: {capacity.describe()}{mismatch}")
