@@ -9,7 +9,6 @@ scored through ``run_single`` on real ``DataProto`` items.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -74,15 +73,18 @@ def compose(manager: str, *extra: str, function: tuple[str, str] | None = None) 
         ("timeout", 0.5, ("timeout_s",)),
     ],
 )
-def test_verl_rate_limited_key_sets_ours_and_says_so(verl_key, value, ours, functions, caplog):
+def test_verl_rate_limited_key_sets_ours_and_says_so(verl_key, value, ours, functions, capsys, monkeypatch):
+    from async_reward import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())  # printed once per process: this test's line
     config = compose("async_rate_limited", f"+reward.{verl_key}={value}", function=(functions, "instant"))
-    with caplog.at_level(logging.WARNING, logger="async_reward.verl_settings"):
-        check_reward(config)  # the driver's start-up check accepts it
-        settings: Any = load_config(config)
+    check_reward(config)  # the driver's start-up check accepts it
+    settings: Any = load_config(config)
+    load_config(config)
     for part in ours:
         settings = getattr(settings, part)
     assert settings == value
-    lines = [r.getMessage() for r in caplog.records if "rate_limited settings applied" in r.getMessage()]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "rate_limited settings applied" in line]
     assert len(lines) == 1, lines  # one start-up line, however often the config is read
     assert f"reward.{verl_key}={value} as reward.async_reward.{'.'.join(ours)}" in lines[0]
 

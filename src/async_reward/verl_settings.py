@@ -18,13 +18,13 @@ key and our equivalent: none is ignored (the audit is in ``docs/verl_settings.md
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from async_reward._config_rules import bad_value, plain_container
 from async_reward.errors import ConfigError
+from async_reward.start_lines import say_once
 
 __all__ = [
     "LEGACY_LATE_KEYS",
@@ -35,7 +35,6 @@ __all__ = [
     "check_verl_settings",
 ]
 
-logger = logging.getLogger(__name__)
 
 #: verl ``rate_limited`` key under ``reward`` -> our key under ``reward.async_reward`` (same meaning:
 #: per-process concurrency, per-attempt deadline; the budgets become the whole job's, see the log line).
@@ -66,13 +65,6 @@ _NEW_DEFAULTS: dict[str, Any] = {
     "reward.custom_reward_function.path": None,
     "reward.custom_reward_function.name": "compute_score",
 }
-_logged: set[str] = set()
-
-
-def _log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        logger.warning(message)
 
 
 def _get(node: Any, dotted: str) -> Any:
@@ -141,7 +133,7 @@ def apply_verl_reward_keys(reward_node: Any, raw: Any) -> dict[str, Any]:
                 f"; max_rpm / max_tpm are budgets of the whole job here, split over the {workers} reward "
                 "worker processes (verl's rate_limited gave each process the whole budget)"
             )
-        _log_once(f"async_reward: verl's rate_limited settings applied: {', '.join(applied)}{budgets}")
+        say_once(f"verl's rate_limited settings applied: {', '.join(applied)}{budgets}")
     return merged
 
 
@@ -342,7 +334,7 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
             fix="write them under reward.*",
         ) from None
     for line in applied:
-        _log_once(f"async_reward: legacy {line} (verl's migrate_legacy_reward_impl)")
+        say_once(f"legacy {line} (verl's migrate_legacy_reward_impl)")
     return applied
 
 
