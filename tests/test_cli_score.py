@@ -106,7 +106,13 @@ def test_failing_server_rows_are_errors_and_every_row_is_written_once(server, tm
         else:
             assert row["status"] == "ok" and row["score"] == (1.0 if i % 2 == 0 else 0.0)
     assert by_id["r0"]["attempts"] == 2
-    assert "ok=8 timeout=0 error=4 invalid=0" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "ok=8 timeout=0 error=4 invalid=0" in out_text
+    # What the run cost: every call (the retry and the refused ones included) and the server's tokens.
+    (cost_line,) = [line for line in out_text.splitlines() if line.startswith("cost of this run: ")]
+    tokens = server.stats()["tokens_total"]
+    assert f"calls={judge_calls(server)} shared=0 cache_hits=0 tokens={tokens} (prompt " in cost_line
+    assert judge_calls(server) == 13 and "money=" not in cost_line  # no prices set
 
 
 def test_resume_skips_rows_already_scored(server, tmp_path, capsys):

@@ -111,6 +111,10 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
         {"judge.parser": "structured"},
     ),
     ("judge.cache", "yes", "boolean", {}),
+    ("judge.prompt_price_per_million", -1.0, ">= 0", {"judge.completion_price_per_million": 1.0}),
+    ("judge.prompt_price_per_million", 3.0, "without reward.async_reward.judge.completion_price", {}),
+    ("judge.completion_price_per_million", NAN, "finite", {"judge.prompt_price_per_million": 1.0}),
+    ("judge.completion_price_per_million", 15.0, "the other kind of token would cost nothing", {}),
     ("remote.url", "ftp://host/score", "http(s) URL", {}),
     ("remote.url", "https://", "http(s) URL", {}),
     ("remote.api_key_env", "Bearer x", "environment variable name", {}),
@@ -179,6 +183,12 @@ GOOD: list[tuple[str, Any]] = [
     ("pipeline.allow_ppo_epochs_per_chunk", True),
     ("pipeline.dry_run", True),
 ]
+#: Good values that are good only beside another key: (key, value, the others).
+GOOD_WITH_OTHERS = [
+    ("judge.prompt_price_per_million", 3.0, {"judge.completion_price_per_million": 15.0}),
+    ("judge.prompt_price_per_million", 0.0, {"judge.completion_price_per_million": 0.0}),
+    ("judge.completion_price_per_million", 15.0, {"judge.prompt_price_per_million": 3.0}),
+]
 
 
 def leaf_fields(cls: type, prefix: str = "") -> list[str]:
@@ -201,8 +211,9 @@ def test_every_field_has_rows():
     """A field added to a config dataclass without a bad and a good row here fails this test."""
     assert ALL_FIELDS, "introspection found no fields"
     assert sorted(set(ALL_FIELDS) - {key for key, *_ in BAD}) == []
-    assert sorted(set(ALL_FIELDS) - {key for key, _ in GOOD}) == []
-    assert {key for key, *_ in BAD} | {key for key, _ in GOOD} <= set(ALL_FIELDS)  # no stale rows
+    good = {key for key, _ in GOOD} | {key for key, *_ in GOOD_WITH_OTHERS}
+    assert sorted(set(ALL_FIELDS) - good) == []
+    assert {key for key, *_ in BAD} | good <= set(ALL_FIELDS)  # no stale rows
 
 
 def nested(flat: dict[str, Any]) -> dict[str, Any]:
@@ -267,9 +278,13 @@ def test_bad_value_is_refused_naming_key_value_and_fix(verl_config_factory, key,
     assert error.fix and error.fix in message  # the fix is said, not only the problem
 
 
-@pytest.mark.parametrize(("key", "value"), GOOD, ids=[f"{k}={v!r}" for k, v in GOOD])
-def test_good_value_is_accepted(verl_config_factory, key, value):
-    loaded = load(verl_config_factory, key, value)
+@pytest.mark.parametrize(
+    ("key", "value", "others"),
+    [(key, value, {}) for key, value in GOOD] + GOOD_WITH_OTHERS,
+    ids=[f"{k}={v!r}" for k, v, *_ in [*GOOD, *GOOD_WITH_OTHERS]],
+)
+def test_good_value_is_accepted(verl_config_factory, key, value, others):
+    loaded = load(verl_config_factory, key, value, others)
     node: Any = loaded
     for part in key.removeprefix("pipeline.").split("."):
         node = getattr(node, part)

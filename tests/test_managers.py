@@ -163,7 +163,9 @@ async def test_judge_cache_reuses_verdicts_after_completion(
     await score_rows(manager, batch_factory, [row])
     [again] = await score_rows(manager, batch_factory, [row])
     assert chat_requests(server) == 1
-    assert again["reward_extra_info"]["judge_shared"] is True
+    info = again["reward_extra_info"]
+    assert info["judge_cache_hit"] is True and info["judge_shared"] is False  # a cached verdict, not a call
+    assert info["attempts"] == 0 and info["judge_tokens"] == 0  # it spent nothing
 
 
 # ----------------------------------------------------------------------------- fault matrix

@@ -168,6 +168,10 @@ def test_llm_judge_trains_under_v1_with_per_step_metrics_and_a_hanging_judge(
     # Seven verdicts of 10 or 0 (five right answers); the timed-out sample's NaN is left out, not a 0.
     assert logs[0]["reward/extra/judge_verdict/mean"] == pytest.approx(50 / 7)
     assert all(0 <= m["reward/extra/judge_shared/mean"] <= 1 for m in logs)  # a boolean: a fraction
+    # What judging cost, per step: summed over the run, the calls and tokens the judge server counted.
+    stats = server.stats()
+    assert sum(m["reward/cost/calls"] for m in logs) == stats["requests_by_path"]["/v1/chat/completions"]
+    assert sum(m["reward/cost/tokens"] for m in logs) == stats["tokens_total"] > 0
 
 
 # ----------------------------------------------------------------------------- async_remote

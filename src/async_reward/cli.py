@@ -472,6 +472,7 @@ def _run_score(args: argparse.Namespace) -> int:
         f"{progress.status_counts()}{skipped}",
         flush=True,
     )
+    print(f"cost of this run: {progress.cost_summary()}", flush=True)
     return 0
 
 

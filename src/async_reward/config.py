@@ -38,6 +38,7 @@ from async_reward._config_rules import (
     rule,
     validate_fields,
 )
+from async_reward.cost import JudgePricing
 from async_reward.errors import ConfigError
 from async_reward.redaction import HIDDEN
 from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
@@ -245,11 +246,39 @@ class JudgeConfig:
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
+    prompt_price_per_million: float | None = field(
+        default=None, metadata=at_least(0, "write the price of a million prompt tokens, >= 0")
+    )
+    """Price of a million prompt (input) tokens, in your currency; with
+    ``completion_price_per_million``, each sample's ``judge_cost`` and the step's
+    ``reward/cost/money``. None: no money figures (tokens and calls are always counted)."""
+    completion_price_per_million: float | None = field(
+        default=None, metadata=at_least(0, "write the price of a million completion tokens, >= 0")
+    )
+    """Price of a million completion (output) tokens, in the same currency; set both prices or none."""
 
     def __post_init__(self) -> None:
         # At load (parse_config builds this class), not at the first sample: a parser that can never
         # read the template's format would make every sample invalid.
         self._validate_verdict_rules()
+        self._validate_prices()
+
+    def _validate_prices(self, path: str = f"{CONFIG_PATH}.judge") -> None:
+        """Both prices or neither: one price alone would count the other kind of token as free."""
+        prices = {
+            "prompt_price_per_million": self.prompt_price_per_million,
+            "completion_price_per_million": self.completion_price_per_million,
+        }
+        unset = [key for key, price in prices.items() if price is None]
+        if len(unset) == 1:  # one price alone would count the other kind of token as free
+            (missing,) = unset
+            (given,) = set(prices) - {missing}
+            raise bad_value(
+                f"{path}.{given}",
+                prices[given],
+                f"is set without {path}.{missing}: the other kind of token would cost nothing",
+                f"set {path}.{missing} too (0 if those tokens are free), or neither",
+            )
 
     def _validate_verdict_rules(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Raise ConfigError on a verdict setting that is unknown or cannot work with the template."""
@@ -285,6 +314,7 @@ class JudgeConfig:
         """Check every value (not what ``llm_judge`` requires to run: see :meth:`require`)."""
         validate_fields(self, path)
         self._validate_verdict_rules(path)
+        self._validate_prices(path)
         if self.max_score <= self.min_score:
             raise bad_value(
                 f"{path}.max_score",
@@ -337,6 +367,12 @@ class JudgeConfig:
     def reward_floor(self) -> float:
         """The lowest reward a verdict can give: ``normalize_to[0]``, or ``min_score`` without it."""
         return self.min_score if self.normalize_to is None else self.normalize_to[0]
+
+    def pricing(self) -> JudgePricing | None:
+        """The prices per million tokens, or None when they are not set."""
+        if self.prompt_price_per_million is None or self.completion_price_per_million is None:
+            return None
+        return JudgePricing(float(self.prompt_price_per_million), float(self.completion_price_per_million))
 
     def require(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.judge") -> None:
         """What ``llm_judge`` cannot run without: a base URL, and the API key variable when one is named."""

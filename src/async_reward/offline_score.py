@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from async_reward.config import AsyncRewardConfig, ConfigError, parse_config
+from async_reward.cost import cost_metrics
 from async_reward.offline_rows import (
     RESULT_FIELDS,
     InputRow,
@@ -113,6 +114,10 @@ class ScoreProgress:
     """Wall time of the scoring loop."""
     stopped_by: int | None = None
     """The signal (``SIGINT``, ``SIGTERM``) that stopped the run, None when it was not stopped."""
+    cost: dict[str, float] = field(default_factory=dict)
+    """What the rows written by this run cost, summed (``reward/cost/*`` names without the prefix:
+    ``calls``, ``shared``, ``prompt_tokens``, ``completion_tokens``, ``tokens``, ``cache_hits``,
+    ``money``)."""
 
     @property
     def remaining(self) -> int:
@@ -122,6 +127,27 @@ class ScoreProgress:
     def status_counts(self) -> str:
         """``ok=8 timeout=0 error=2 invalid=0``."""
         return " ".join(f"{status.value}={self.by_status[status.value]}" for status in Status)
+
+    def add_cost(self, row: dict[str, Any]) -> None:
+        """Add one written row's cost (its ``attempts`` and ``judge_*`` fields) to :attr:`cost`."""
+        for name, value in cost_metrics([row]).items():
+            key = name.removeprefix("reward/cost/")
+            self.cost[key] = self.cost.get(key, 0.0) + value
+
+    def cost_summary(self) -> str:
+        """``calls=12 shared=3 cache_hits=1 tokens=5400 (prompt 5000, completion 400) money=0.0123``:
+        the token and money parts only where the manager reports them."""
+        cost = self.cost
+        parts = [f"calls={cost.get('calls', 0):g}", f"shared={cost.get('shared', 0):g}"]
+        if "tokens" in cost:
+            parts.append(f"cache_hits={cost['cache_hits']:g}")
+            parts.append(
+                f"tokens={cost['tokens']:g} (prompt {cost['prompt_tokens']:g}, "
+                f"completion {cost['completion_tokens']:g})"
+            )
+        if "money" in cost:
+            parts.append(f"money={cost['money']:.6g}")
+        return " ".join(parts)
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -325,6 +351,7 @@ async def _score_rows(
         output.flush()
         progress.written += 1
         progress.by_status[row["status"]] += 1
+        progress.add_cost(row)
         bar.set_postfix(progress.by_status, refresh=False)
         bar.update(1)
 

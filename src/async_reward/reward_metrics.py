@@ -1,4 +1,5 @@
-"""The ``reward/*`` metrics every trainer path logs: counts per status, latency percentiles, retries.
+"""The ``reward/*`` metrics every trainer path logs: counts per status, latency percentiles, retries,
+what judging cost.
 
 One definition shared by the pipelined manager (per ticket) and verl's v1 trainer (per training step),
 so a dashboard reads the same names whichever path trained the model. verl averages numbers and
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from async_reward.cost import cost_metrics
 from async_reward.result import LOST_WORKERS_KEY, Status
 
 __all__ = ["STANDARD_EXTRA_KEYS", "extras_metrics", "lost_worker_names", "status_metrics"]
@@ -53,7 +55,9 @@ def status_metrics(
 def extras_metrics(
     extra_infos: Iterable[Mapping[str, Any]], counted_deaths: set[str] | None = None
 ) -> dict[str, float]:
-    """Metrics of a batch of samples' ``reward_extra_info``: :func:`status_metrics`, the mean of
+    """Metrics of a batch of samples' ``reward_extra_info``: :func:`status_metrics`, what judging
+    cost (``reward/cost/*``: calls, shared calls, tokens, cache hits, money; see
+    ``async_reward.cost.cost_metrics``), the mean of
     each numeric user extra as ``reward/extra/<key>/mean`` (NaN values, i.e. failed samples, ignored),
     and the reward-worker failover of verl v1's agent loop: ``reward/rescored_sessions`` (samples
     re-scored because their reward worker died) and ``reward/worker_deaths`` (reward workers first
@@ -63,6 +67,7 @@ def extras_metrics(
     ``counted_deaths``: the workers already counted in earlier batches of the run, updated in place, so
     a death whose sessions are trained in two steps counts once (None: count within this batch only).
     """
+    extra_infos = list(extra_infos)
     statuses: Counter[str] = Counter()
     latencies: list[float] = []
     retries = excluded = rescored = 0
@@ -89,6 +94,7 @@ def extras_metrics(
         lost -= counted_deaths
         counted_deaths |= lost
     metrics["reward/worker_deaths"] = float(len(lost))
+    metrics.update(cost_metrics(extra_infos))
     for key, values in sorted(numeric.items()):
         finite = [v for v in values if math.isfinite(v)]
         if finite:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from async_reward.config import AsyncRewardConfig
+from async_reward.cost import spent_extras, unspent_extras
 from async_reward.errors import ConfigError
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
@@ -29,7 +30,7 @@ from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample
+from async_reward.result import RewardResult, RewardSample, Status
 from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format
 
 __all__ = [
@@ -69,14 +70,18 @@ class LLMJudgeRewardManager(AsyncRewardManager):
     scores_with_reward_model: ClassVar[bool] = True
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,
-        "judge_tokens": 0,
         "judge_shared": False,
+        **unspent_extras(None),
     }
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)
         self.judge = self.settings.judge
         self.judge.validate()
+        #: Prices per million tokens (``judge.*_price_per_million``); None: no ``judge_cost``.
+        self.pricing = self.judge.pricing()
+        if self.pricing is not None:  # every sample carries it, a failed one 0.0 (nothing spent)
+            self._extra_defaults.setdefault("judge_cost", 0.0)
         #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
         self.in_job = in_job_judge(config)
         if self.in_job:
@@ -167,7 +172,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         key = request_key(self.judge.model, messages, self._params)
         cached = self._cache.get(key)
         if cached is not None:
-            return _shared_copy(cached)
+            return self._copy_of(cached, cache_hit=True)
         shared = self._in_flight.get(key)
         leader = shared is None
         if shared is None:
@@ -189,7 +194,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 shared.cancel()
             raise
         if not leader:
-            return _shared_copy(result)
+            return self._copy_of(result, cache_hit=False)
         if self.judge.cache and result.ok:
             self._cache[key] = result
         return result
@@ -230,22 +235,36 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             return reply
 
         reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None, priority=priority)
-        verdict = read_reply_verdict(reply, self.rules)
-        score = normalize_score(
-            verdict,
-            min_score=self.judge.min_score,
-            max_score=self.judge.max_score,
-            normalize_to=self.judge.normalize_to,
-        )
-        usage = reply.get("usage") or {}
+        # What the reply cost is spent whatever it says: a refused verdict keeps its tokens.
+        spent = spent_extras(reply.get("usage") if isinstance(reply, dict) else None, self.pricing)
+        try:
+            verdict = read_reply_verdict(reply, self.rules)
+            score = normalize_score(
+                verdict,
+                min_score=self.judge.min_score,
+                max_score=self.judge.max_score,
+                normalize_to=self.judge.normalize_to,
+            )
+        except (MalformedResponseError, VerdictError) as exc:
+            return RewardResult.failure(
+                Status.INVALID, str(exc), attempts=attempts, extras={**spent, "judge_shared": False}
+            )
         return RewardResult(
-            score=score,
-            attempts=attempts,
-            extras={
-                "judge_verdict": verdict,
-                "judge_tokens": int(usage.get("total_tokens") or 0),
-                "judge_shared": False,
-            },
+            score=score, attempts=attempts, extras={"judge_verdict": verdict, **spent, "judge_shared": False}
+        )
+
+    def _copy_of(self, result: RewardResult, *, cache_hit: bool) -> RewardResult:
+        """``result`` for a sample that made no call of its own: an identical request's call in
+        flight (``judge_shared``) or a cached verdict (``judge_cache_hit``). It spent nothing, so a sum
+        of the cost extras over samples is what the job paid."""
+        extras = {**result.extras, **unspent_extras(self.pricing, cache_hit=cache_hit)}
+        extras["judge_shared"] = not cache_hit
+        return RewardResult(
+            score=result.score,
+            status=result.status,
+            extras=extras,
+            failure_reason=result.failure_reason,
+            attempts=0,
         )
 
     def _unsupported_structured_output(self, exc: HTTPStatusError) -> StructuredOutputUnsupported | None:
@@ -325,15 +344,3 @@ def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:
     """
     answer = judge_reply(reply)
     return read_verdict(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
-
-
-def _shared_copy(result: RewardResult) -> RewardResult:
-    extras = dict(result.extras)
-    extras["judge_shared"] = True
-    return RewardResult(
-        score=result.score,
-        status=result.status,
-        extras=extras,
-        failure_reason=result.failure_reason,
-        attempts=0,
-    )
