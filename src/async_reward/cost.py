@@ -16,18 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "COST_EXTRA_KEYS",
     "JudgePricing",
     "cost_metrics",
     "spent_extras",
     "unspent_extras",
 ]
-
-#: Extras keys with what a sample's judge calls spent (see :func:`spent_extras`).
-COST_EXTRA_KEYS = frozenset(
-    {"judge_prompt_tokens", "judge_completion_tokens", "judge_tokens", "judge_cost", "judge_cache_hit"}
-)
-
 
 @dataclass(frozen=True)
 class JudgePricing:

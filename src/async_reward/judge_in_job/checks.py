@@ -48,7 +48,6 @@ ROUTER_RETRY_ATTEMPTS = 2
 #: ``retry.initial_backoff_s`` in router mode unless set.
 ROUTER_RETRY_BACKOFF_S = 1.0
 _JUDGE = f"{CONFIG_PATH}.judge"
-#: The lines :func:`announce_in_job_judge` printed in this process (each once).
 
 
 def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardConfig:
