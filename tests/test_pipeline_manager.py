@@ -239,6 +239,10 @@ def test_chunks_are_complete_groups_and_match_verl(
     metrics = pipeline.ticket_metrics(ticket)
     assert metrics["reward/status_ok"] == 30 and metrics["reward/queued"] == 0
     assert metrics["reward/in_flight"] == 0 and metrics["reward/retries"] == 0
+    # What judging the ticket cost: each sample made one call or shared one (no retries here).
+    assert metrics["reward/cost/calls"] + metrics["reward/cost/shared"] == 30
+    tokens = metrics["reward/cost/prompt_tokens"] + metrics["reward/cost/completion_tokens"]
+    assert metrics["reward/cost/tokens"] == tokens > 0
     assert 0 < metrics["reward/latency_p50"] <= metrics["reward/latency_p95"] <= metrics["reward/latency_max"]
     assert metrics["timing_s/reward_blocked"] > 0 and metrics["timing_s/reward_submit_to_done"] > 0
 

@@ -17,10 +17,12 @@ from typing import Any
 
 __all__ = [
     "JudgePricing",
+    "add_cost",
     "cost_metrics",
     "spent_extras",
     "unspent_extras",
 ]
+
 
 @dataclass(frozen=True)
 class JudgePricing:
@@ -102,6 +104,13 @@ def cost_metrics(extra_infos: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     if priced:
         metrics["reward/cost/money"] = money
     return metrics
+
+
+def add_cost(totals: dict[str, float], info: Mapping[str, Any]) -> None:
+    """Add one sample's cost (:func:`cost_metrics` of it alone) to running ``totals``: for a consumer
+    that must not keep every sample's extras (a long offline run, a ticket released once delivered)."""
+    for name, value in cost_metrics([info]).items():
+        totals[name] = totals.get(name, 0.0) + value
 
 
 def _integer(value: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from async_reward.config import AsyncRewardConfig, ConfigError, parse_config
-from async_reward.cost import cost_metrics
+from async_reward.cost import add_cost
 from async_reward.offline_rows import (
     RESULT_FIELDS,
     InputRow,
@@ -130,7 +130,9 @@ class ScoreProgress:
 
     def add_cost(self, row: dict[str, Any]) -> None:
         """Add one written row's cost (its ``attempts`` and ``judge_*`` fields) to :attr:`cost`."""
-        for name, value in cost_metrics([row]).items():
+        totals: dict[str, float] = {}
+        add_cost(totals, row)
+        for name, value in totals.items():
             key = name.removeprefix("reward/cost/")
             self.cost[key] = self.cost.get(key, 0.0) + value
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from verl import DataProto
 
+from async_reward.cost import add_cost
 from async_reward.pipeline.chunks import ChunkBook, GroupLayout, neutral_value
 from async_reward.result import ScoredFloat, Status
 from async_reward.reward_metrics import status_metrics
@@ -72,6 +73,11 @@ class TicketState:
     excluded: int = 0
     """Samples flagged ``excluded`` (``on_failure: exclude``): the trainer gives them no gradient."""
     retries: int = 0
+    cost: dict[str, float] = field(
+        default_factory=lambda: {"reward/cost/calls": 0.0, "reward/cost/shared": 0.0}
+    )
+    """What scoring this ticket's samples cost so far (``reward/cost/*``, summed as results arrive:
+    the per-sample extras are released once delivered)."""
     postprocess_spec: tuple[str, ...] | None = None
     error: str | None = None
     """First sample whose ``run_single`` raised (e.g. ``on_failure: raise``): get_chunk raises it."""
@@ -105,6 +111,7 @@ class TicketState:
         attempts = info.get("attempts")
         if isinstance(attempts, (int, float)) and not isinstance(attempts, bool) and attempts > 1:
             self.retries += int(attempts) - 1
+        add_cost(self.cost, info)
         for key, value in info.items():
             if key not in self.known_extras:
                 # A sample without a status comes from a manager that reports none: it scored fine.
@@ -149,6 +156,7 @@ class TicketState:
             "timing_s/reward_submit_to_done": end - self.submitted_at,
             "timing_s/reward_blocked": self.blocked_s,
             **status_metrics(self.status_counts, self.run_s, self.retries, self.excluded),
+            **self.cost,
         }
         pending = self.book.num_pending
         in_flight = min(in_flight, pending)
