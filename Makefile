@@ -28,9 +28,9 @@ install: $(STAMP)
 
 # `make test` spreads the test files over TEST_WORKERS pytest processes (pytest-xdist, one file per
 # process at a time, so a module's fixtures stay in one process; each process starts its own local Ray
-# cluster when its first Ray test needs one). The suite is CPU-bound on two cores: two processes were
-# no faster than three (13 min 02 s against 13 min 34 s of pytest, one run each, 2026-11-27), so three
-# stays; TEST_WORKERS=0 runs it in one.
+# cluster when its first Ray test needs one). The suite is CPU-bound on two cores; three processes were
+# the fastest (2026-11-27, same tree: two 707 s of pytest, three 657 s; another tree: three 628 s,
+# four 735 s), so three stays; TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
