@@ -55,9 +55,11 @@ V1_LINES=(
 )
 # The judge served in the job: the kit's local judge URL removed (two judges are refused), the tiny
 # model served by verl's Reward Loop on vLLM, colocated (one GPU: a standalone pool needs a second).
-# A random 2-layer model writes no verdict of its own accord, so the verdict is asked for as a JSON
-# object through response_format (parser=structured, vLLM's guided decoding): what it scores is noise,
-# what the run shows is the path (router, wake/sleep, our colocated step, statuses).
+# A random 2-layer model writes no verdict of its own accord: the run of 2026-11-27 asked for a JSON
+# verdict (parser=structured) and every reply was refused (invalid). So vLLM's structured outputs
+# constrain the reply to one of two verdicts in the template's own format ([[0]] or [[10]], read by
+# the default brackets parser): the verdict is noise, but it is the served model's, read by our rules,
+# so the run shows the whole path with ok statuses (router, wake/sleep, our colocated step, scores).
 JUDGE_IN_JOB=(
   "~reward.async_reward.judge.base_url"
   reward.reward_model.enable=true
@@ -66,8 +68,8 @@ JUDGE_IN_JOB=(
   reward.reward_model.rollout.tensor_model_parallel_size=1
   reward.reward_model.rollout.gpu_memory_utilization=0.2
   reward.reward_model.rollout.max_model_len=1024
-  +reward.async_reward.judge.parser=structured
-  +reward.async_reward.judge.max_tokens=64
+  "+reward.async_reward.judge.extra_body={structured_outputs:{choice:['Verdict: [[0]]','Verdict: [[10]]']}}"
+  +reward.async_reward.judge.max_tokens=32
 )
 for mode in $MODES; do
   # The kit knows baseline..both and v1 (verl's v1 sync with our manager only); our two v1 runs are its

@@ -11,8 +11,9 @@ our trainer's start line (``async_reward: trainer ...PipelinedRayPPOTrainer, pip
 or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained; for
 ``v1_pipelined``, the same with our v1 trainer mode's start line; for ``v1_lines``, a step without our
 replay buffer's ``reward/status_ok``; for ``v1_judge_in_job``, a run without the line saying llm_judge
-scores through the judge verl serves in the job, a step without ``reward/*`` statuses, or any request
-reaching the kit's own judge server (scoring must go to the served model); and in every mode an
+scores through the judge verl serves in the job, a step without ``reward/*`` statuses, no sample
+scored ``ok`` in any step, or any request reaching the kit's own judge server (scoring must go to the
+served model); and in every mode an
 ``ImportError`` of ours in any process's log (the GPU run of 2026-11-26 trained, but every agent-loop
 worker logged one).
 
@@ -128,7 +129,13 @@ def _judge_in_job_verdict(run: dict[str, Any]) -> str:
         for step, metrics in run["steps"].items()
         if sum(metrics.get(f"reward/status_{status}", 0.0) for status in STATUSES) == 0
     ]
-    return f"FAILED: steps {unscored} without reward/* statuses" if unscored else "ok"
+    if unscored:
+        return f"FAILED: steps {unscored} without reward/* statuses"
+    if not any(metrics.get("reward/status_ok", 0.0) > 0 for metrics in run["steps"].values()):
+        # The run of 2026-11-27: every verdict of the served judge refused (the mode now constrains
+        # the reply to a verdict), so nothing it said reached a reward.
+        return "FAILED: no sample scored ok in any step (every verdict of the served judge refused)"
+    return "ok"
 
 
 def _cells(run: dict[str, Any], key: str) -> str:
