@@ -115,9 +115,9 @@ class ScoreProgress:
     stopped_by: int | None = None
     """The signal (``SIGINT``, ``SIGTERM``) that stopped the run, None when it was not stopped."""
     cost: dict[str, float] = field(default_factory=dict)
-    """What the rows written by this run cost, summed (``reward/cost/*`` names without the prefix:
-    ``calls``, ``shared``, ``prompt_tokens``, ``completion_tokens``, ``tokens``, ``cache_hits``,
-    ``money``)."""
+    """What the rows written by this run cost, summed under the training metrics' names
+    (``reward/cost/calls``, ``shared``, ``prompt_tokens``, ``completion_tokens``, ``tokens``,
+    ``cache_hits``, ``money``; see ``async_reward.cost.cost_metrics``)."""
 
     @property
     def remaining(self) -> int:
@@ -128,18 +128,10 @@ class ScoreProgress:
         """``ok=8 timeout=0 error=2 invalid=0``."""
         return " ".join(f"{status.value}={self.by_status[status.value]}" for status in Status)
 
-    def add_cost(self, row: dict[str, Any]) -> None:
-        """Add one written row's cost (its ``attempts`` and ``judge_*`` fields) to :attr:`cost`."""
-        totals: dict[str, float] = {}
-        add_cost(totals, row)
-        for name, value in totals.items():
-            key = name.removeprefix("reward/cost/")
-            self.cost[key] = self.cost.get(key, 0.0) + value
-
     def cost_summary(self) -> str:
         """``calls=12 shared=3 cache_hits=1 tokens=5400 (prompt 5000, completion 400) money=0.0123``:
         the token and money parts only where the manager reports them."""
-        cost = self.cost
+        cost = {name.removeprefix("reward/cost/"): value for name, value in self.cost.items()}
         parts = [f"calls={cost.get('calls', 0):g}", f"shared={cost.get('shared', 0):g}"]
         if "tokens" in cost:
             parts.append(f"cache_hits={cost['cache_hits']:g}")
@@ -353,7 +345,7 @@ async def _score_rows(
         output.flush()
         progress.written += 1
         progress.by_status[row["status"]] += 1
-        progress.add_cost(row)
+        add_cost(progress.cost, row)
         bar.set_postfix(progress.by_status, refresh=False)
         bar.update(1)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from verl import DataProto
 
-from async_reward.cost import add_cost
+from async_reward.cost import add_cost, cost_metrics
 from async_reward.pipeline.chunks import ChunkBook, GroupLayout, neutral_value
 from async_reward.result import ScoredFloat, Status
 from async_reward.reward_metrics import status_metrics
@@ -73,9 +73,7 @@ class TicketState:
     excluded: int = 0
     """Samples flagged ``excluded`` (``on_failure: exclude``): the trainer gives them no gradient."""
     retries: int = 0
-    cost: dict[str, float] = field(
-        default_factory=lambda: {"reward/cost/calls": 0.0, "reward/cost/shared": 0.0}
-    )
+    cost: dict[str, float] = field(default_factory=lambda: cost_metrics([]))
     """What scoring this ticket's samples cost so far (``reward/cost/*``, summed as results arrive:
     the per-sample extras are released once delivered)."""
     postprocess_spec: tuple[str, ...] | None = None
