@@ -13,9 +13,8 @@ or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trai
 replay buffer's ``reward/status_ok``; for ``v1_judge_in_job``, a run without the line saying llm_judge
 scores through the judge verl serves in the job, a step without ``reward/*`` statuses, no sample
 scored ``ok`` in any step, or any request reaching the kit's own judge server (scoring must go to the
-served model); and in every mode an
-``ImportError`` of ours in any process's log (the GPU run of 2026-11-26 trained, but every agent-loop
-worker logged one).
+served model); and in every mode an ``ImportError`` of ours in any process's log (the GPU run of
+2026-11-26 trained, but every agent-loop worker logged one).
 
 Standard library only: it runs with the GPU image's bare Python.
 """
