@@ -172,6 +172,21 @@ def test_the_judge_in_job_run_needs_its_line_statuses_and_no_request_to_the_loca
     # A step without any reward status (scored by verl's /classify path, or not at all): failed.
     unscored = [IN_JOB_START, step_line(1, timing_s__step=5.0), *steps[1:], LOCAL_JUDGE_STATS % 0]
     assert verdict(unscored) == "FAILED: steps [1] without reward/* statuses"
+    # Samples the served judge did not answer, as on the H100 run of 2026-11-27 (29 of 32 `error`).
+    erring = [
+        IN_JOB_START,
+        step_line(1, timing_s__step=5.0, reward__status_ok=3, reward__status_error=29),
+        *steps[1:],
+        LOCAL_JUDGE_STATS % 0,
+    ]
+    assert verdict(erring).startswith("FAILED: steps [1] with samples in error or timeout")
+    timing_out = [
+        IN_JOB_START,
+        *steps[:2],
+        step_line(3, reward__status_ok=31, reward__status_timeout=1),
+        LOCAL_JUDGE_STATS % 0,
+    ]
+    assert verdict(timing_out).startswith("FAILED: steps [3] with samples in error or timeout")
     # Every verdict refused, as on the GPU run of 2026-11-27 (32 invalid a step): nothing was scored.
     refused = [step_line(s, reward__status_ok=0, reward__status_invalid=32) for s in (1, 2)]
     assert verdict([IN_JOB_START, *refused, LOCAL_JUDGE_STATS % 0]).startswith("FAILED: no sample scored ok")

@@ -217,7 +217,9 @@ def test_llm_judge_on_the_served_judge_says_so_at_start_up(model_dir, judge_dir,
         f"enable=true), behind verl's router, as model {served_name(judge_dir)!r}; standalone on GPUs of "
         "its own (reward.reward_model.enable_resource_pool=true): each sample scored while its batch "
         "still generates; 2 replica(s) x 8 requests at once = 16; admission 16 per reward worker (the "
-        "replicas' share over 1 worker(s)); retry.max_attempts=2"
+        "replicas' share over 1 worker(s)); retry.max_attempts=2; judge prompts over 1536 tokens "
+        "(context 2048, the model's max_position_embeddings, less judge.max_tokens 512) are invalid, "
+        "never sent"
     )
     check_reward(judge_config(model_dir, judge_dir, "+reward.async_reward.limits.max_concurrency=3"))
     (mine,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]

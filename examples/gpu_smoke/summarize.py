@@ -130,6 +130,16 @@ def _judge_in_job_verdict(run: dict[str, Any]) -> str:
     ]
     if unscored:
         return f"FAILED: steps {unscored} without reward/* statuses"
+    failed = [
+        step
+        for step, metrics in run["steps"].items()
+        if metrics.get("reward/status_error", 0.0) + metrics.get("reward/status_timeout", 0.0) > 0
+    ]
+    if failed:
+        # The H100 run of 2026-11-27: 28-31 of 32 a step `error`, the replica refusing prompts longer
+        # than its context (a 400, a bare 500 through verl's router). A judge on the job's own GPU
+        # answers every request it is sent, so any error or timeout is a defect to look at.
+        return f"FAILED: steps {failed} with samples in error or timeout (the served judge did not answer)"
     if not any(metrics.get("reward/status_ok", 0.0) > 0 for metrics in run["steps"].values()):
         # The run of 2026-11-27: every verdict of the served judge refused (the mode now constrains
         # the reply to a verdict), so nothing it said reached a reward.

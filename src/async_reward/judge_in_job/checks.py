@@ -26,6 +26,7 @@ from typing import Any
 from async_reward._config_rules import bad_value, select_key
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig
 from async_reward.errors import ConfigError
+from async_reward.judge_in_job.context import judge_context
 from async_reward.judge_in_job.settings import (
     colocated_judge,
     discriminative_architecture,
@@ -101,6 +102,16 @@ def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardC
             "serve a generative (chat) model as the judge, or keep this one with verl's own manager "
             "(reward.reward_manager.name=naive and no custom_reward_function, verl's /classify path)",
         )
+    context = judge_context(config)
+    if context is not None and judge.max_tokens >= context.tokens:
+        raise bad_value(
+            f"{_JUDGE}.max_tokens",
+            judge.max_tokens,
+            f"leaves no room for a prompt in the served judge's context of {context.tokens} tokens "
+            f"({context.source}): the replicas would refuse every request",
+            f"set {_JUDGE}.max_tokens well below {context.tokens} (a verdict takes a few dozen tokens), "
+            "or raise reward.reward_model.rollout.max_model_len",
+        )
     retry = settings.retry
     if not was_set(config, f"{CONFIG_PATH}.retry.max_attempts"):
         retry = replace(retry, max_attempts=ROUTER_RETRY_ATTEMPTS)
@@ -138,11 +149,19 @@ def in_job_judge_line(config: Any, settings: AsyncRewardConfig) -> str:
         if yours
         else f"{limit} per reward worker (the replicas' share over {capacity.workers} worker(s))"
     )
+    context = judge_context(config)
+    prompts = (
+        f"judge prompts over {context.tokens - settings.judge.max_tokens} tokens (context {context.tokens}, "
+        f"{context.source}, less judge.max_tokens {settings.judge.max_tokens}) are invalid, never sent"
+        if context is not None
+        else "the judge's context is unknown here (no rollout.max_model_len, no local config.json): "
+        "a prompt too long for it fails at the replica"
+    )
     return (
         "llm_judge scores through the judge verl serves in the job (reward.reward_model.enable=true), "
         f"behind verl's router, as model {settings.judge.model!r}; {placement}; "
         f"{capacity.replicas} replica(s) x {capacity.per_replica} requests at once = {capacity.total}; "
-        f"admission {admission}; retry.max_attempts={settings.retry.max_attempts}"
+        f"admission {admission}; retry.max_attempts={settings.retry.max_attempts}; {prompts}"
     )
 
 

@@ -26,6 +26,7 @@ from async_reward.errors import ConfigError
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
+from async_reward.judge_in_job.context import PromptBudget, judge_context
 from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
@@ -84,8 +85,14 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             self._extra_defaults.setdefault("judge_cost", 0.0)
         #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
         self.in_job = in_job_judge(config)
+        #: With a served judge: the longest prompt its replicas accept (judge_in_job.context), counted
+        #: with its own tokenizer. None: an external judge, whose server's 400 says it itself.
+        self.prompt_budget: PromptBudget | None = None
         if self.in_job:
             self.url = self._router_url()
+            context = judge_context(config)
+            if context is not None and self.reward_model_tokenizer is not None:
+                self.prompt_budget = PromptBudget(context, self.judge.max_tokens)
         else:
             self.judge.require()
             self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
@@ -169,6 +176,11 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             ground_truth=ground_truth,
             system_prompt=self.judge.system_prompt,
         )
+        if self.prompt_budget is not None:
+            too_long = self.prompt_budget.refusal(self.reward_model_tokenizer, messages)
+            if too_long is not None:  # the replica would refuse it, behind a router that hides why
+                extras = {**unspent_extras(self.pricing), "judge_shared": False}
+                return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras=extras)
         key = request_key(self.judge.model, messages, self._params)
         cached = self._cache.get(key)
         if cached is not None:
