@@ -111,6 +111,11 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
         {"judge.parser": "structured"},
     ),
     ("judge.cache", "yes", "boolean", {}),
+    ("judge.expected_verdict", "yes", "boolean", {}),
+    ("judge.expected_verdict", True, "whole-number verdicts", {"judge.max_score": 9.5}),
+    ("judge.extra_body", {"logprobs": True}, "override request fields", {"judge.expected_verdict": True}),
+    ("judge.top_logprobs", 0, "[1, 20]", {}),
+    ("judge.top_logprobs", 21, "[1, 20]", {}),
     ("judge.prompt_price_per_million", -1.0, ">= 0", {"judge.completion_price_per_million": 1.0}),
     ("judge.prompt_price_per_million", 3.0, "without reward.async_reward.judge.completion_price", {}),
     ("judge.completion_price_per_million", NAN, "finite", {"judge.prompt_price_per_million": 1.0}),
@@ -171,6 +176,8 @@ GOOD: list[tuple[str, Any]] = [
     ("judge.extra_body", {"top_p": 0.9}),
     ("judge.extra_body", {"logit_bias": {"42": -100}}),
     ("judge.cache", True),
+    ("judge.expected_verdict", True),
+    ("judge.top_logprobs", 11),
     ("remote.url", "http://127.0.0.1:9000/score"),
     ("remote.url", "https://[::1]:8443/score"),
     ("remote.api_key_env", "RM_TOKEN"),
@@ -186,6 +193,8 @@ GOOD: list[tuple[str, Any]] = [
 #: Good values that are good only beside another key: (key, value, the others).
 GOOD_WITH_OTHERS = [
     ("judge.prompt_price_per_million", 3.0, {"judge.completion_price_per_million": 15.0}),
+    ("judge.extra_body", {"logprobs": True}, {"judge.expected_verdict": False}),  # then it is yours
+    ("judge.expected_verdict", True, {"judge.min_score": 1, "judge.max_score": 5}),
     ("judge.prompt_price_per_million", 0.0, {"judge.completion_price_per_million": 0.0}),
     ("judge.completion_price_per_million", 15.0, {"judge.prompt_price_per_million": 3.0}),
 ]

@@ -706,6 +706,8 @@ def test_the_shared_servers_reset_puts_every_runtime_knob_back(judge_server: Thr
         "honour_max_tokens": False,
         "api_key": "test-key-not-secret",
         "hold": True,
+        "logprobs": "ignore",
+        "verdict_probability": 0.5,
     }
     assert set(turned) == set(RUNTIME_CONFIG_KEYS), "turn every runtime knob, a new one included"
     judge_server.update_config(**turned)

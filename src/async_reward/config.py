@@ -243,6 +243,17 @@ class JudgeConfig:
     """Completion token cap sent to the judge."""
     extra_body: dict[str, Any] = field(default_factory=dict)
     """Extra JSON fields merged into each request body (not the ones set by the keys above)."""
+    expected_verdict: bool = False
+    """Score with the expected verdict under the judge's own token probabilities, not the one it
+    sampled: the request asks for ``logprobs`` / ``top_logprobs`` and the verdict's tokens are weighed
+    by the rule in ``async_reward.expected_verdict`` (ties broken, less variance). A reply without
+    them keeps its plain verdict, said in the log and in each sample's ``judge_weighting``. Needs a
+    whole-number verdict scale."""
+    top_logprobs: int = field(
+        default=20, metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)")
+    )
+    """With ``expected_verdict``: alternatives listed per token; enough to cover the scale
+    (0-10 written as one token each needs 11)."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -333,14 +344,24 @@ class JudgeConfig:
             )
         if self.normalize_to is not None:
             self._check_normalize_to(self.normalize_to, scale, f"{path}.normalize_to")
-        overridden = sorted(set(self.extra_body) & set(_JUDGE_OWN_FIELDS))
+        if self.expected_verdict and not (
+            float(self.min_score).is_integer() and float(self.max_score).is_integer()
+        ):
+            raise bad_value(
+                f"{path}.expected_verdict",
+                True,
+                f"weighs whole-number verdicts, but the scale is {self.min_score:g} to {self.max_score:g}",
+                "give judge.min_score and judge.max_score as whole numbers, or set expected_verdict=false",
+            )
+        own = set(_JUDGE_OWN_FIELDS) | ({"logprobs", "top_logprobs"} if self.expected_verdict else set())
+        overridden = sorted(set(self.extra_body) & own)
         if overridden:
             raise bad_value(
                 f"{path}.extra_body",
                 overridden,
                 "would override request fields the judge config sets",
-                "set judge.model / temperature / max_tokens / template instead (stream and n are not "
-                "supported: one complete reply is read per call)",
+                "set judge.model / temperature / max_tokens / template / top_logprobs instead (stream "
+                "and n are not supported: one complete reply is read per call)",
             )
 
     @staticmethod

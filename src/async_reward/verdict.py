@@ -67,6 +67,7 @@ __all__ = [
     "read_verdict",
     "response_format",
     "strip_think",
+    "verdict_span",
 ]
 
 #: Text formats a judge can state its verdict in.
@@ -352,3 +353,34 @@ def parse_verdict(
     """
     rules = VerdictRules(parser=parser, position=position, on_conflict=on_conflict, think=think)
     return read_verdict(text, rules)
+
+
+def verdict_span(text: str, rules: VerdictRules, verdict: float) -> tuple[int, int] | str:
+    """Where in ``text`` the judge wrote ``verdict`` (read by :func:`read_verdict` under ``rules``):
+    the (start, end) of the last verdict's number, for weighting it by the judge's token
+    probabilities (``async_reward.expected_verdict``); or why there is no one place (a short reason).
+
+    Only a reply whose verdicts all agree has one: with ``on_conflict="min"`` and a lower verdict
+    quoted from the response, the score is that quote's, and the judge's own tokens do not weigh it.
+    """
+    start = _visible_start(text, rules.think)
+    if start is None:
+        return "reply is all thinking"
+    visible = text[start:]
+    if rules.parser in ("json", "structured"):
+        matches = list(_JSON_KEY_TEXT.finditer(visible))
+        spans = [m.span(1) if m.group(1) is not None else m.span(2) for m in matches]
+    else:
+        spans = [m.span(1) for m in _PATTERNS[rules.parser].finditer(visible)]
+    if not spans:
+        return "verdict not found as text"
+    values = set()
+    for begin, finish in spans:
+        try:
+            values.add(_to_number(visible[begin:finish]))
+        except VerdictError:
+            return "verdict is not a number"
+    if values != {verdict}:
+        return "verdicts in the reply disagree"
+    begin, finish = spans[-1]
+    return start + begin, start + finish

@@ -42,6 +42,8 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "honour_max_tokens",
     "api_key",
     "hold",
+    "logprobs",
+    "verdict_probability",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -51,6 +53,8 @@ THINK_STYLES: tuple[str, ...] = ("inline", "prefilled", "separate")
 """Values of ``DevServerConfig.think_style``."""
 STRUCTURED_OUTPUT_MODES: tuple[str, ...] = ("honour", "reject", "ignore")
 """Values of ``DevServerConfig.structured_output``."""
+LOGPROBS_MODES: tuple[str, ...] = ("honour", "ignore")
+"""Values of ``DevServerConfig.logprobs``."""
 _REQUEST_TIMES_KEPT = 100_000
 
 
@@ -111,6 +115,14 @@ class DevServerConfig:
     again counts from then. A gate for tests: "the judge has answered nothing (or only these) yet"
     becomes a fact the test controls, not a race against a latency."""
 
+    logprobs: Literal["honour", "ignore"] = "honour"
+    """A request with ``logprobs: true``: ``honour`` returns each reply token's log-probability and
+    ``top_logprobs`` alternatives (``async_reward.devserver.logprobs``); ``ignore`` returns none, as
+    servers without them do."""
+    verdict_probability: float = 1.0
+    """With logprobs: the probability of the judge's verdict token; the rest is split evenly between
+    the verdicts one below and one above (within 0-10), listed as its alternatives."""
+
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
         lo, hi = self.latency_ms
@@ -135,6 +147,10 @@ class DevServerConfig:
             raise ValueError(f"verdict_format must be one of {list(_VERDICT_FORMATS)}")
         if self.judge_style not in JUDGE_STYLES:
             raise ValueError(f"judge_style must be one of {list(JUDGE_STYLES)}, got {self.judge_style!r}")
+        if self.logprobs not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs must be one of {list(LOGPROBS_MODES)}, got {self.logprobs!r}")
+        if not 0.0 < self.verdict_probability <= 1.0:
+            raise ValueError(f"verdict_probability must be in (0, 1], got {self.verdict_probability!r}")
         verdict = self.fixed_verdict
         if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")
@@ -159,7 +175,9 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError("capacity must be an integer or null")
         return value
-    if key == "retry_after_s":
+    if key in ("retry_after_s", "verdict_probability"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number")
         return float(value)
     if key == "fault_rates":
         if not isinstance(value, dict):

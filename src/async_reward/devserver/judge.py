@@ -167,14 +167,18 @@ def judge_messages(messages: Sequence[Any], fixed_verdict: int | None = None) ->
     return Judgement(0, f"The response gives {shown}, which does not match the reference.", response)
 
 
-def _format_verdict(verdict: int, explanation: str, verdict_format: VerdictFormat) -> str:
+def _format_verdict(verdict: int, explanation: str, verdict_format: VerdictFormat) -> tuple[str, int]:
+    """The verdict part of a reply, and where its verdict's digits start in it."""
     if verdict_format == "json":
-        return json.dumps({"score": verdict, "reason": explanation})
+        return json.dumps({"score": verdict, "reason": explanation}), len('{"score": ')
     if verdict_format == "boxed":
-        return f"{explanation}\n\\boxed{{{verdict}}}"
+        text = f"{explanation}\n\\boxed{{{verdict}}}"
+        return text, len(text) - 1 - len(str(verdict))
     if verdict_format == "score":
-        return f"{explanation}\nScore: {verdict}"
-    return f"{explanation}\nRating: [[{verdict}]]"
+        text = f"{explanation}\nScore: {verdict}"
+        return text, len(text) - len(str(verdict))
+    text = f"{explanation}\nRating: [[{verdict}]]"
+    return text, len(text) - 2 - len(str(verdict))
 
 
 def _unescaped_json(judgement: Judgement, style: JudgeStyle) -> str:
@@ -186,6 +190,10 @@ def _unescaped_json(judgement: Judgement, style: JudgeStyle) -> str:
     if style == "verdict-last":
         return f'{{"reasoning": "{reasoning}", "score": {judgement.verdict}}}'
     return f'{{"score": {judgement.verdict}, "reasoning": "{reasoning}"}}'
+
+
+def _unescaped_json_verdict_at(text: str, judgement: Judgement, style: JudgeStyle) -> int:
+    return len(text) - 1 - len(str(judgement.verdict)) if style == "verdict-last" else len('{"score": ')
 
 
 def _thinking(judgement: Judgement) -> str:
@@ -207,15 +215,20 @@ class JudgeReply:
     content: str
     reasoning: str | None = None
     """The judge's thinking returned apart from the content (``think_style: separate``)."""
+    verdict_at: int | None = None
+    """Where the judge's own verdict's digits start in ``content`` (for its token probabilities)."""
 
 
-def _with_thinking(judgement: Judgement, answer: str, think: bool, think_style: ThinkStyle) -> JudgeReply:
+def _with_thinking(
+    judgement: Judgement, answer: str, think: bool, think_style: ThinkStyle, verdict_at: int | None
+) -> JudgeReply:
     if not think:
-        return JudgeReply(answer)
+        return JudgeReply(answer, verdict_at=verdict_at)
     if think_style == "separate":
-        return JudgeReply(answer, reasoning=_thinking(judgement))
+        return JudgeReply(answer, reasoning=_thinking(judgement), verdict_at=verdict_at)
     opening = "" if think_style == "prefilled" else "<think>"  # prefilled: the chat template opened it
-    return JudgeReply(f"{opening}{_thinking(judgement)}</think>\n{answer}")
+    prefix = f"{opening}{_thinking(judgement)}</think>\n"
+    return JudgeReply(prefix + answer, verdict_at=None if verdict_at is None else len(prefix) + verdict_at)
 
 
 def render_reply(
@@ -238,15 +251,19 @@ def render_reply(
     unescaped, so the response can add keys to the judge's object or break it.
     """
     if unescaped_json and verdict_format == "json":
-        return _with_thinking(judgement, _unescaped_json(judgement, style), think, think_style)
+        text = _unescaped_json(judgement, style)
+        at = _unescaped_json_verdict_at(text, judgement, style)
+        return _with_thinking(judgement, text, think, think_style, at)
     parts: list[str] = []
     quoted = judgement.response is not None
     if echo_response and quoted and style == "verdict-last":
         parts.append(_quote(judgement))
-    parts.append(_format_verdict(judgement.verdict, judgement.explanation, verdict_format))
+    verdict_part, digits_at = _format_verdict(judgement.verdict, judgement.explanation, verdict_format)
+    at = sum(len(part) + 1 for part in parts) + digits_at  # parts are joined by newlines
+    parts.append(verdict_part)
     if quoted and style == "verdict-then-quote":
         parts.append(_quote(judgement))
-    return _with_thinking(judgement, "\n".join(parts), think, think_style)
+    return _with_thinking(judgement, "\n".join(parts), think, think_style, at)
 
 
 def render_structured(
@@ -271,7 +288,10 @@ def render_structured(
             reply[name] = judgement.verdict
         elif isinstance(spec, dict) and spec.get("type") == "string":
             reply[name] = explanation
-    return _with_thinking(judgement, json.dumps(reply, ensure_ascii=False), think, think_style)
+    text = json.dumps(reply, ensure_ascii=False)
+    # Strings are escaped in JSON, so the one unescaped "score": is the judge's key.
+    at = text.find('"score": ') + len('"score": ') if "score" in reply else None
+    return _with_thinking(judgement, text, think, think_style, at)
 
 
 def cut_at_max_tokens(reply: JudgeReply, max_tokens: int) -> tuple[JudgeReply, bool]:
@@ -282,7 +302,7 @@ def cut_at_max_tokens(reply: JudgeReply, max_tokens: int) -> tuple[JudgeReply, b
         reasoning, budget = _first_words(reasoning, budget)
     content, _ = _first_words(reply.content, budget)
     cut = content != reply.content or reasoning != reply.reasoning
-    return JudgeReply(content, reasoning), cut
+    return (JudgeReply(content, reasoning), True) if cut else (reply, False)
 
 
 def _first_words(text: str, limit: int) -> tuple[str, int]:

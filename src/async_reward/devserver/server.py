@@ -55,6 +55,7 @@ from async_reward.devserver.judge import (
     render_structured,
     word_count,
 )
+from async_reward.devserver.logprobs import reply_logprobs
 
 __all__ = ["DevServer"]
 
@@ -429,7 +430,12 @@ class DevServer:
         prompt_tokens = sum(word_count(message_text(m)) for m in messages)
         completion_tokens = (word_count(reply.content) + word_count(reply.reasoning or "")) * n
         self._stats.tokens_total += prompt_tokens + completion_tokens
-        choice = {"message": message, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"message": message, "finish_reason": finish_reason}
+        if self._wants_logprobs(payload) and cfg.logprobs == "honour":
+            top = payload.get("top_logprobs") or 0
+            choice["logprobs"] = reply_logprobs(
+                reply.content, judgement.verdict, reply.verdict_at, cfg.verdict_probability, top
+            )
         return web.json_response(
             {
                 "id": f"chatcmpl-{next(self._completion_ids)}",
@@ -444,6 +450,22 @@ class DevServer:
                 },
             }
         )
+
+    @staticmethod
+    def _wants_logprobs(payload: dict[str, Any]) -> bool:
+        """``logprobs`` asked for, with a valid ``top_logprobs`` (0 to 20, as OpenAI's API takes).
+
+        Raises:
+            _BadRequest: a ``logprobs`` that is not a boolean or a ``top_logprobs`` out of range.
+        """
+        wanted, top = payload.get("logprobs", False), payload.get("top_logprobs")
+        if not isinstance(wanted, bool):
+            raise _BadRequest("'logprobs' must be a boolean")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+            raise _BadRequest("'top_logprobs' must be an integer from 0 to 20")
+        if top is not None and not wanted:
+            raise _BadRequest("'top_logprobs' needs 'logprobs': true")
+        return wanted
 
     def _structured_schema(self, response_format: Any) -> dict[str, Any] | None:
         """The ``properties`` of a json_schema ``response_format`` to fill; None for a text reply.

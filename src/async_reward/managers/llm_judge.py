@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from async_reward.config import AsyncRewardConfig
 from async_reward.cost import spent_extras, unspent_extras
 from async_reward.errors import ConfigError
+from async_reward.expected_verdict import ExpectedVerdict, expected_verdict, reply_tokens
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
@@ -32,7 +33,8 @@ from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format
+from async_reward.start_lines import say_once
+from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format, verdict_span
 
 __all__ = [
     "JudgeReply",
@@ -40,6 +42,7 @@ __all__ = [
     "StructuredOutputUnsupported",
     "judge_reply",
     "read_reply_verdict",
+    "weigh_reply_verdict",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +86,10 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         self.pricing = self.judge.pricing()
         if self.pricing is not None:  # every sample carries it, a failed one 0.0 (nothing spent)
             self._extra_defaults.setdefault("judge_cost", 0.0)
+        if self.judge.expected_verdict:  # every sample says whether its score was weighted, and why not
+            self._extra_defaults.update(
+                {"judge_expected_verdict": math.nan, "judge_verdict_mass": math.nan, "judge_weighting": ""}
+            )
         #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
         self.in_job = in_job_judge(config)
         #: With a served judge: the longest prompt its replicas accept (judge_in_job.context), counted
@@ -116,6 +123,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         }
         if parser == "structured":
             self._params["response_format"] = response_format()
+        if self.judge.expected_verdict:
+            self._params.update(logprobs=True, top_logprobs=self.judge.top_logprobs)
         self._warned_unsupported = False
         self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
         self._cache: dict[str, RewardResult] = {}
@@ -251,8 +260,12 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         spent = spent_extras(reply.get("usage") if isinstance(reply, dict) else None, self.pricing)
         try:
             verdict = read_reply_verdict(reply, self.rules)
+            weighted: float = verdict
+            weighting: dict[str, Any] = {}
+            if self.judge.expected_verdict:
+                weighted, weighting = self._weigh(reply, verdict)
             score = normalize_score(
-                verdict,
+                weighted,
                 min_score=self.judge.min_score,
                 max_score=self.judge.max_score,
                 normalize_to=self.judge.normalize_to,
@@ -262,8 +275,26 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 Status.INVALID, str(exc), attempts=attempts, extras={**spent, "judge_shared": False}
             )
         return RewardResult(
-            score=score, attempts=attempts, extras={"judge_verdict": verdict, **spent, "judge_shared": False}
+            score=score,
+            attempts=attempts,
+            extras={"judge_verdict": verdict, **weighting, **spent, "judge_shared": False},
         )
+
+    def _weigh(self, reply: Any, verdict: float) -> tuple[float, dict[str, Any]]:
+        """The expected verdict and its extras; the plain verdict, with the reason, where the reply
+        cannot give one (said once, loudly, when the server sent no probabilities at all)."""
+        outcome = weigh_reply_verdict(
+            reply, self.rules, verdict, min_score=self.judge.min_score, max_score=self.judge.max_score
+        )
+        if isinstance(outcome, ExpectedVerdict):
+            extras = {"judge_expected_verdict": outcome.value, "judge_verdict_mass": outcome.mass}
+            return outcome.value, {**extras, "judge_weighting": "expected"}
+        if outcome == NO_LOGPROBS:
+            say_once(
+                "judge.expected_verdict is on, but the judge returned no token probabilities (logprobs): "
+                "such replies score their plain verdict (judge_weighting says so on each sample)"
+            )
+        return verdict, {"judge_weighting": f"plain: {outcome}"}
 
     def _copy_of(self, result: RewardResult, *, cache_hit: bool) -> RewardResult:
         """``result`` for a sample that made no call of its own: an identical request's call in
@@ -356,3 +387,24 @@ def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:
     """
     answer = judge_reply(reply)
     return read_verdict(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
+
+
+#: Why a reply kept its plain verdict when the server sent no token probabilities.
+NO_LOGPROBS = "no logprobs in the reply"
+
+
+def weigh_reply_verdict(
+    reply: Any, rules: VerdictRules, verdict: float, *, min_score: float, max_score: float
+) -> ExpectedVerdict | str:
+    """The expected verdict of a chat completion whose ``verdict`` :func:`read_reply_verdict` read
+    (``async_reward.expected_verdict``'s rule), or why it has none (the plain verdict stands)."""
+    answer = judge_reply(reply)
+    tokens = reply_tokens(reply["choices"][0])
+    if tokens is None:
+        return NO_LOGPROBS
+    span = verdict_span(
+        answer.content, replace(rules, think="none") if answer.reasoning_apart else rules, verdict
+    )
+    if isinstance(span, str):
+        return span
+    return expected_verdict(answer.content, tokens, span, min_score=min_score, max_score=max_score)

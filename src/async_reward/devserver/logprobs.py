@@ -1,0 +1,51 @@
+"""Token log-probabilities for the dev server's replies (``logprobs`` / ``top_logprobs``).
+
+The dev server has no model, so it has no tokens: it splits a reply into words, numbers, runs of
+whitespace and single punctuation marks (a number is one token, as in tokenizers with whole-number
+tokens), gives each the probability 1, except the judge's own verdict, whose token gets
+``verdict_probability`` and shares the rest evenly with the verdicts one below and one above it
+(within 0-10) as alternatives. Entries are shaped as OpenAI's and vLLM's chat completions return them
+(``token``, ``logprob``, ``bytes``, ``top_logprobs``), so clients read them as they would a real server's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+__all__ = ["reply_logprobs"]
+
+_TOKEN = re.compile(r"[0-9]+|[^\W\d_]+|\s+|.", re.DOTALL)
+_SCALE = (0, 10)
+
+
+def _entry(token: str, logprob: float, alternatives: list[tuple[str, float]], top: int) -> dict[str, Any]:
+    listed = sorted(alternatives, key=lambda item: -item[1])[:top]
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [
+            {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))} for text, value in listed
+        ],
+    }
+
+
+def reply_logprobs(
+    content: str, verdict: int | None, verdict_at: int | None, probability: float, top: int
+) -> dict[str, Any]:
+    """``choice.logprobs`` for ``content``: every token certain but the verdict's digits at
+    ``verdict_at`` (when given), which get ``probability`` and its neighbours the rest."""
+    entries: list[dict[str, Any]] = []
+    for match in _TOKEN.finditer(content):
+        token = match.group()
+        if verdict is not None and match.start() == verdict_at and token == str(verdict):
+            neighbours = [v for v in (verdict - 1, verdict + 1) if _SCALE[0] <= v <= _SCALE[1]]
+            rest = (1.0 - probability) / len(neighbours)
+            alternatives = [(token, math.log(probability))]
+            alternatives += [(str(v), math.log(rest)) for v in neighbours if rest > 0.0]
+            entries.append(_entry(token, math.log(probability), alternatives, top))
+        else:
+            entries.append(_entry(token, 0.0, [(token, 0.0)], top))
+    return {"content": entries}

@@ -1,0 +1,211 @@
+"""The verdict weighted by the judge's own token probabilities (``judge.expected_verdict``).
+
+A judge that samples one digit makes ties: when every response of a GRPO group gets the same verdict
+the group's advantage is zero and it teaches nothing. Where the server returns token log-probabilities
+(OpenAI's ``logprobs`` / ``top_logprobs``, which vLLM and SGLang implement), the score is instead the
+expected verdict under the judge's distribution at the place where it wrote its verdict.
+
+The rule, which reads nothing but the judge's own tokens:
+
+1. The verdict rules read the reply as always (``async_reward.verdict``); the verdict's characters are
+   located there (:func:`async_reward.verdict.verdict_span`): the last verdict, which the judge wrote
+   at the end. A reply with verdicts that disagree, or a verdict that is not a whole number, is not
+   weighted (the plain verdict stands, and the sample says why).
+2. The reply's tokens (``logprobs.content``) are aligned to its text by their bytes; the reply's text
+   must be the end of what the tokens spell (a server may put the judge's thinking first). The tokens
+   that spell the verdict must start and end at its edges (leading whitespace in its first token is
+   allowed: ``" 7"``) and be digits only.
+3. Along the verdict's tokens, each alternative the server lists is a verdict in its own right:
+   - an alternative that starts with digits at position *i* continues the digits written before it
+     (``prefix`` + its digits) and is taken to end there (its continuation was not generated, so is
+     not known);
+   - a non-digit alternative after the first position ends the number: ``prefix`` (the ``1`` of a
+     ``10`` written as ``1``, ``0`` when ``]]`` was as likely as ``0``);
+   - the token after the verdict is read the same way (a digit there would have made a longer one).
+   Each candidate's probability is the product of the sampled tokens before it and its own.
+   Candidates outside ``[min_score, max_score]``, and non-digit alternatives at the first position
+   (no verdict at all), are dropped; the rest are renormalised.
+4. The expected verdict is the probability-weighted mean of the candidates. ``mass``, the share of
+   probability they covered before renormalising, is kept in the sample's extras.
+
+A server that returns no log-probabilities leaves the plain verdict, said once in the log and on every
+such sample (``judge_weighting``), never a silent mix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ExpectedVerdict", "ReplyToken", "expected_verdict", "reply_tokens"]
+
+
+@dataclass(frozen=True)
+class ReplyToken:
+    """One generated token: its bytes, its log-probability and the alternatives the server listed."""
+
+    data: bytes
+    """The token's bytes (``bytes`` when the server gives them, else its text in UTF-8)."""
+    logprob: float
+    """Log-probability of the sampled token."""
+    alternatives: tuple[tuple[str, float], ...]
+    """(text, log-probability) of the listed alternatives, the sampled token among them."""
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class ExpectedVerdict:
+    """The expected verdict and how much of the judge's probability its candidates covered."""
+
+    value: float
+    """Probability-weighted mean of the candidate verdicts (renormalised over them)."""
+    mass: float
+    """Probability of the candidates before renormalising, in (0, 1]."""
+
+
+def _token_bytes(entry: Mapping[str, Any]) -> bytes | None:
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(
+        isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw
+    ):
+        return bytes(raw)
+    token = entry.get("token")
+    return token.encode("utf-8") if isinstance(token, str) else None
+
+
+def _logprob(entry: Mapping[str, Any]) -> float | None:
+    value = entry.get("logprob")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value <= 0.0 and not math.isnan(value) else None  # -inf allowed: probability 0
+
+
+def reply_tokens(choice: Any) -> list[ReplyToken] | None:
+    """The tokens of a chat-completion choice's ``logprobs.content``; None when the server sent none
+    or sent them malformed (the caller then keeps the plain verdict)."""
+    logprobs = choice.get("logprobs") if isinstance(choice, Mapping) else None
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    if not isinstance(content, list) or not content:
+        return None
+    tokens: list[ReplyToken] = []
+    for entry in content:
+        if not isinstance(entry, Mapping):
+            return None
+        data, logprob = _token_bytes(entry), _logprob(entry)
+        if data is None or logprob is None:
+            return None
+        alternatives: dict[str, float] = {data.decode("utf-8", errors="replace"): logprob}
+        for alternative in entry.get("top_logprobs") or ():
+            if not isinstance(alternative, Mapping):
+                return None
+            alt_bytes, alt_logprob = _token_bytes(alternative), _logprob(alternative)
+            if alt_bytes is None or alt_logprob is None:
+                return None
+            alternatives.setdefault(alt_bytes.decode("utf-8", errors="replace"), alt_logprob)
+        tokens.append(ReplyToken(data, logprob, tuple(alternatives.items())))
+    return tokens
+
+
+def _is_digits(text: str) -> bool:
+    return bool(text) and text.isascii() and text.isdigit()
+
+
+def _leading_digits(text: str) -> str:
+    """The ASCII digits ``text`` starts with (``"0]]"``: ``"0"``; ``"]]"``: ``""``)."""
+    end = 0
+    while end < len(text) and "0" <= text[end] <= "9":
+        end += 1
+    return text[:end]
+
+
+def expected_verdict(
+    content: str,
+    tokens: Sequence[ReplyToken],
+    span: tuple[int, int],
+    *,
+    min_score: float,
+    max_score: float,
+) -> ExpectedVerdict | str:
+    """The expected verdict for the digits at ``span`` of ``content`` (see the module docstring), or
+    why it cannot be had (a short reason; the plain verdict then stands)."""
+    start, end = span
+    written = content[start:end]
+    if not _is_digits(written):
+        return "verdict is not a whole number"
+    spelled = b"".join(token.data for token in tokens)
+    encoded = content.encode("utf-8")
+    if not spelled.endswith(encoded):
+        return "tokens do not spell the reply"
+    offset = len(spelled) - len(encoded)
+    start_b = offset + len(content[:start].encode("utf-8"))
+    end_b = start_b + len(written)  # ASCII digits: one byte each
+    position, first = 0, None
+    for index, token in enumerate(tokens):
+        token_end = position + len(token.data)
+        if first is None and token_end > start_b:
+            lead = spelled[position:start_b]
+            if position > start_b or lead.strip():
+                return "verdict shares a token with text before it"
+            first = index
+        if first is not None and token_end >= end_b:
+            if token_end != end_b:
+                return "verdict shares a token with text after it"
+            last = index
+            break
+        position = token_end
+    else:
+        return "verdict not found in the tokens"
+    assert first is not None
+    verdict_tokens = list(tokens[first : last + 1])
+    following = tokens[last + 1] if last + 1 < len(tokens) else None
+    return _weigh(verdict_tokens, following, min_score=min_score, max_score=max_score)
+
+
+def _weigh(
+    verdict_tokens: list[ReplyToken],
+    following: ReplyToken | None,
+    *,
+    min_score: float,
+    max_score: float,
+) -> ExpectedVerdict | str:
+    """Candidates along the sampled digits, then the token after them (rule 3)."""
+    candidates: dict[int, float] = {}
+
+    def add(value_text: str, probability: float) -> None:
+        value = int(value_text)
+        if min_score <= value <= max_score and probability > 0.0:
+            candidates[value] = candidates.get(value, 0.0) + probability
+
+    path_probability, prefix = 1.0, ""
+    for index, token in enumerate(verdict_tokens):
+        sampled = token.text.lstrip() if index == 0 else token.text
+        if not _is_digits(sampled):
+            return "verdict token is not digits"
+        for text, logprob in token.alternatives:
+            alternative = text.lstrip() if index == 0 else text
+            if alternative == sampled:
+                continue  # followed along the path
+            probability = path_probability * math.exp(logprob)
+            digits = _leading_digits(alternative)
+            if digits:
+                add(prefix + digits, probability)  # taken to end with this token
+            elif index > 0:
+                add(prefix, probability)  # the number ended before this position
+        path_probability *= math.exp(token.logprob)
+        prefix += sampled
+    if following is None:
+        add(prefix, path_probability)
+    else:
+        for text, logprob in following.alternatives:
+            add(prefix + _leading_digits(text), path_probability * math.exp(logprob))
+    mass = sum(candidates.values())
+    if mass <= 0.0:
+        return "no candidate verdict has probability"
+    value = sum(verdict * probability for verdict, probability in candidates.items()) / mass
+    return ExpectedVerdict(value=value, mass=min(mass, 1.0))

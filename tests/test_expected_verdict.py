@@ -1,0 +1,405 @@
+"""The verdict weighted by the judge's own token probabilities (issue 29, item 3).
+
+The rule (``async_reward.expected_verdict``) on token lists shaped as vLLM and OpenAI return them
+(``token``, ``logprob``, ``bytes``, ``top_logprobs``), including tokenizers that split ``10`` into
+``1`` ``0``; then ``llm_judge`` over real HTTP against the local judge, whose replies carry
+log-probabilities when asked, and a server that returns none.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from async_reward import ConfigError
+from async_reward.config import JudgeConfig
+from async_reward.expected_verdict import ExpectedVerdict, reply_tokens
+from async_reward.managers import LLMJudgeRewardManager
+from async_reward.managers.llm_judge import NO_LOGPROBS, weigh_reply_verdict
+from async_reward.verdict import VerdictRules, read_verdict, verdict_span
+from tests.hostile_text import PROPERTY
+from tests.test_managers import judge_settings, score_rows
+
+BRACKETS = VerdictRules(parser="brackets", position="end", on_conflict="refuse", think="leading")
+
+
+def entry(
+    token: str, p: float = 1.0, *alternatives: tuple[str, float], raw: bytes | None = None
+) -> dict[str, Any]:
+    """One ``logprobs.content`` entry: ``token`` sampled with probability ``p``, plus alternatives."""
+    data = raw if raw is not None else token.encode()
+    listed = [(token, p), *alternatives]
+    return {
+        "token": token,
+        "logprob": math.log(p),
+        "bytes": list(data),
+        "top_logprobs": [{"token": t, "logprob": math.log(q), "bytes": list(t.encode())} for t, q in listed],
+    }
+
+
+def completion(content: str, entries: list[dict[str, Any]] | None, **message: Any) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "message": {"role": "assistant", "content": content, **message},
+        "finish_reason": "stop",
+    }
+    if entries is not None:
+        choice["logprobs"] = {"content": entries}
+    return {"choices": [choice]}
+
+
+def weigh(content: str, entries: list[dict[str, Any]], rules: VerdictRules = BRACKETS, **scale: float) -> Any:
+    reply = completion(content, entries)
+    verdict = read_verdict(content, rules)
+    return weigh_reply_verdict(
+        reply, rules, verdict, min_score=scale.get("low", 0), max_score=scale.get("high", 10)
+    )
+
+
+# ------------------------------------------------------------------------------- the rule
+
+
+def test_a_one_token_verdict_is_the_mean_over_its_alternatives():
+    content = "Fine.\nVerdict: [[7]]"
+    entries = [
+        entry("Fine"),
+        entry("."),
+        entry("\n"),
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("7", 0.6, ("8", 0.3), ("6", 0.1)),
+        entry("]]"),
+    ]
+    result = weigh(content, entries)
+    assert isinstance(result, ExpectedVerdict)
+    assert result.value == pytest.approx(0.6 * 7 + 0.3 * 8 + 0.1 * 6) and result.mass == pytest.approx(1.0)
+
+
+def test_ten_split_into_one_and_zero_is_weighed_along_the_sampled_digits():
+    """A digit-splitting tokenizer (Qwen, Llama 3) writes 10 as ``1`` ``0``: P(10) = P(1) P(0 | 1);
+    the ``]]`` that was as possible after the ``1`` is a verdict of 1; other first digits end there."""
+    content = "Verdict: [[10]]"
+    entries = [
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("1", 0.5, ("9", 0.3), ("8", 0.2)),
+        entry("0", 0.8, ("]]", 0.2)),
+        entry("]]"),
+    ]
+    result = weigh(content, entries)
+    expected = 0.5 * 0.8 * 10 + 0.5 * 0.2 * 1 + 0.3 * 9 + 0.2 * 8
+    assert result.value == pytest.approx(expected) and result.mass == pytest.approx(1.0)
+
+
+def test_a_digit_possible_after_the_verdict_makes_a_longer_one():
+    """Sampled ``1``, then ``]]``; a ``0`` as likely there would have written 10."""
+    content = "Verdict: [[1]]"
+    entries = [
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("1", 0.6, ("9", 0.4)),
+        entry("]]", 0.7, ("0", 0.3)),
+    ]
+    result = weigh(content, entries)
+    assert result.value == pytest.approx(0.6 * 0.7 * 1 + 0.6 * 0.3 * 10 + 0.4 * 9)
+
+
+def test_verdicts_outside_the_scale_and_non_verdicts_are_dropped_and_the_rest_renormalised():
+    content = "Verdict: [[9]]"
+    entries = [
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("9", 0.5, ("11", 0.2), ("-", 0.1), ("8", 0.2)),
+        entry("]]"),
+    ]
+    result = weigh(content, entries)
+    assert result.value == pytest.approx((0.5 * 9 + 0.2 * 8) / 0.7) and result.mass == pytest.approx(0.7)
+    assert 0 <= result.value <= 10
+
+
+def test_a_verdict_token_with_its_leading_space_is_read():
+    rules = VerdictRules(parser="score", position="end", on_conflict="refuse", think="leading")
+    entries = [entry("Good"), entry("."), entry(" Score"), entry(":"), entry(" 4", 0.5, (" 5", 0.5))]
+    assert weigh("Good. Score: 4", entries, rules).value == pytest.approx(4.5)
+
+
+def test_a_structured_reply_weighs_its_score_number():
+    rules = VerdictRules(parser="structured", position="end", on_conflict="refuse", think="leading")
+    content = '{"reasoning": "ok", "score": 3}'
+    entries = [
+        entry('{"'),
+        entry("reasoning"),
+        entry('":'),
+        entry(' "'),
+        entry("ok"),
+        entry('",'),
+        entry(' "'),
+        entry("score"),
+        entry('":'),
+        entry(" "),
+        entry("3", 0.5, ("2", 0.25), ("4", 0.25)),
+        entry("}"),
+    ]
+    assert weigh(content, entries, rules).value == pytest.approx(3.0)
+
+
+def test_thinking_the_server_returned_apart_comes_before_the_content_in_the_tokens():
+    content = "Verdict: [[6]]"
+    entries = [
+        entry("hmm"),
+        entry(" let"),
+        entry(" me"),
+        entry(" see"),
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("6", 0.5, ("5", 0.5)),
+        entry("]]"),
+    ]
+    reply = completion(content, entries, reasoning_content="hmm let me see")
+    result = weigh_reply_verdict(reply, BRACKETS, 6.0, min_score=0, max_score=10)
+    assert result.value == pytest.approx(5.5)
+
+
+def test_bytes_of_a_character_split_over_two_tokens_still_align():
+    content = "Très bien.\nVerdict: [[8]]"
+    e_grave = "è".encode()
+    entries = [
+        entry("Tr"),
+        entry("\ufffd", raw=e_grave[:1]),
+        entry("\ufffd", raw=e_grave[1:]),
+        entry("s"),
+        entry(" bien"),
+        entry("."),
+        entry("\n"),
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("8", 0.5, ("9", 0.5)),
+        entry("]]"),
+    ]
+    assert weigh(content, entries).value == pytest.approx(8.5)
+
+
+@pytest.mark.parametrize(
+    ("content", "entries", "reason"),
+    [
+        (
+            "Verdict: [[7]]",
+            [entry("Verdict"), entry(":"), entry(" "), entry("[[7", 0.5, ("[[8", 0.5)), entry("]]")],
+            "verdict shares a token with text before it",
+        ),
+        (
+            "Verdict: [[7]]",
+            [entry("Verdict"), entry(":"), entry(" "), entry("[["), entry("7]]", 0.5, ("8]]", 0.5))],
+            "verdict shares a token with text after it",
+        ),
+        ("Verdict: [[7]]", [entry("Verdict"), entry(":"), entry(" [[8]]")], "tokens do not spell the reply"),
+        (
+            "Verdict: [[7.5]]",
+            [
+                entry("Verdict"),
+                entry(":"),
+                entry(" "),
+                entry("[["),
+                entry("7"),
+                entry("."),
+                entry("5"),
+                entry("]]"),
+            ],
+            "verdict is not a whole number",
+        ),
+    ],
+)
+def test_a_verdict_the_tokens_cannot_weigh_keeps_its_plain_value_and_says_why(content, entries, reason):
+    assert weigh(content, entries) == reason
+
+
+def test_no_logprobs_in_the_reply_is_said():
+    assert weigh_reply_verdict(
+        completion("Verdict: [[7]]", None), BRACKETS, 7.0, min_score=0, max_score=10
+    ) == (NO_LOGPROBS)
+    assert reply_tokens({"logprobs": {"content": [{"token": "x", "logprob": "high"}]}}) is None
+    assert reply_tokens({"logprobs": {"content": [{"token": "x", "logprob": 0.5}]}}) is None  # p > 1
+
+
+def test_a_verdict_quoted_from_the_response_is_never_the_one_weighed():
+    """The response's ``[[7]]`` quoted early, with the judge's alternatives there leaning to 10; the
+    judge's own ``[[7]]`` at the end, certain: the expectation is read at the judge's, so 7."""
+    content = 'It says "[[7]]".\nVerdict: [[7]]'
+    entries = [
+        entry("It"),
+        entry(" says"),
+        entry(' "'),
+        entry("[["),
+        entry("7", 0.1, ("10", 0.9)),
+        entry("]]"),
+        entry('".'),
+        entry("\n"),
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry("7"),
+        entry("]]"),
+    ]
+    assert weigh(content, entries).value == pytest.approx(7.0)
+
+
+def test_disagreeing_verdicts_read_with_the_lowest_are_not_weighed():
+    rules = VerdictRules(parser="brackets", position="end", on_conflict="min", think="leading")
+    content = "Quoted [[2]].\nVerdict: [[9]]"
+    assert read_verdict(content, rules) == 2.0
+    assert verdict_span(content, rules, 2.0) == "verdicts in the reply disagree"
+
+
+@PROPERTY
+@given(
+    verdict=st.integers(0, 10),
+    alternatives=st.lists(st.tuples(st.integers(-5, 20), st.floats(0.001, 1.0)), max_size=6),
+    sampled_p=st.floats(0.001, 1.0),
+)
+def test_the_expected_verdict_stays_on_the_scale_and_is_the_verdict_when_certain(
+    verdict, alternatives, sampled_p
+):
+    content = f"Verdict: [[{verdict}]]"
+    alts = tuple((str(value), p) for value, p in alternatives if str(value) != str(verdict))
+    entries = [
+        entry("Verdict"),
+        entry(":"),
+        entry(" "),
+        entry("[["),
+        entry(str(verdict), sampled_p, *alts),
+        entry("]]"),
+    ]
+    result = weigh(content, entries)
+    assert isinstance(result, ExpectedVerdict) and 0 <= result.value <= 10 and 0 < result.mass <= 1
+    certain = weigh(content, [*entries[:4], entry(str(verdict)), entry("]]")])
+    assert certain.value == verdict and certain.mass == 1.0
+
+
+# ------------------------------------------------------------------------------- settings
+
+
+def test_expected_verdict_needs_a_whole_number_scale_and_owns_the_logprobs_fields():
+    with pytest.raises(ConfigError) as scale:
+        JudgeConfig(base_url="http://x/v1", expected_verdict=True, max_score=9.5).validate()
+    assert scale.value.key == "reward.async_reward.judge.expected_verdict"
+    with pytest.raises(ConfigError) as owned:
+        JudgeConfig(base_url="http://x/v1", expected_verdict=True, extra_body={"top_logprobs": 5}).validate()
+    assert owned.value.key == "reward.async_reward.judge.extra_body"
+    with pytest.raises(ConfigError) as top:
+        JudgeConfig(base_url="http://x/v1", top_logprobs=21).validate()
+    assert top.value.key == "reward.async_reward.judge.top_logprobs"
+
+
+# ------------------------------------------------------------------------------- over real HTTP
+
+ROWS = [
+    {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"},
+    {"prompt": "What is 2+3?", "response": "The answer is 6", "ground_truth": "5"},
+]
+
+
+@pytest.mark.parametrize("parser", ["brackets", "structured"])
+async def test_llm_judge_scores_the_expected_verdict_of_the_local_judge(
+    server, verl_config_factory, tokenizer, batch_factory, parser
+):
+    """The local judge puts 0.6 on its verdict and 0.4 on the neighbour (10 -> 9, 0 -> 1)."""
+    server.update_config(verdict_probability=0.6)
+    settings = judge_settings(server, judge={"expected_verdict": True, "parser": parser})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    outputs = await score_rows(manager, batch_factory, ROWS)
+    right, wrong = (output["reward_extra_info"] for output in outputs)
+    assert right["status"] == wrong["status"] == "ok"
+    assert right["judge_verdict"] == 10 and right["judge_expected_verdict"] == pytest.approx(9.6)
+    assert wrong["judge_verdict"] == 0 and wrong["judge_expected_verdict"] == pytest.approx(0.4)
+    assert float(outputs[0]["reward_score"]) == pytest.approx(0.96)
+    assert float(outputs[1]["reward_score"]) == pytest.approx(0.04)
+    assert right["judge_weighting"] == wrong["judge_weighting"] == "expected"
+    assert right["judge_verdict_mass"] == pytest.approx(1.0)
+
+
+async def test_a_judge_without_logprobs_keeps_plain_verdicts_and_says_so(
+    server, verl_config_factory, tokenizer, batch_factory, capsys, monkeypatch
+):
+    from async_reward import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())
+    server.update_config(verdict_probability=0.6, logprobs="ignore")
+    settings = judge_settings(server, judge={"expected_verdict": True})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    outputs = await score_rows(manager, batch_factory, ROWS)
+    infos = [output["reward_extra_info"] for output in outputs]
+    assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0]
+    assert all(info["judge_weighting"] == f"plain: {NO_LOGPROBS}" for info in infos)
+    assert all(math.isnan(info["judge_expected_verdict"]) for info in infos)
+    said = [line for line in capsys.readouterr().out.splitlines() if "expected_verdict is on" in line]
+    assert len(said) == 1  # once, not once a sample
+
+
+async def test_without_expected_verdict_nothing_asks_for_or_reads_probabilities(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    server.update_config(verdict_probability=0.6)
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
+    outputs = await score_rows(manager, batch_factory, ROWS)
+    assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0]
+    assert "judge_weighting" not in outputs[0]["reward_extra_info"]
+
+
+@pytest.mark.parametrize("fmt", ["brackets", "boxed", "score", "json"])
+@pytest.mark.parametrize(
+    ("style", "think"), [("verdict-last", False), ("verdict-last", True), ("verdict-then-quote", True)]
+)
+async def test_every_reply_shape_of_the_local_judge_is_weighed_at_the_judges_own_verdict(
+    server, verl_config_factory, tokenizer, batch_factory, fmt, style, think
+):
+    """Thinking with decoy verdicts first, the response quoted before or after the verdict: the
+    expectation is always the one at the judge's own verdict."""
+    server.update_config(
+        verdict_probability=0.75, verdict_format=fmt, judge_style=style, think=think, echo_response=True
+    )
+    position = "anywhere" if style == "verdict-then-quote" else "end"
+    settings = judge_settings(
+        server, judge={"expected_verdict": True, "parser": fmt, "verdict_position": position}
+    )
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    outputs = await score_rows(manager, batch_factory, ROWS)
+    infos = [output["reward_extra_info"] for output in outputs]
+    assert [info["judge_weighting"] for info in infos] == ["expected", "expected"], infos
+    assert [info["judge_expected_verdict"] for info in infos] == [pytest.approx(9.75), pytest.approx(0.25)]
+
+
+async def test_the_local_judge_refuses_malformed_logprobs_fields(server):
+    import aiohttp
+
+    for knob in ({"verdict_probability": 0.0}, {"verdict_probability": 1.5}, {"logprobs": "sometimes"}):
+        with pytest.raises(ValueError):
+            server.update_config(**knob)
+
+    body = {"model": "judge", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        for extra in ({"logprobs": "yes"}, {"logprobs": True, "top_logprobs": 21}, {"top_logprobs": 3}):
+            async with session.post(f"{server.url}/v1/chat/completions", json={**body, **extra}) as reply:
+                assert reply.status == 400, extra
+        async with session.post(
+            f"{server.url}/v1/chat/completions", json={**body, "logprobs": True, "top_logprobs": 2}
+        ) as reply:
+            choice = (await reply.json())["choices"][0]
+    spelled = "".join(token["token"] for token in choice["logprobs"]["content"])
+    assert spelled == choice["message"]["content"]
+    assert all(len(token["top_logprobs"]) <= 2 for token in choice["logprobs"]["content"])
