@@ -112,6 +112,10 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ),
     ("judge.cache", "yes", "boolean", {}),
     ("judge.expected_verdict", "yes", "boolean", {}),
+    ("judge.criteria", [{"name": "Bad Name", "description": "d"}], "criterion name", {}),
+    ("judge.criteria", {"name": "a"}, "is not a list", {}),
+    ("judge.criteria_per_call", 2, "without judge.criteria", {}),
+    ("judge.criteria_per_call", 0, ">= 1", {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.expected_verdict", True, "whole-number verdicts", {"judge.max_score": 9.5}),
     ("judge.extra_body", {"logprobs": True}, "override request fields", {"judge.expected_verdict": True}),
     ("judge.top_logprobs", 0, "[1, 20]", {}),
@@ -177,6 +181,7 @@ GOOD: list[tuple[str, Any]] = [
     ("judge.extra_body", {"logit_bias": {"42": -100}}),
     ("judge.cache", True),
     ("judge.expected_verdict", True),
+    ("judge.criteria", [{"name": "a", "description": "d", "weight": 2.5, "polarity": "negative"}]),
     ("judge.top_logprobs", 11),
     ("remote.url", "http://127.0.0.1:9000/score"),
     ("remote.url", "https://[::1]:8443/score"),
@@ -195,6 +200,7 @@ GOOD_WITH_OTHERS = [
     ("judge.prompt_price_per_million", 3.0, {"judge.completion_price_per_million": 15.0}),
     ("judge.extra_body", {"logprobs": True}, {"judge.expected_verdict": False}),  # then it is yours
     ("judge.expected_verdict", True, {"judge.min_score": 1, "judge.max_score": 5}),
+    ("judge.criteria_per_call", 1, {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.prompt_price_per_million", 0.0, {"judge.completion_price_per_million": 0.0}),
     ("judge.completion_price_per_million", 15.0, {"judge.prompt_price_per_million": 3.0}),
 ]
@@ -282,6 +288,10 @@ def test_bad_value_is_refused_naming_key_value_and_fix(verl_config_factory, key,
         while isinstance(leaf, dict) and len(leaf) == 1:  # nested: the entry deep down
             leaf = next(iter(leaf.values()))
         assert any(t in message for t in [*shown(leaf), repr(sorted(value))]), message
+    elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        # a list of mappings (judge.criteria) is reported by its bad entry's key and value
+        leaves = [leaf for item in value for leaf in item.values()]
+        assert any(t in message for leaf in leaves for t in shown(leaf)), message
     else:
         assert any(t in message for t in shown(value)), message
     assert error.fix and error.fix in message  # the fix is said, not only the problem
@@ -302,6 +312,10 @@ def test_good_value_is_accepted(verl_config_factory, key, value, others):
         assert math.isnan(node)
     elif key == "extra_defaults":
         assert set(node) == set(value)
+    elif key == "judge.criteria":
+        from async_reward.criteria import Criterion
+
+        assert node == tuple(Criterion(**item) for item in value)
     else:
         assert node == expected
 

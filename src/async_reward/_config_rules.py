@@ -207,6 +207,10 @@ def _coerce(hint: Any, value: Any, path: str, hide: bool = False) -> Any:
         if value not in args:
             raise bad_value(path, value, "is not allowed", f"use one of {list(args)}", hide=hide)
         return value
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # a list of any length
+        if not isinstance(value, (list, tuple)):
+            raise bad_value(path, value, "is not a list", "write a list: [item, ...]", hide=hide)
+        return tuple(_coerce(args[0], item, f"{path}[{index}]", hide) for index, item in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise bad_value(

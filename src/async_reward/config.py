@@ -39,6 +39,7 @@ from async_reward._config_rules import (
     validate_fields,
 )
 from async_reward.cost import JudgePricing
+from async_reward.criteria import Criterion
 from async_reward.errors import ConfigError
 from async_reward.redaction import HIDDEN
 from async_reward.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
@@ -243,6 +244,16 @@ class JudgeConfig:
     """Completion token cap sent to the judge."""
     extra_body: dict[str, Any] = field(default_factory=dict)
     """Extra JSON fields merged into each request body (not the ones set by the keys above)."""
+    criteria: tuple[Criterion, ...] = ()
+    """Rubric judging (``async_reward.criteria``): weighted criteria, each a mapping with ``name``,
+    ``description``, and optionally ``weight`` (1), ``polarity`` (``positive`` / ``negative``) and
+    ``must_have`` (false), graded in one call; each criterion's verdict and reason are in the sample's
+    extras and the weighted aggregate is the reward. Empty: one verdict per response (``template``)."""
+    criteria_per_call: int | None = field(
+        default=None, metadata=at_least(1, "grade at least one criterion a call (null: all in one)")
+    )
+    """With ``criteria``: how many criteria one call grades (the rubric split into several calls, all
+    of which must succeed); null: every criterion in one call."""
     expected_verdict: bool = False
     """Score with the expected verdict under the judge's own token probabilities, not the one it
     sampled: the request asks for ``logprobs`` / ``top_logprobs`` and the verdict's tokens are weighed
@@ -353,6 +364,7 @@ class JudgeConfig:
                 f"weighs whole-number verdicts, but the scale is {self.min_score:g} to {self.max_score:g}",
                 "give judge.min_score and judge.max_score as whole numbers, or set expected_verdict=false",
             )
+        self._validate_criteria(path)
         own = set(_JUDGE_OWN_FIELDS) | ({"logprobs", "top_logprobs"} if self.expected_verdict else set())
         overridden = sorted(set(self.extra_body) & own)
         if overridden:
@@ -363,6 +375,71 @@ class JudgeConfig:
                 "set judge.model / temperature / max_tokens / template / top_logprobs instead (stream "
                 "and n are not supported: one complete reply is read per call)",
             )
+
+    def _validate_criteria(self, path: str) -> None:
+        """Each criterion's fields, unique names, and the settings a rubric cannot work with."""
+        if not self.criteria:
+            if self.criteria_per_call is not None:
+                raise bad_value(
+                    f"{path}.criteria_per_call",
+                    self.criteria_per_call,
+                    "is set without judge.criteria",
+                    "remove it, or give judge.criteria",
+                )
+            return
+        if len(self.criteria) > 100:
+            raise bad_value(
+                f"{path}.criteria",
+                f"<{len(self.criteria)} criteria>",
+                "has more than 100 criteria",
+                "keep a rubric to at most 100 criteria",
+            )
+        names: set[str] = set()
+        for index, criterion in enumerate(self.criteria):
+            if not isinstance(criterion, Criterion):
+                raise bad_value(
+                    f"{path}.criteria[{index}]",
+                    criterion,
+                    "is not a criterion",
+                    "write name, description and optionally weight, polarity, must_have",
+                )
+            validate_fields(criterion, f"{path}.criteria[{index}]")
+            if criterion.polarity not in ("positive", "negative"):
+                raise bad_value(
+                    f"{path}.criteria[{index}].polarity",
+                    criterion.polarity,
+                    "is not allowed",
+                    "use positive or negative",
+                )
+            if criterion.name in names:
+                raise bad_value(
+                    f"{path}.criteria[{index}].name",
+                    criterion.name,
+                    "names two criteria",
+                    "give each criterion its own name",
+                )
+            names.add(criterion.name)
+        conflicts = [
+            (
+                "template",
+                self.template != "correctness",
+                "the rubric builds its own prompt from the criteria",
+            ),
+            ("parser", self.parser not in ("auto", "brackets"), "criteria are read as C<k>: [[n]] lines"),
+            (
+                "expected_verdict",
+                self.expected_verdict,
+                "criteria are not weighted by token probabilities yet",
+            ),
+        ]
+        for key, conflicting, why in conflicts:
+            if conflicting:
+                raise bad_value(
+                    f"{path}.{key}",
+                    getattr(self, key),
+                    f"does not apply with judge.criteria: {why}",
+                    f"remove judge.{key}, or judge.criteria",
+                )
 
     @staticmethod
     def _check_normalize_to(normalize_to: tuple[float, float], scale: float, key: str) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "JudgeTemplate",
     "VerdictError",
     "VerdictRules",
+    "block",
     "build_messages",
     "escape_untrusted",
     "normalize_score",
@@ -248,7 +249,8 @@ def escape_untrusted(text: str) -> str:
     return html.escape(text, quote=False).translate(_NORMALISES_TO_MARKUP)
 
 
-def _block(tag: str, text: str) -> str:
+def block(tag: str, text: str) -> str:
+    """``text`` escaped (:func:`escape_untrusted`) between ``<tag>`` lines: a block of a judge prompt."""
     return f"<{tag}>\n{escape_untrusted(text)}\n</{tag}>"
 
 
@@ -272,9 +274,9 @@ def build_messages(
     if ground_truth is None and "ground_truth" in _template_fields(template.user):
         raise ValueError(f"judge template {template.name!r} needs a ground truth, but the sample has none")
     user = template.user.format(
-        prompt=_block("question", prompt),
-        response=_block("response", response),
-        ground_truth=_block("reference", ground_truth or ""),
+        prompt=block("question", prompt),
+        response=block("response", response),
+        ground_truth=block("reference", ground_truth or ""),
     )
     system = template.system if system_prompt is None else system_prompt
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -45,6 +45,7 @@ from async_reward.devserver.config import (
     ServerStats,
     coerce_runtime_value,
 )
+from async_reward.devserver.criteria import criteria_reply, requested_criteria
 from async_reward.devserver.judge import (
     answers_match,
     cut_at_max_tokens,
@@ -398,7 +399,12 @@ class DevServer:
         cfg = self.config
         schema_properties = self._structured_schema(payload.get("response_format"))
         judgement = judge_messages(messages, cfg.fixed_verdict)
-        if schema_properties is None:
+        criteria = requested_criteria(messages)
+        if criteria is not None:
+            reply = criteria_reply(
+                messages, criteria, fixed_verdict=cfg.fixed_verdict, echo_response=cfg.echo_response
+            )
+        elif schema_properties is None:
             reply = render_reply(
                 judgement,
                 cfg.verdict_format,

@@ -17,7 +17,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from async_reward.config import AsyncRewardConfig
@@ -31,6 +31,8 @@ from async_reward.judge_in_job.context import PromptBudget, judge_context
 from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
+from async_reward.managers.criteria_scoring import criteria_extra_defaults, score_criteria
+from async_reward.managers.judge_reply import JudgeReply, judge_reply
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
 from async_reward.start_lines import say_once
@@ -47,12 +49,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# finish_reason of a reply that ended normally: "stop"; text-generation-inference before 2.2.1
-# (huggingface/text-generation-inference#2344) named the same end "eos_token" or "stop_sequence".
-_NORMAL_FINISH = frozenset({"stop", "eos_token", "stop_sequence"})
-# Where servers with a reasoning parser put the judge's thinking (vLLM, SGLang: reasoning_content;
-# newer vLLM and OpenRouter: reasoning).
-_REASONING_FIELDS = ("reasoning_content", "reasoning")
 # Words a server's 400 uses when it refuses the response_format field itself (vLLM, SGLang, OpenAI,
 # llama.cpp and our dev server all name the field or the json_schema type).
 _REFUSES_RESPONSE_FORMAT = ("response_format", "json_schema", "structured output")
@@ -86,6 +82,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         self.pricing = self.judge.pricing()
         if self.pricing is not None:  # every sample carries it, a failed one 0.0 (nothing spent)
             self._extra_defaults.setdefault("judge_cost", 0.0)
+        if self.judge.criteria:  # each criterion's verdict and reason, on every sample
+            self._extra_defaults.update(criteria_extra_defaults(self.judge.criteria))
         if self.judge.expected_verdict:  # every sample says whether its score was weighted, and why not
             self._extra_defaults.update(
                 {"judge_expected_verdict": math.nan, "judge_verdict_mass": math.nan, "judge_weighting": ""}
@@ -177,6 +175,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
 
     async def score(self, sample: RewardSample) -> RewardResult:
+        if self.judge.criteria:
+            return await score_criteria(self, sample)
         ground_truth = None if sample.ground_truth is None else str(sample.ground_truth)
         messages = build_messages(
             self.template,
@@ -226,9 +226,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             del self._in_flight[key]
             self._waiters.pop(key, None)
 
-    async def _ask_judge(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> RewardResult:
-        """One judge call (shared by identical requests in flight), admitted at ``priority``: the
-        first caller's training step."""
+    async def post_reply(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> tuple[Any, int]:
+        """One chat completion under admission, deadline and retries: (the reply, attempts made)."""
         body = {"model": self.judge.model, "messages": messages, **self._params}
 
         async def attempt(reservation: TokenReservation) -> dict[str, Any]:
@@ -255,7 +254,12 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 reservation.settle(usage["total_tokens"])
             return reply
 
-        reply, attempts = await self.call_with_policy(attempt, estimated_tokens=None, priority=priority)
+        return await self.call_with_policy(attempt, estimated_tokens=None, priority=priority)
+
+    async def _ask_judge(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> RewardResult:
+        """One judge call (shared by identical requests in flight), admitted at ``priority``: the
+        first caller's training step."""
+        reply, attempts = await self.post_reply(messages, priority)
         # What the reply cost is spent whatever it says: a refused verdict keeps its tokens.
         spent = spent_extras(reply.get("usage") if isinstance(reply, dict) else None, self.pricing)
         try:
@@ -327,52 +331,6 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             self._warned_unsupported = True
             logger.error("%s", error)
         return error
-
-
-@dataclass(frozen=True)
-class JudgeReply:
-    """The part of a chat completion the verdict is read from."""
-
-    content: str
-    """The message content: the judge's answer, with its thinking unless returned apart."""
-    reasoning_apart: bool
-    """The server returned the judge's thinking in its own field (``reasoning_content`` or
-    ``reasoning``), so no ``</think>`` in ``content`` is the judge's: it is read as ``think: none``."""
-
-
-def judge_reply(reply: Any) -> JudgeReply:
-    """The first choice of a chat completion, if it is a complete reply.
-
-    A reply the server cut short is never read: ``finish_reason: length`` is a reply cut at
-    ``max_tokens``, and what it ends with may be the response's own verdict, quoted (a response
-    padded so that the cut falls right after its ``[[10]]``); ``content_filter`` and any other
-    reason but a normal stop are refused too. A missing ``finish_reason`` is accepted: servers
-    differ, and some omit it.
-
-    Raises:
-        VerdictError: the reply did not finish normally (status ``invalid``, with the reason).
-        MalformedResponseError: not a chat completion, or content that is not text.
-    """
-    try:
-        choice = reply["choices"][0]
-        message = choice["message"]
-        content = message["content"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise MalformedResponseError(f"judge reply is not a chat completion: missing {exc}") from None
-    finish_reason = choice.get("finish_reason")
-    if finish_reason is not None and not (isinstance(finish_reason, str) and finish_reason in _NORMAL_FINISH):
-        shown = repr(str(finish_reason)[:40])
-        if finish_reason == "length":
-            raise VerdictError(
-                f"judge reply cut off at max_tokens (finish_reason={shown}): not read; raise judge.max_tokens"
-            )
-        raise VerdictError(
-            f"judge reply did not finish normally (finish_reason={shown}, not 'stop'): not read"
-        )
-    if not isinstance(content, str):
-        raise MalformedResponseError("judge reply content is not text")
-    apart = any(isinstance(message.get(key), str) for key in _REASONING_FIELDS)
-    return JudgeReply(content=content, reasoning_apart=apart)
 
 
 def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:

@@ -1,0 +1,138 @@
+"""``llm_judge`` with ``judge.criteria``: a rubric graded in one call, or in calls of
+``criteria_per_call`` criteria, every one of which must succeed (``async_reward.criteria``).
+
+A failed call fails the sample with that call's status and reason (never a partial aggregate over
+the criteria that were graded); what every call spent is kept in the sample's cost extras.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
+
+from async_reward.config import JudgeConfig
+from async_reward.cost import JudgePricing, spent_extras
+from async_reward.criteria import CriteriaError, Criterion, aggregate, criteria_messages, read_criteria
+from async_reward.http import MalformedResponseError
+from async_reward.judge import JudgeTemplate, block, normalize_score
+from async_reward.judge_in_job.context import PromptBudget
+from async_reward.limits import Priority
+from async_reward.managers.judge_reply import judge_reply
+from async_reward.result import RewardResult, RewardSample, Status
+from async_reward.verdict import VerdictError, VerdictRules, strip_think
+
+__all__ = ["CriteriaJudge", "criteria_extra_defaults", "score_criteria"]
+
+
+class CriteriaJudge(Protocol):
+    """What rubric scoring needs of ``llm_judge`` (kept as a protocol: no import of the manager)."""
+
+    judge: JudgeConfig
+    template: JudgeTemplate
+    rules: VerdictRules
+    pricing: JudgePricing | None
+    prompt_budget: PromptBudget | None
+    reward_model_tokenizer: Any
+
+    def guard(self, scoring: Awaitable[RewardResult]) -> Awaitable[RewardResult]: ...
+
+    async def post_reply(
+        self, messages: list[dict[str, str]], priority: Priority = 0.0
+    ) -> tuple[Any, int]: ...
+
+
+_SUMMED = ("judge_prompt_tokens", "judge_completion_tokens", "judge_tokens", "judge_cost")
+
+
+def criteria_extra_defaults(criteria: tuple[Criterion, ...]) -> dict[str, Any]:
+    """The per-criterion extras every sample carries (a failed one: NaN and no reason)."""
+    defaults: dict[str, Any] = {}
+    for criterion in criteria:
+        defaults[f"judge_criterion_{criterion.name}"] = math.nan
+        defaults[f"judge_criterion_{criterion.name}_reason"] = ""
+    return defaults
+
+
+async def score_criteria(manager: CriteriaJudge, sample: RewardSample) -> RewardResult:
+    """The sample's rubric aggregate as its reward, each criterion's verdict and reason in extras."""
+    judge = manager.judge
+    question = block("question", sample.prompt_text)
+    response = block("response", sample.response)
+    reference = None if sample.ground_truth is None else block("reference", str(sample.ground_truth))
+    system = manager.template.system if judge.system_prompt is None else judge.system_prompt
+    numbered = list(enumerate(judge.criteria, start=1))
+    size = judge.criteria_per_call or len(numbered)
+    chunks = [numbered[start : start + size] for start in range(0, len(numbered), size)]
+    calls = []
+    for chunk in chunks:
+        messages = criteria_messages(
+            chunk,
+            question=question,
+            response=response,
+            reference=reference,
+            system=system,
+            min_score=judge.min_score,
+            max_score=judge.max_score,
+        )
+        calls.append(manager.guard(_grade(manager, messages, [index for index, _ in chunk], sample)))
+    results = await asyncio.gather(*calls)
+    spent = _summed_spend(manager, results)
+    attempts = sum(result.attempts for result in results)
+    failed = [(number, result) for number, result in enumerate(results, start=1) if not result.ok]
+    if failed:
+        number, first = failed[0]
+        where = f"criteria call {number} of {len(results)}: " if len(results) > 1 else ""
+        return RewardResult.failure(
+            first.status, where + (first.failure_reason or ""), attempts=attempts, extras=spent
+        )
+    graded: dict[str, Any] = {}
+    for result in results:
+        graded.update(result.extras)
+    verdicts = [graded[f"judge_criterion_{criterion.name}"] for criterion in judge.criteria]
+    share = aggregate(judge.criteria, verdicts, min_score=judge.min_score, max_score=judge.max_score)
+    on_scale = judge.min_score + share * (judge.max_score - judge.min_score)
+    score = normalize_score(
+        min(max(on_scale, judge.min_score), judge.max_score),  # rounding must not leave the scale
+        min_score=judge.min_score,
+        max_score=judge.max_score,
+        normalize_to=judge.normalize_to,
+    )
+    return RewardResult(score=score, attempts=attempts, extras={"judge_verdict": on_scale, **graded, **spent})
+
+
+async def _grade(
+    manager: CriteriaJudge, messages: list[dict[str, str]], ids: list[int], sample: RewardSample
+) -> RewardResult:
+    """One call grading the criteria ``ids``: a result whose extras hold their verdicts and reasons."""
+    if manager.prompt_budget is not None:
+        too_long = manager.prompt_budget.refusal(manager.reward_model_tokenizer, messages)
+        if too_long is not None:
+            return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras={})
+    reply, attempts = await manager.post_reply(messages, sample.admission_priority)
+    spent = spent_extras(reply.get("usage") if isinstance(reply, Mapping) else None, manager.pricing)
+    try:
+        answer = judge_reply(reply)
+        visible = strip_think(answer.content, "none" if answer.reasoning_apart else manager.rules.think)
+        verdicts = read_criteria(
+            visible, ids, min_score=manager.judge.min_score, max_score=manager.judge.max_score
+        )
+    except (MalformedResponseError, VerdictError, CriteriaError) as exc:
+        return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
+    extras: dict[str, Any] = dict(spent)
+    for index in ids:
+        name = manager.judge.criteria[index - 1].name
+        extras[f"judge_criterion_{name}"] = verdicts[index].value
+        extras[f"judge_criterion_{name}_reason"] = verdicts[index].reason
+    return RewardResult(score=0.0, attempts=attempts, extras=extras)
+
+
+def _summed_spend(manager: CriteriaJudge, results: list[RewardResult]) -> dict[str, Any]:
+    """What every call of the sample spent, summed (a failed call's reply was paid for too)."""
+    total = spent_extras(None, manager.pricing)
+    for result in results:
+        for key in _SUMMED:
+            if key in total and isinstance(result.extras.get(key), (int, float)):
+                total[key] += result.extras[key]
+    return {**total, "judge_shared": False}
