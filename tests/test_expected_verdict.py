@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from async_reward import ConfigError
@@ -272,6 +272,7 @@ def test_disagreeing_verdicts_read_with_the_lowest_are_not_weighed():
     alternatives=st.lists(st.tuples(st.integers(-5, 20), st.floats(0.001, 1.0)), max_size=6),
     sampled_p=st.floats(0.001, 1.0),
 )
+@example(verdict=10, alternatives=[], sampled_p=0.058060037696649774)  # 10.000000000000002 before the clamp
 def test_the_expected_verdict_stays_on_the_scale_and_is_the_verdict_when_certain(
     verdict, alternatives, sampled_p
 ):
@@ -403,3 +404,26 @@ async def test_the_local_judge_refuses_malformed_logprobs_fields(server):
     spelled = "".join(token["token"] for token in choice["logprobs"]["content"])
     assert spelled == choice["message"]["content"]
     assert all(len(token["top_logprobs"]) <= 2 for token in choice["logprobs"]["content"])
+
+
+async def test_a_judge_unsure_in_different_measure_breaks_a_groups_tie(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """Three correct responses of one group: the same plain verdict (10, 10, 10: zero advantage), but
+    the local judge's confidence differs by response text, so the expected verdicts differ; the same
+    text twice gets the same one."""
+    server.update_config(verdict_probability=0.95, verdict_probability_low=0.55)
+    settings = judge_settings(server, judge={"expected_verdict": True})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    texts = ["The answer is 5", "So it is 5", "Adding gives 5", "The answer is 5"]
+    rows = [
+        {"prompt": f"What is 2+3? ({i})", "response": text, "ground_truth": "5"}
+        for i, text in enumerate(texts)
+    ]
+    infos = [output["reward_extra_info"] for output in await score_rows(manager, batch_factory, rows)]
+    assert [info["judge_verdict"] for info in infos] == [10, 10, 10, 10]
+    expected = [info["judge_expected_verdict"] for info in infos]
+    assert len(set(expected[:3])) == 3 and all(9.55 <= value <= 9.95 for value in expected)
+    assert expected[3] == expected[0]
+    with pytest.raises(ValueError):
+        server.update_config(verdict_probability_low=0.99)  # above verdict_probability

@@ -208,4 +208,7 @@ def _weigh(
     if mass <= 0.0:
         return "no candidate verdict has probability"
     value = sum(verdict * probability for verdict, probability in candidates.items()) / mass
+    # A mean of verdicts on the scale is on the scale; rounding can put it 1e-15 past an end, which
+    # the verdict's range check would refuse (found by the property test).
+    value = min(max(value, min_score), max_score)
     return ExpectedVerdict(value=value, mass=min(mass, 1.0))

@@ -44,6 +44,7 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "hold",
     "logprobs",
     "verdict_probability",
+    "verdict_probability_low",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -122,6 +123,9 @@ class DevServerConfig:
     verdict_probability: float = 1.0
     """With logprobs: the probability of the judge's verdict token; the rest is split evenly between
     the verdicts one below and one above (within 0-10), listed as its alternatives."""
+    verdict_probability_low: float | None = None
+    """When set: a judge whose confidence differs by response; each reply's verdict probability is
+    drawn in [verdict_probability_low, verdict_probability], the same for the same response text."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -151,6 +155,9 @@ class DevServerConfig:
             raise ValueError(f"logprobs must be one of {list(LOGPROBS_MODES)}, got {self.logprobs!r}")
         if not 0.0 < self.verdict_probability <= 1.0:
             raise ValueError(f"verdict_probability must be in (0, 1], got {self.verdict_probability!r}")
+        low = self.verdict_probability_low
+        if low is not None and not 0.0 < low <= self.verdict_probability:
+            raise ValueError(f"verdict_probability_low must be in (0, verdict_probability], got {low!r}")
         verdict = self.fixed_verdict
         if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")
@@ -175,7 +182,9 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError("capacity must be an integer or null")
         return value
-    if key in ("retry_after_s", "verdict_probability"):
+    if key == "verdict_probability_low" and value is None:
+        return None
+    if key in ("retry_after_s", "verdict_probability", "verdict_probability_low"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number")
         return float(value)

@@ -47,6 +47,7 @@ from async_reward.devserver.config import (
 )
 from async_reward.devserver.criteria import criteria_reply, requested_criteria
 from async_reward.devserver.judge import (
+    Judgement,
     answers_match,
     cut_at_max_tokens,
     extract_final_answer,
@@ -440,7 +441,7 @@ class DevServer:
         if self._wants_logprobs(payload) and cfg.logprobs == "honour":
             top = payload.get("top_logprobs") or 0
             choice["logprobs"] = reply_logprobs(
-                reply.content, judgement.verdict, reply.verdict_at, cfg.verdict_probability, top
+                reply.content, judgement.verdict, reply.verdict_at, self._verdict_probability(judgement), top
             )
         return web.json_response(
             {
@@ -456,6 +457,15 @@ class DevServer:
                 },
             }
         )
+
+    def _verdict_probability(self, judgement: Judgement) -> float:
+        """``verdict_probability``, or with ``verdict_probability_low`` a draw in between that is the
+        same for the same response (a judge more sure of some responses than of others)."""
+        high, low = self.config.verdict_probability, self.config.verdict_probability_low
+        if low is None:
+            return high
+        digest = hashlib.sha256((judgement.response or "").encode("utf-8")).digest()
+        return low + (high - low) * int.from_bytes(digest[:8], "big") / 2**64
 
     @staticmethod
     def _wants_logprobs(payload: dict[str, Any]) -> bool:
