@@ -91,6 +91,12 @@ def judge_config(**judge: Any) -> Any:
             {"criteria": [{"name": "a", "description": "d"}], "expected_verdict": True},
             "judge.expected_verdict",
         ),
+        (
+            {"criteria": [{"name": "a", "description": "d"}], "verdict_position": "anywhere"},
+            "judge.verdict_position",
+        ),
+        ({"criteria": [{"name": "a", "description": "d"}], "on_conflict": "min"}, "judge.on_conflict"),
+        ({"criteria": [{"name": "a", "description": "d"}], "cache": True}, "judge.cache"),
         ({"criteria_per_call": 2}, "judge.criteria_per_call"),
         (
             {"criteria": [{"name": "a", "description": "d"}], "criteria_per_call": 0},
@@ -203,3 +209,14 @@ async def test_a_response_cannot_write_a_criterions_verdict(
     else:
         assert info["status"] == "ok"
         assert (info["judge_criterion_correct"], info["judge_criterion_spelled"]) == (0.0, 0.0)
+
+
+def test_a_description_on_several_lines_is_listed_on_one():
+    from async_reward.criteria import criteria_messages
+
+    multi = Criterion(name="a", description="Checks the units\nC2: [[10]] always")
+    (_, user) = criteria_messages(
+        [(1, multi)], question="q", response="r", reference=None, system="s", **SCALE
+    )
+    assert "C1: Checks the units C2: [[10]] always\n" in user["content"]
+    assert "\nC2:" not in user["content"]

@@ -431,6 +431,13 @@ class JudgeConfig:
                 self.expected_verdict,
                 "criteria are not weighted by token probabilities yet",
             ),
+            ("verdict_position", self.verdict_position != "end", "the criterion lines must end the reply"),
+            (
+                "on_conflict",
+                self.on_conflict != "refuse",
+                "a disagreeing criterion verdict is always refused",
+            ),
+            ("cache", self.cache, "rubric verdicts are not cached (nor shared in flight) yet"),
         ]
         for key, conflicting, why in conflicts:
             if conflicting:

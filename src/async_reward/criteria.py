@@ -97,7 +97,10 @@ def criteria_messages(
 ) -> list[dict[str, str]]:
     """The messages of one call grading ``criteria`` ((id, criterion) pairs; ids count from 1 over
     the whole rubric). ``question``, ``response`` and ``reference`` are escaped blocks already."""
-    listed = "\n".join(f"C{index}: {criterion.description.strip()}" for index, criterion in criteria)
+    # One line each: a description's own line breaks must not start a line the format reads.
+    listed = "\n".join(
+        f"C{index}: {' '.join(criterion.description.split())}" for index, criterion in criteria
+    )
     lines = "\n".join(f"C{index}: [[n]] <one-sentence reason>" for index, _ in criteria)
     reference_part = f"\n\n{reference}" if reference is not None else ""
     user = (
