@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,32 @@ def mode_flags(mode: str) -> list[str]:
     ]
 
 
-@pytest.mark.timeout(900)
-def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(assets, tmp_path):
-    """``python -m async_reward.pipeline.main_ppo`` in all four modes (one hydra ``--multirun``: the
-    same ``main`` per mode, one Python start-up), joined to the session's Ray cluster."""
+#: Keys in the three places a config holds them: ``runtime_env.env_vars`` (one named by
+#: ``api_key_env``, one with a secret-looking name) and a header.
+KEYS = {
+    "JUDGE_TOKEN": "tok-secret-in-runtime-env",
+    "HF_TOKEN": "hf-secret-in-runtime-env",
+    "X-Api-Key": "hdr-secret-in-config",
+}
+#: Hydra's launcher echoes each job's overrides, the command line the user typed, keys included:
+#: ``[<time>][HYDRA] \t#0 : <overrides>`` (a sweep only; one run echoes nothing).
+HYDRA_ECHO = re.compile(r"^\[[^]]+\]\[HYDRA\] \t#\d+ : ")
 
-    env = cluster_env()
+
+@dataclass
+class Sweep:
+    returncode: int
+    pid: int
+    stdout: str
+    """stdout and stderr, in the order written."""
+
+
+@pytest.fixture(scope="module")
+def python_m_sweep(assets: Path, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Sweep:
+    """``python -m async_reward.pipeline.main_ppo --multirun`` in all four modes, as a user starts it
+    (hydra, verl's ``run_ppo``, one task-runner actor per run on the session's Ray cluster), with
+    :data:`KEYS` set: one interpreter for the four runs, read by the two tests below."""
+    tmp_path = tmp_path_factory.mktemp("python_m")
     command = [
         sys.executable,
         "-m",
@@ -134,62 +155,55 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(asse
         "+async_reward.pipeline.one_step_off_policy=false,true",
         "+async_reward.pipeline.dry_run=true",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        # The task runner prints the resolved config: keys and header values must not be in it.
         "+reward.async_reward.judge.api_key_env=JUDGE_TOKEN",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN=tok-secret-in-runtime-env",
-        "+reward.async_reward.remote.headers.X-Api-Key=hdr-secret-in-config",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN={KEYS['JUDGE_TOKEN']}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={KEYS['HF_TOKEN']}",
+        f"+reward.async_reward.remote.headers.X-Api-Key={KEYS['X-Api-Key']}",
     ]
     process = subprocess.Popen(
-        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, env=cluster_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         output, _ = process.communicate(timeout=840)
     finally:
         process.kill()  # only if it is still running
-    assert process.returncode == 0, output[-6000:]
+    return Sweep(returncode=process.returncode, pid=process.pid, stdout=output)
+
+
+@pytest.mark.timeout(900)
+def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(python_m_sweep):
+    """``python -m async_reward.pipeline.main_ppo`` in all four modes (one hydra ``--multirun``: the
+    same ``main`` per mode, one Python start-up), joined to the session's Ray cluster."""
+    output = python_m_sweep.stdout
+    assert python_m_sweep.returncode == 0, output[-6000:]
 
     built = [match.groupdict() for match in DRY_RUN_LINE.finditer(output)]
     assert sorted(b["mode"] for b in built) == sorted(MODES), output[-6000:]
     for report in built:
         assert report["cls"] == OURS  # verl's RayPPOTrainer before the fix
-        assert int(report["pid"]) != process.pid  # built in the actor's process, not the driver's
+        assert int(report["pid"]) != python_m_sweep.pid  # built in the actor's process, not the driver's
     assert len({b["actor"] for b in built}) == 4  # one task-runner actor per run
     # What the task-runner actors printed (hydra itself echoes the command line it was given).
     printed = "\n".join(line for line in output.splitlines() if "(PipelinedTaskRunner pid=" in line)
     assert "'JUDGE_TOKEN': '<hidden>'" in printed  # the config was printed, redacted
-    assert "tok-secret-in-runtime-env" not in printed and "hdr-secret-in-config" not in printed
+    assert not any(key in printed for key in KEYS.values())
 
 
-@pytest.mark.timeout(600)
-def test_no_key_is_printed_by_the_entry_point_verls_prints_included(assets, tmp_path):
-    """``python -m async_reward.pipeline.main_ppo`` (one run, as a user starts it) with keys in the three
-    places a config holds them: ``runtime_env.env_vars`` (named by ``api_key_env``, and a secret-looking
-    name) and a header. verl's ``run_ppo`` prints the Ray init kwargs, ``env_vars`` values included,
-    before ``ray.init``; nothing the process writes to stdout or stderr may hold a key."""
-
-    env = cluster_env()
-    keys = ["tok-secret-in-runtime-env", "hf-secret-in-runtime-env", "hdr-secret-in-config"]
-    command = [
-        sys.executable,
-        "-m",
-        "async_reward.pipeline.main_ppo",
-        *overrides(assets),
-        *mode_flags("baseline"),
-        "+async_reward.pipeline.dry_run=true",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "+reward.async_reward.judge.api_key_env=JUDGE_TOKEN",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN={keys[0]}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={keys[1]}",
-        f"+reward.async_reward.remote.headers.X-Api-Key={keys[2]}",
-    ]
-    process = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
-    output = process.stdout + process.stderr
-    assert process.returncode == 0, output[-6000:]
-    assert DRY_RUN_LINE.search(process.stdout), output[-6000:]
-    (init_line,) = [line for line in process.stdout.splitlines() if line.startswith("ray init kwargs:")]
+@pytest.mark.timeout(900)
+def test_no_key_is_printed_by_the_entry_point_verls_prints_included(python_m_sweep):
+    """The sweep's output, every line of it but hydra's echo of the command line: verl's ``run_ppo``
+    prints the Ray init kwargs, ``env_vars`` values included, before ``ray.init``, and its task
+    runner the config; nothing the process writes to stdout or stderr may hold a key."""
+    output = python_m_sweep.stdout
+    assert python_m_sweep.returncode == 0, output[-6000:]
+    assert DRY_RUN_LINE.search(output), output[-6000:]
+    (init_line,) = [line for line in output.splitlines() if line.startswith("ray init kwargs:")]
     assert "'JUDGE_TOKEN': '<hidden>'" in init_line and "'HF_TOKEN': '<hidden>'" in init_line  # verl's
-    for key in keys:
-        assert key not in process.stdout and key not in process.stderr, key
+    echoed = [line for line in output.splitlines() if HYDRA_ECHO.match(line)]
+    assert len(echoed) == len(MODES), output[-6000:]  # the filter below takes hydra's four lines, no more
+    written = "\n".join(line for line in output.splitlines() if not HYDRA_ECHO.match(line))
+    for key in KEYS.values():
+        assert key not in written, key
 
 
 def test_run_in_process_builds_our_trainer_in_the_actor(assets):

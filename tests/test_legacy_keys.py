@@ -7,13 +7,16 @@ applies the legacy keys where verl builds its trainer, in the task-runner actor,
 worker. The subprocess tests start verl's entry point as a user does (hydra, ``run_ppo``, the task
 runner on the session's Ray cluster) with the tiny local model of ``test_entry_point``; this machine
 has no GPU, so a run that passes our checks stops at verl's own resource check, which is where the
-output is read.
+output is read. Their three runs are one ``--multirun`` of the command (one interpreter start-up, each
+run its own task-runner actor and TransferQueue), each test reading its own run's error and lines.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,28 +40,92 @@ def legacy_overrides(assets_dir: Path, *extra: str) -> list[str]:
     return [*base, HOOK, "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", *extra]
 
 
-def run_verl_main_ppo(assets_dir: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
+#: The three runs of verl's entry point, one swept value of verl's ``reward`` node each (merged into it
+#: with ``++``; ``{}`` leaves it as composed), in the order hydra runs them: the legacy manager line
+#: alone, with its judge, and against a new key set otherwise.
+LEGACY_JOBS = {
+    "alone": "{}",
+    "with_judge": "{async_reward:{judge:{base_url:'http://127.0.0.1:9/v1'}}}",
+    "conflict": "{reward_manager:{name:async_remote}}",
+}
+#: Hydra's own callback that logs each job's return or error into the job's log file: a sweep raises
+#: only its first failure, and every one of these jobs fails by design.
+LOG_JOB_RETURN = "+hydra.callbacks.log_job_return._target_=hydra.experimental.callbacks.LogJobReturnCallback"
+TASK_RUNNER_PID = re.compile(r"ray::TaskRunnerV1\.run\(\) \(pid=(?P<pid>\d+)")
+#: A line Ray forwards from an actor's process: ``(TaskRunnerV1 pid=123) ...``.
+FORWARDED = re.compile(r"^\((?P<cls>\S+) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\) ", re.MULTILINE)
+#: Ray colours the actor's name in tracebacks and forwarded lines.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-    env = cluster_env()
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *legacy_overrides(assets_dir, *extra)]
+
+@dataclass
+class Job:
+    """One run of the sweep: hydra's log of it (its error, with the task runner's traceback) and what
+    its task-runner actor printed (found by the pid in that traceback)."""
+
+    log: str
+    actor_lines: str
+
+    @property
+    def output(self) -> str:
+        return f"{self.log}\n{self.actor_lines}"
+
+
+@pytest.fixture(scope="module")
+def legacy_runs(
+    assets: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+    ray_cluster: None,
+) -> dict[str, Job]:
+    """``python -m verl.trainer.main_ppo --multirun`` with the three runs of :data:`LEGACY_JOBS`: one
+    interpreter (hydra, verl, Ray's connection) for all three, each run its own task-runner actor and
+    TransferQueue, as three runs of the command would start. Hydra runs every job before it raises the
+    first failure; each job's error is in its own log file, and its task runner's printed lines are
+    told apart by the actor's pid."""
+    tmp_path = tmp_path_factory.mktemp("legacy_sweep")
+    sweep = tmp_path / "sweep"
+    command = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        "--multirun",
+        *legacy_overrides(assets, "reward_model.reward_manager=llm_judge"),
+        "++reward=" + ",".join(LEGACY_JOBS.values()),
+        LOG_JOB_RETURN,
+        f"hydra.sweep.dir={sweep}",
+    ]
     process = subprocess.Popen(
-        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, env=cluster_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        output, _ = process.communicate(timeout=540)
+        output, _ = process.communicate(timeout=800)
     finally:
         process.kill()  # only if it is still running
-    return process.returncode, output
+    output = ANSI.sub("", output)
+    assert process.returncode != 0, output[-6000:]  # every job fails by design
+    runs: dict[str, Job] = {}
+    for number, name in enumerate(LEGACY_JOBS):
+        logs = list((sweep / str(number)).glob("*.log"))
+        assert len(logs) == 1, (name, logs, output[-6000:])
+        log = ANSI.sub("", logs[0].read_text())
+        pid = TASK_RUNNER_PID.search(log)
+        assert pid, (name, log[-4000:], output[-6000:])  # the job failed in its task-runner actor
+        lines = [
+            line
+            for line in output.splitlines()
+            if (match := FORWARDED.match(line)) and match["pid"] == pid["pid"]
+        ]
+        runs[name] = Job(log=log, actor_lines="\n".join(lines))
+    return runs
 
 
 # ------------------------------------------------------------------ verl's entry point, in a subprocess
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(600)
-def test_legacy_manager_line_takes_effect_under_verls_main_ppo(assets, tmp_path):  # noqa: F811
+@pytest.mark.timeout(900)
+def test_legacy_manager_line_takes_effect_under_verls_main_ppo(legacy_runs):
     """``reward_model.reward_manager=llm_judge`` is applied: llm_judge's own start-up check runs (and
     refuses the missing judge URL by name), where verl would have built ``naive`` and gone on."""
-    code, output = run_verl_main_ppo(assets, tmp_path, "reward_model.reward_manager=llm_judge")
-    assert code != 0
+    output = legacy_runs["alone"].output
     assert "legacy reward_model.reward_manager='llm_judge' -> reward.reward_manager.name" in output, output[
         -4000:
     ]
@@ -67,27 +134,24 @@ def test_legacy_manager_line_takes_effect_under_verls_main_ppo(assets, tmp_path)
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(600)
-def test_legacy_manager_line_with_its_settings_reaches_verls_gpu_layout(assets, tmp_path):  # noqa: F811
-    code, output = run_verl_main_ppo(assets, tmp_path, "reward_model.reward_manager=llm_judge", JUDGE)
+@pytest.mark.timeout(900)
+def test_legacy_manager_line_with_its_settings_reaches_verls_gpu_layout(legacy_runs):
+    output = legacy_runs["with_judge"].output
     assert "legacy reward_model.reward_manager='llm_judge' -> reward.reward_manager.name" in output, output[
         -4000:
     ]
     assert "ConfigError" not in output, output[-4000:]
-    assert code != 0 and NO_GPU in output, output[-4000:]  # every reward check passed
+    assert NO_GPU in output, output[-4000:]  # every reward check passed
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(600)
-def test_legacy_and_new_manager_keys_in_conflict_stop_verls_main_ppo(assets, tmp_path):  # noqa: F811
-    code, output = run_verl_main_ppo(
-        assets, tmp_path, "reward_model.reward_manager=llm_judge", "reward.reward_manager.name=async_remote"
-    )
-    assert code != 0
+@pytest.mark.timeout(900)
+def test_legacy_and_new_manager_keys_in_conflict_stop_verls_main_ppo(legacy_runs):
+    output = legacy_runs["conflict"].output
     assert (
         "reward_model.reward_manager='llm_judge' conflicts with reward.reward_manager.name='async_remote'"
         in output
-    )
+    ), output[-4000:]
     assert NO_GPU not in output
 
 
