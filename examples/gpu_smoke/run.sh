@@ -70,6 +70,9 @@ JUDGE_IN_JOB=(
   reward.reward_model.rollout.max_model_len=1024
   "+reward.async_reward.judge.extra_body={structured_outputs:{choice:['Verdict: [[0]]','Verdict: [[10]]']}}"
   +reward.async_reward.judge.max_tokens=16
+  # vLLM's token probabilities through verl's router: the expected verdict (judge_expected_verdict in
+  # the step's reward/extra/* metrics); a reply without them keeps its plain verdict, never fails.
+  +reward.async_reward.judge.expected_verdict=true
   # The tiny model's context is 1024 tokens (its max_position_embeddings). With the built-in template a
   # judge prompt took 989-1035 tokens of its 500-word tokenizer (a 64-token random response, counted
   # here over 200 draws), so on the H100 run of 2026-11-27 28-31 of 32 a step were refused by vLLM
