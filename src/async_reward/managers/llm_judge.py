@@ -8,6 +8,12 @@ did not finish (``finish_reason`` other than ``stop``, e.g. cut at ``max_tokens`
 when the server returns the judge's thinking apart from the content, no ``</think>`` in the content
 is taken for the judge's. Identical requests in flight share one call; with ``judge.cache`` their
 verdicts are kept.
+
+Two ways to read more from the judge: ``judge.criteria`` grades a rubric of weighted criteria in one
+call (``managers.criteria_scoring``, ``async_reward.criteria``), and ``judge.expected_verdict`` scores
+the expected verdict under the judge's own token probabilities (``async_reward.expected_verdict``).
+With a judge served in the job, a prompt too long for its context is refused before it is sent
+(``judge_in_job.context``).
 """
 
 from __future__ import annotations
