@@ -3,7 +3,8 @@ replica class that serves our local judge (``async_reward.devserver``) instead o
 
 :class:`LocalJudgeReplica` is registered where verl looks up ``reward.reward_model.rollout.name``
 (``RolloutReplicaRegistry``, as :data:`REPLICA_NAME`). Each replica is one Ray actor
-(:class:`JudgeReplicaServer`) running the dev server on the node's address and a free port, and
+(:class:`~tests.judge_replica_server.JudgeReplicaServer`, in a module without verl, so that the replica
+process does not import it) running the dev server on the node's address and a free port, and
 mirroring what verl's vLLM server does with it:
 
 * it answers to one model name (``model_config.local_path``, as vLLM serves it) and refuses any other
@@ -13,6 +14,9 @@ mirroring what verl's vLLM server does with it:
 * asleep, it answers 503 to every chat completion and counts them (``requests_while_asleep``): a
   request that reaches a sleeping judge is visible, never a silent success.
 
+A replica a test killed can be started again on its address (:func:`restart_killed_replica`), as an
+orchestrator restarts a crashed vLLM server: verl's router knows replicas by address only.
+
 What it does not do: generate tokens (the dev server judges by rule), use GPUs, or run several
 processes per replica.
 """
@@ -20,111 +24,17 @@ processes per replica.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections import Counter
+import time
 from typing import Any, ClassVar
 
 import ray
-from aiohttp import web
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry
 
-from async_reward.devserver import DevServer, DevServerConfig
+from async_reward.devserver import DevServerConfig
+from tests.judge_replica_server import JudgeReplicaServer
 
 #: ``reward.reward_model.rollout.name`` of the stand-in.
 REPLICA_NAME = "async_reward_local"
-
-
-class SleepyDevServer(DevServer):
-    """The dev server behind a replica's name and sleep state (see the module docstring)."""
-
-    def __init__(self, config: DevServerConfig, host: str, served_name: str) -> None:
-        super().__init__(config, host=host, port=0)
-        self.served_name = served_name
-        self.asleep = False
-        self.requests_while_asleep = 0
-        self.models: Counter[str] = Counter()
-        self.in_flight = 0
-
-    def build_app(self) -> web.Application:
-        app = super().build_app()
-
-        @web.middleware
-        async def replica(request: web.Request, handler: Any) -> web.StreamResponse:
-            if request.path != "/v1/chat/completions":
-                return await handler(request)
-            if self.asleep:
-                self.requests_while_asleep += 1
-                return web.json_response({"error": {"message": "the engine is asleep"}}, status=503)
-            try:
-                model = json.loads(await request.read()).get("model")
-            except (ValueError, AttributeError):
-                model = None
-            self.models[str(model)] += 1
-            if model != self.served_name:  # vLLM's answer to a model it does not serve
-                message = f"The model `{model}` does not exist."
-                return web.json_response({"error": {"message": message, "type": "NotFoundError"}}, status=404)
-            self.in_flight += 1
-            try:
-                return await handler(request)
-            finally:
-                self.in_flight -= 1
-
-        app.middlewares.append(replica)
-        return app
-
-
-@ray.remote(num_cpus=0)
-class JudgeReplicaServer:
-    """One replica: the dev server in this actor's event loop."""
-
-    def __init__(self, served_name: str, rollout_mode: str, free_cache_engine: bool, config: dict) -> None:
-        self.served_name = served_name
-        self.rollout_mode = rollout_mode
-        self.free_cache_engine = free_cache_engine
-        self.config = DevServerConfig(**config)
-        self.server: SleepyDevServer | None = None
-
-    async def start(self) -> str:
-        """Listen on the node's address; returns ``ip:port`` (no scheme, as verl's replicas do)."""
-        host = ray.util.get_node_ip_address()
-        self.server = SleepyDevServer(self.config, host, self.served_name)
-        url = await self.server.start()
-        return url.removeprefix("http://")
-
-    async def wake_up(self) -> None:
-        if self.rollout_mode == RolloutMode.COLOCATED.value:
-            self._server().asleep = False
-
-    async def sleep(self) -> None:
-        if self.rollout_mode != RolloutMode.COLOCATED.value or not self.free_cache_engine:
-            return
-        server = self._server()
-        while server.in_flight:  # vLLM waits for the requests inside to drain first
-            await asyncio.sleep(0.01)
-        server.asleep = True
-
-    async def update_config(self, changes: dict) -> None:
-        self._server().update_config(**changes)
-
-    async def stats(self) -> dict[str, Any]:
-        server = self._server()
-        return {
-            **server.stats,
-            "asleep": server.asleep,
-            "requests_while_asleep": server.requests_while_asleep,
-            "models": dict(server.models),
-        }
-
-    async def reset(self) -> None:
-        server = self._server()
-        server.reset()
-        server.models.clear()
-        server.requests_while_asleep = 0
-
-    def _server(self) -> SleepyDevServer:
-        if self.server is None:
-            raise RuntimeError("replica not started")
-        return self.server
 
 
 class LocalJudgeReplica(RolloutReplica):
@@ -142,14 +52,15 @@ class LocalJudgeReplica(RolloutReplica):
         self.rollout_mode = RolloutMode.STANDALONE
         await self.launch_servers()
 
-    async def launch_servers(self) -> None:
+    async def launch_servers(self, port: int = 0, wait_s: float = 0.0) -> None:
+        """Start this replica's server actor on ``port`` (0: a free one; see ``JudgeReplicaServer.start``)."""
         server = JudgeReplicaServer.remote(
             str(self.model_config.local_path),
-            self.rollout_mode.value,
+            self.rollout_mode == RolloutMode.COLOCATED,
             bool(self.config.free_cache_engine),
             dict(type(self).server_config),
         )
-        self._server_address = await server.start.remote()
+        self._server_address = await server.start.remote(port, wait_s)
         self._server_handle = server
         self.servers = [server]
 
@@ -175,3 +86,27 @@ def reset_replicas(models: Any, **config: Any) -> None:
     handles = [replica._server_handle for replica in models.rollout_replicas]
     ray.get([handle.reset.remote() for handle in handles])
     ray.get([handle.update_config.remote(changes) for handle in handles])
+
+
+def restart_killed_replica(models: Any, index: int, timeout_s: float = 30.0) -> None:
+    """Start replica ``index`` again on the address it had, once its killed actor is gone: verl's
+    router, which knows it by that address only, reaches it again. Raises if it was not killed, or its
+    port cannot be taken back, within ``timeout_s``."""
+    replica = models.rollout_replicas[index]
+    address = replica._server_address
+    deadline = time.monotonic() + timeout_s
+    while True:  # ``ray.kill`` only sends the request: wait until the actor is dead
+        try:
+            ray.get(replica._server_handle.__ray_ready__.remote(), timeout=1.0)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"replica {index} at {address} was not killed: nothing to restart")
+        time.sleep(0.05)
+    port = int(address.rsplit(":", 1)[1])
+    asyncio.run(replica.launch_servers(port, wait_s=max(deadline - time.monotonic(), 1.0)))
+    if replica._server_address != address:
+        raise RuntimeError(f"replica {index} restarted at {replica._server_address}, not {address}")
+    models.server_handles[index] = replica._server_handle

@@ -37,6 +37,7 @@ from tests.judge_replica_standins import (
     register_local_judge_replica,
     replica_stats,
     reset_replicas,
+    restart_killed_replica,
 )
 from tests.v1_standins import (
     GATE,
@@ -91,14 +92,34 @@ def judge_lines(judge_dir: Path, *, standalone: bool) -> list[str]:
 
 
 def judge_config(model_dir: Path, judge_dir: Path, *extra: str, standalone: bool = True) -> Any:
-    return compose_verl_config(
+    """verl's config for the served judge plus ``extra`` lines: the judge's lines composed by hydra
+    (once per process), then ``extra`` applied by hydra's own override step (:func:`apply_overrides`).
+    Composing costs about 0.3 CPU-s a list, applying 0.02, and this module asks for some 20 lists."""
+    config = compose_verl_config(
         [
             f"actor_rollout_ref.model.path={model_dir}",
             "reward.num_workers=1",
             *judge_lines(judge_dir, standalone=standalone),
-            *extra,
         ]
     )
+    apply_overrides(config, extra)
+    return config
+
+
+def apply_overrides(config: Any, lines: tuple[str, ...] | list[str]) -> None:
+    """Apply command-line value overrides (``key=value``, ``+key=value``, ``key=null``) to a composed
+    config with the function hydra's ``compose`` applies them with once it has built the defaults list:
+    the same config, the same errors (an unknown key without ``+`` raises). A line that would change
+    the defaults list (a config group) cannot be applied afterwards: it is refused, compose it."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(lines))
+    for override in parsed:
+        key = override.key_or_group
+        if "." not in key or "/" in key or override.package is not None or override.is_sweep_override():
+            raise ValueError(f"{override.input_line!r} is not a value override: compose it")
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, config)
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +187,35 @@ def score_per_sample(manager: Any, batch: Any) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- start-up (no Ray)
+
+
+def test_judge_config_is_what_hydra_composes_from_all_the_lines(model_dir, judge_dir):
+    """The module's shortcut (compose the judge's lines once, apply the rest) gives hydra's config:
+    an added key, a changed one, a null, on the colocated lines; hydra's refusals stay."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    extra = [
+        "+reward.async_reward.limits.max_concurrency=5",
+        "reward.reward_model.rollout.max_num_seqs=100",
+        "reward.reward_model.model_path=null",
+        "trainer.n_gpus_per_node=4",
+    ]
+    shortcut = judge_config(model_dir, judge_dir, *extra, standalone=False)
+    composed = compose_verl_config(
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "reward.num_workers=1",
+            *judge_lines(judge_dir, standalone=False),
+            *extra,
+        ]
+    )
+    assert OmegaConf.to_container(shortcut) == OmegaConf.to_container(composed)
+    assert OmegaConf.is_struct(shortcut) and OmegaConf.is_struct(shortcut.reward)
+    with pytest.raises(ConfigCompositionException, match="no_such_key"):
+        judge_config(model_dir, judge_dir, "reward.no_such_key=1")
+    with pytest.raises(ValueError, match="not a value override"):
+        judge_config(model_dir, judge_dir, "reward=default")
 
 
 def test_the_served_judges_name_capacity_and_retry_defaults_follow_verls_keys(model_dir, judge_dir):
@@ -587,6 +637,74 @@ def test_a_standalone_judge_scores_each_session_while_its_batch_generates(
 
 
 @pytest.mark.ray
+def test_v1_colocate_async_with_a_colocated_judge_scores_every_trained_session_awake(
+    served_judge, model_dir, judge_dir, rollout, transfer_queue, tmp_path
+):
+    """verl's v1 ``colocate_async`` takes the same score-the-batch step as ``sync`` (ours, installed by
+    the hook) while it generates a batch ahead: every trained session is scored by llm_judge through
+    the router, with the judge awake, and the judge is asleep again for the policy."""
+    served_judge.sleep()
+    reset_replicas(served_judge)
+    dataset = write_dataset(tmp_path / "train.parquet", V1_ROWS)
+    # Question 0 answered right every time and question 1 wrong: a score says which path scored it.
+    script = {"What is 2+3?": ["The answer is 5"] * 6, "What is 4*4?": ["The answer is 15"] * 6}
+    config = compose_verl_config(
+        [
+            *base_overrides(model_dir, dataset, steps=1, prompts=2, n=2),
+            "trainer.v1.trainer_mode=colocate_async",
+            *V1_OVERRIDES,
+            *judge_lines(judge_dir, standalone=False),
+            "trainer.val_before_train=false",
+        ]
+    )
+    run = run_v1_training(config, rollout, script, tmp_path / "metrics.jsonl")
+    (update,) = run.updates
+    rows = sessions(update)
+    assert rows and {row.reward_extra_info["status"] for row in rows} == {"ok"}
+    assert all(row.score == (1.0 if row.index == 0 else 0.0) for row in rows), rows
+    (metrics,) = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+    assert metrics["reward/status_ok"] == float(len(rows))
+    stats = replica_stats(served_judge)
+    assert [s["asleep"] for s in stats] == [True, True]
+    assert [s["requests_while_asleep"] for s in stats] == [0, 0]
+    assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats)
+    unshared = [row for row in rows if not row.reward_extra_info.get("judge_shared")]
+    assert unshared and sum(s["models"].get(served_name(judge_dir), 0) for s in stats) >= len(unshared)
+
+
+# It kills a replica of the module's judge, and starts it again on its address for the test after it.
+@pytest.mark.ray
+def test_a_replica_killed_mid_batch_leaves_every_sample_with_a_status(
+    served_judge, model_dir, judge_dir, reward_loops
+):
+    from transformers import AutoTokenizer
+
+    served_judge.wake_up()
+    reset_replicas(served_judge, latency_ms=(1500.0, 1500.0))
+    manager = reward_loops(judge_config(model_dir, judge_dir, "+reward.async_reward.timeout_s=60"))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    batch = make_batch(tokenizer, distinct_rows(3))
+    worker = manager.reward_loop_workers[0]
+    pending = [worker.compute_score.remote(batch[i : i + 1]) for i in range(len(batch))]
+    time.sleep(0.8)  # requests are inside both replicas
+    ray.kill(served_judge.rollout_replicas[0]._server_handle, no_restart=True)
+    try:
+        results = ray.get(pending, timeout=180)  # no hang: every sample comes back
+    finally:
+        restart_killed_replica(served_judge, 0)
+    assert len(results) == len(batch)
+    statuses = [r["reward_extra_info"]["status"] for r in results]
+    assert set(statuses) <= {"ok", "error", "timeout"} and "error" in statuses, statuses
+    for result, status in zip(results, statuses, strict=True):
+        if status == "error":
+            assert "verl's router" in result["reward_extra_info"]["failure_reason"]
+        else:
+            assert status == "ok"
+
+
+# Last: our trainer's init_workers kills verl's reward worker (the module's warm one; a test after it
+# would start a new process), as it does in a job.
+@pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_the_legacy_pipelined_trainer_scores_through_the_served_judges_router(
     served_judge, judge_dir, tmp_path, monkeypatch
@@ -664,66 +782,3 @@ def test_the_legacy_pipelined_trainer_scores_through_the_served_judges_router(
     assert [s["requests_while_asleep"] for s in stats] == [0, 0]
     assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats), stats
     assert sum(s["models"].get(served_name(judge_dir), 0) for s in stats) == asked > 0
-
-
-@pytest.mark.ray
-def test_v1_colocate_async_with_a_colocated_judge_scores_every_trained_session_awake(
-    served_judge, model_dir, judge_dir, rollout, transfer_queue, tmp_path
-):
-    """verl's v1 ``colocate_async`` takes the same score-the-batch step as ``sync`` (ours, installed by
-    the hook) while it generates a batch ahead: every trained session is scored by llm_judge through
-    the router, with the judge awake, and the judge is asleep again for the policy."""
-    served_judge.sleep()
-    reset_replicas(served_judge)
-    dataset = write_dataset(tmp_path / "train.parquet", V1_ROWS)
-    # Question 0 answered right every time and question 1 wrong: a score says which path scored it.
-    script = {"What is 2+3?": ["The answer is 5"] * 6, "What is 4*4?": ["The answer is 15"] * 6}
-    config = compose_verl_config(
-        [
-            *base_overrides(model_dir, dataset, steps=1, prompts=2, n=2),
-            "trainer.v1.trainer_mode=colocate_async",
-            *V1_OVERRIDES,
-            *judge_lines(judge_dir, standalone=False),
-            "trainer.val_before_train=false",
-        ]
-    )
-    run = run_v1_training(config, rollout, script, tmp_path / "metrics.jsonl")
-    (update,) = run.updates
-    rows = sessions(update)
-    assert rows and {row.reward_extra_info["status"] for row in rows} == {"ok"}
-    assert all(row.score == (1.0 if row.index == 0 else 0.0) for row in rows), rows
-    (metrics,) = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
-    assert metrics["reward/status_ok"] == float(len(rows))
-    stats = replica_stats(served_judge)
-    assert [s["asleep"] for s in stats] == [True, True]
-    assert [s["requests_while_asleep"] for s in stats] == [0, 0]
-    assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats)
-    unshared = [row for row in rows if not row.reward_extra_info.get("judge_shared")]
-    assert unshared and sum(s["models"].get(served_name(judge_dir), 0) for s in stats) >= len(unshared)
-
-
-# Last: it kills a replica of the module's judge.
-@pytest.mark.ray
-def test_a_replica_killed_mid_batch_leaves_every_sample_with_a_status(
-    served_judge, model_dir, judge_dir, reward_loops
-):
-    from transformers import AutoTokenizer
-
-    served_judge.wake_up()
-    reset_replicas(served_judge, latency_ms=(1500.0, 1500.0))
-    manager = reward_loops(judge_config(model_dir, judge_dir, "+reward.async_reward.timeout_s=60"))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    batch = make_batch(tokenizer, distinct_rows(3))
-    worker = manager.reward_loop_workers[0]
-    pending = [worker.compute_score.remote(batch[i : i + 1]) for i in range(len(batch))]
-    time.sleep(0.8)  # requests are inside both replicas
-    ray.kill(served_judge.rollout_replicas[0]._server_handle, no_restart=True)
-    results = ray.get(pending, timeout=180)  # no hang: every sample comes back
-    assert len(results) == len(batch)
-    statuses = [r["reward_extra_info"]["status"] for r in results]
-    assert set(statuses) <= {"ok", "error", "timeout"} and "error" in statuses, statuses
-    for result, status in zip(results, statuses, strict=True):
-        if status == "error":
-            assert "verl's router" in result["reward_extra_info"]["failure_reason"]
-        else:
-            assert status == "ok"
