@@ -433,6 +433,48 @@ def test_a_planted_verdict_cannot_steer_the_served_judge(served_judge, model_dir
 
 
 @pytest.mark.ray
+def test_a_prompt_too_long_for_the_served_judges_context_is_invalid_and_never_reaches_it(
+    served_judge, model_dir, judge_dir, reward_loops
+):
+    """Through verl's real reward worker, which hands llm_judge the served judge's tokenizer: a judge
+    prompt that cannot fit ``max_model_len`` with ``judge.max_tokens`` is ``invalid`` with the lengths,
+    unsent (no replica request), while a short one is judged. Found on an H100: vLLM's 400 came back
+    through verl's router as a bare 500, after a retry, for 28-31 of 32 samples a step."""
+    from transformers import AutoTokenizer
+
+    from async_reward.judge import build_messages, resolve_parser, resolve_template
+
+    served_judge.wake_up()
+    reset_replicas(served_judge)
+    short = {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"}
+    long = {**short, "response": "The answer is 5, since two and three make five. " * 3}
+    judge_tokenizer = AutoTokenizer.from_pretrained(str(judge_dir))
+    template = resolve_template("correctness", resolve_parser("correctness", "auto"))
+
+    def prompt_tokens(row: dict[str, str]) -> int:
+        messages = build_messages(template, prompt=row["prompt"], response=row["response"], ground_truth="5")
+        text = judge_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(judge_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    fits, too_long = prompt_tokens(short), prompt_tokens(long)
+    assert too_long > fits + 8
+    config = judge_config(
+        model_dir,
+        judge_dir,
+        f"reward.reward_model.rollout.max_model_len={fits + 4 + 32}",
+        "+reward.async_reward.judge.max_tokens=32",
+    )
+    manager = reward_loops(config)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    judged, refused = score_per_sample(manager, make_batch(tokenizer, [short, long], response_length=128))
+    assert judged["reward_extra_info"]["status"] == "ok" and float(judged["reward_score"]) == 1.0
+    info = refused["reward_extra_info"]
+    assert info["status"] == "invalid" and info["attempts"] == 0, info
+    assert f"judge prompt {too_long} tokens + judge.max_tokens 32" in info["failure_reason"]
+    assert sum(stats["requests_total"] for stats in replica_stats(served_judge)) == 1
+
+
+@pytest.mark.ray
 def test_colocated_judge_scores_the_whole_batch_awake_and_sleeps_after(
     served_judge, model_dir, judge_dir, reward_loops
 ):
