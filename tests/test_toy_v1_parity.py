@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from async_reward_bench.toy import v1_parity
 from async_reward_bench.toy.v1_parity import V1ParityConfig, environment, run_one
+from tests.warm_actors import release
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -44,10 +46,50 @@ def env(ray_cluster: None) -> Iterator[dict[str, Any]]:
         yield shared
 
 
+#: The run whose end is the benchmark's own clean-up (it kills the run's agent-loop and reward workers
+#: and waits until verl's reward-worker names are free, so that its next run can create them again),
+#: checked after it. The other hands its workers to the session's warm pool (tests/warm_actors.py) as
+#: the suite's other v1 runs do, so the next run re-initialises them instead of starting new ones.
+OWN_CLEAN_UP = "both_is"
+
+
+def clean_up_as_the_suite_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_one`` hands its workers back to the warm pool instead of killing them."""
+    monkeypatch.setattr(v1_parity, "_kill_and_wait", lambda actors, timeout_s=30.0: release(list(actors)))
+    monkeypatch.setattr(v1_parity, "_wait_for_names_free", lambda workers, timeout_s=30.0: None)
+
+
+def watch_the_benchmarks_clean_up(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The actors ``run_one``'s own clean-up kills (it still kills them), collected as it goes."""
+    killed: list[Any] = []
+    kill_and_wait = v1_parity._kill_and_wait
+
+    def watched(actors: list[Any], timeout_s: float = 30.0) -> None:
+        killed.extend(actors)
+        kill_and_wait(actors, timeout_s)
+
+    monkeypatch.setattr(v1_parity, "_kill_and_wait", watched)
+    return killed
+
+
+def assert_nothing_of_the_run_is_left(killed: list[Any]) -> None:
+    """The run's agent-loop and reward workers are dead and verl's reward-worker names free."""
+    import ray
+
+    classes = sorted(handle._ray_actor_creation_function_descriptor.class_name for handle in killed)
+    assert classes == ["PipelinedAgentLoopWorker", "RewardLoopWorker"], classes
+    for handle in killed:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handle.__ray_ready__.remote(), timeout=30)
+    for i in range(CFG.num_workers):
+        with pytest.raises(ValueError):
+            ray.get_actor(f"reward_loop_worker_{i}")
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["sync", "both_is"])
 def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_staleness(
-    mode: str, env: dict[str, Any]
+    mode: str, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """12 steps of 4 prompts x 8 samples: the policy learns, read off the sampled training score (32
     samples a step): half of a step's samples right at some step, from about 1 in 11 untrained, and
@@ -58,8 +100,14 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
     sample is trained exactly once, in ``mini_batches`` updates per step; ``sync`` samples batch k
     from the weights after step k-1, the pipelined ``both`` one version older (batch 2 from the
     initial weights too), staleness 0 vs 1 from the second step, and ``both_is`` trains with verl's
-    truncated importance weights (their mean logged every step)."""
+    truncated importance weights (their mean logged every step). The ``both_is`` run ends with the
+    benchmark's own clean-up, and leaves nothing of itself behind (:data:`OWN_CLEAN_UP`)."""
+    killed = watch_the_benchmarks_clean_up(monkeypatch) if mode == OWN_CLEAN_UP else []
+    if mode != OWN_CLEAN_UP:
+        clean_up_as_the_suite_does(monkeypatch)
     run = run_one(CFG, env, mode, seed=0)
+    if mode == OWN_CLEAN_UP:
+        assert_nothing_of_the_run_is_left(killed)
     samples = CFG.prompts * CFG.group_size
 
     curve = run["curve"]

@@ -371,19 +371,38 @@ def test_untrained_steps_past_max_untrained_skips_stop_the_run_naming_the_key(
     assert first["pipeline/failed_groups"] == 4.0 and first["pipeline/num_updates"] == 0.0
 
 
+def pipelined_agent_loop_workers() -> list[Any]:
+    """The cluster's pipelined agent-loop workers (verl names every agent-loop worker
+    ``agent_loop_worker_<i>_<hex>``), by their class: idle warm workers of other classes
+    (tests/warm_actors.py keeps a sync run's ``RewardAgentLoopWorker``) are not the run's."""
+    from async_reward.v1.pipelined_agent_loop import PipelinedAgentLoopWorker
+
+    workers = []
+    for name in ray.util.list_named_actors():
+        if not name.startswith("agent_loop_worker_"):
+            continue
+        try:
+            handle = ray.get_actor(name)
+        except ValueError:  # gone since it was listed
+            continue
+        if handle._ray_actor_creation_function_descriptor.class_name == PipelinedAgentLoopWorker.__name__:
+            workers.append(handle)
+    return workers
+
+
 def kill_agent_loop_workers_once_generating(rollout: Any, sessions_requested: int) -> threading.Thread:
-    """A thread that kills every agent-loop worker (verl names them ``agent_loop_worker_<i>_<hex>``)
-    once the token server has had ``sessions_requested`` requests: the step is waiting for them."""
+    """A thread that kills the run's agent-loop workers (:func:`pipelined_agent_loop_workers`) once
+    the token server has had ``sessions_requested`` requests: the step is waiting for them."""
 
     def kill() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            workers = [name for name in ray.util.list_named_actors() if name.startswith("agent_loop_worker_")]
+            workers = pipelined_agent_loop_workers()
             if workers and ray.get(rollout.server.requests.remote()) >= sessions_requested:
                 break
             time.sleep(0.2)
-        for name in workers:
-            ray.kill(ray.get_actor(name), no_restart=True)
+        for handle in workers:
+            ray.kill(handle, no_restart=True)
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()

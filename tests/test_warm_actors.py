@@ -1,6 +1,7 @@
 """The harness's warm reward-loop workers (tests/warm_actors.py) hold what the suite relies on: a
 reused worker runs verl's ``__init__`` again with the new config (its manager is the new one), one
-that refuses its new config fails as a fresh worker would, and a killed one is never handed out."""
+that refuses its new config fails as a fresh worker would, a killed one is never handed out, and one
+whose TransferQueue was closed and opened again since its last run attaches to the new one."""
 
 from __future__ import annotations
 
@@ -75,3 +76,40 @@ def test_a_killed_worker_is_never_handed_out_again(server, verl_config_factory, 
     shutdown_reward_loop(first)
     second = reward_loop(config)
     assert second.reward_loop_workers[0] != killed
+
+
+class TransferQueueUser:
+    """Attaches to the cluster's TransferQueue in ``__init__`` (``tq.init()``), as verl's agent-loop
+    workers do."""
+
+    def __init__(self) -> None:
+        import transfer_queue as tq
+
+        tq.init()
+
+    def controller(self) -> Any:
+        from transfer_queue import interface
+
+        return interface._TQ_CONTROLLER
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_worker_attaches_to_a_transfer_queue_opened_again_since_its_last_run(transfer_queue):
+    """A ``main_ppo`` subprocess (or the toy benchmark) closes the process's TransferQueue and the
+    next run opens another: a warm worker is re-initialised against the new one, not refused (its
+    ``tq.init()`` asked the closed controller) and rebuilt."""
+    from tests.conftest import _SESSION_TQ
+
+    first = WARM.acquire(TransferQueueUser, slot="tq-user", options={}, args=())
+    old_controller = ray.get(first.controller.remote())
+    WARM.release([first])
+    _SESSION_TQ.close()
+    _SESSION_TQ.ensure_open()
+    reused = WARM.reused["TransferQueueUser"]
+    second = WARM.acquire(TransferQueueUser, slot="tq-user", options={}, args=())
+    try:
+        assert second == first and WARM.reused["TransferQueueUser"] == reused + 1
+        current = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        assert ray.get(second.controller.remote()) == current != old_controller
+    finally:
+        ray.kill(second, no_restart=True)

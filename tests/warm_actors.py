@@ -56,6 +56,28 @@ async def _cancel_other_tasks() -> None:
         await asyncio.gather(*others, return_exceptions=True)
 
 
+def _forget_a_replaced_transfer_queue() -> None:
+    """Drop this process's TransferQueue client when the controller it was made for is gone: verl's
+    agent-loop ``__init__`` calls ``tq.init()``, which reuses the process's client and asks its old
+    controller for the config, so a warm worker whose TransferQueue was closed and opened again since
+    (before a ``main_ppo`` subprocess, by the toy benchmark) refused every new run and was rebuilt."""
+    import sys
+
+    interface = sys.modules.get("transfer_queue.interface")
+    if interface is None or interface._TQ_CONTROLLER is None:
+        return  # this process never attached to a TransferQueue
+    try:
+        current = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    except ValueError:
+        current = None
+    if current == interface._TQ_CONTROLLER:
+        return
+    if interface._TQ_CLIENT is not None:
+        with contextlib.suppress(Exception):
+            interface._TQ_CLIENT.close()
+    interface._TQ_CLIENT = interface._TQ_CONTROLLER = None
+
+
 def _reusable(cls: type) -> Any:
     """``ray.remote`` of a subclass of ``cls`` that can be put back to a just-built state."""
 
@@ -68,6 +90,7 @@ def _reusable(cls: type) -> Any:
             from async_reward.http import close_sessions
 
             await close_sessions()  # the previous managers' connections; the next opens its own
+            _forget_a_replaced_transfer_queue()
             self.__dict__.clear()
             cls.__init__(self, *args, **kwargs)
 
