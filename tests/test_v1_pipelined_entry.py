@@ -63,9 +63,12 @@ IN_JOB_LINE = re.compile(
 
 
 def served_judge_lines(root: Path) -> list[str]:
-    """The judge inside the job (issue 27), on GPUs of its own: verl's GenRM keys, nothing of ours but
-    the manager's name (``reward.reward_manager.name=llm_judge`` in :func:`overrides`)."""
+    """The judge inside the job (issue 27), on GPUs of its own: verl's GenRM keys and the manager's
+    name (``reward.reward_manager.name=llm_judge`` in :func:`overrides`), plus a ``judge.max_tokens``
+    that fits the tiny model's 128-token context (the default 512 is refused at start-up: no prompt
+    could fit beside it)."""
     return [
+        "+reward.async_reward.judge.max_tokens=32",
         "reward.reward_model.enable=true",
         f"reward.reward_model.model_path={root / 'model'}",
         "reward.reward_model.enable_resource_pool=true",
