@@ -308,8 +308,14 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
     # faults themselves on the judge's side (row 0 waits for its hang's deadline besides).
     assert set(statuses) <= {0, 1}
     assert statuses.get(0, "timeout") == "timeout" and statuses.get(1, "error") == "error"
-    assert slow_judge_runs["decoupled/judge_faults"].get("hang", 0) >= 1
-    assert slow_judge_runs["decoupled/judge_faults"].get("400", 0) >= 1
+    # A trained faulty row's fault happened on the judge's side. A row left untrained may never have
+    # been sent (a fresh-clone run of 2026-11-27 trained row 1 but never sent row 0: no hang
+    # counted), so the judge's counts are checked for the rows the run trained.
+    trained = {row.index for row in trained_rows(run)}
+    faults = slow_judge_runs["decoupled/judge_faults"]
+    assert 0 not in trained or faults.get("hang", 0) >= 1, faults
+    assert 1 not in trained or faults.get("400", 0) >= 1, faults
+    assert faults.get("hang", 0) + faults.get("400", 0) >= 1, "no faulty row reached the judge"
     failed = [
         row for row in trained_rows(run) if row.index in statuses and row.reward_extra_info["status"] != "ok"
     ]
