@@ -41,6 +41,10 @@ def entry(
     }
 
 
+#: The tokens of ``Verdict: [[`` (each certain), before the verdict's own.
+OPENING = (entry("Verdict"), entry(":"), entry(" "), entry("[["))
+
+
 def completion(content: str, entries: list[dict[str, Any]] | None, **message: Any) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "message": {"role": "assistant", "content": content, **message},
@@ -68,10 +72,7 @@ def test_a_one_token_verdict_is_the_mean_over_its_alternatives():
         entry("Fine"),
         entry("."),
         entry("\n"),
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("7", 0.6, ("8", 0.3), ("6", 0.1)),
         entry("]]"),
     ]
@@ -85,10 +86,7 @@ def test_ten_split_into_one_and_zero_is_weighed_along_the_sampled_digits():
     the ``]]`` that was as possible after the ``1`` is a verdict of 1; other first digits end there."""
     content = "Verdict: [[10]]"
     entries = [
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("1", 0.5, ("9", 0.3), ("8", 0.2)),
         entry("0", 0.8, ("]]", 0.2)),
         entry("]]"),
@@ -102,10 +100,7 @@ def test_a_digit_possible_after_the_verdict_makes_a_longer_one():
     """Sampled ``1``, then ``]]``; a ``0`` as likely there would have written 10."""
     content = "Verdict: [[1]]"
     entries = [
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("1", 0.6, ("9", 0.4)),
         entry("]]", 0.7, ("0", 0.3)),
     ]
@@ -116,10 +111,7 @@ def test_a_digit_possible_after_the_verdict_makes_a_longer_one():
 def test_verdicts_outside_the_scale_and_non_verdicts_are_dropped_and_the_rest_renormalised():
     content = "Verdict: [[9]]"
     entries = [
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("9", 0.5, ("11", 0.2), ("-", 0.1), ("8", 0.2)),
         entry("]]"),
     ]
@@ -161,10 +153,7 @@ def test_thinking_the_server_returned_apart_comes_before_the_content_in_the_toke
         entry(" let"),
         entry(" me"),
         entry(" see"),
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("6", 0.5, ("5", 0.5)),
         entry("]]"),
     ]
@@ -184,10 +173,7 @@ def test_bytes_of_a_character_split_over_two_tokens_still_align():
         entry(" bien"),
         entry("."),
         entry("\n"),
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("8", 0.5, ("9", 0.5)),
         entry("]]"),
     ]
@@ -204,17 +190,14 @@ def test_bytes_of_a_character_split_over_two_tokens_still_align():
         ),
         (
             "Verdict: [[7]]",
-            [entry("Verdict"), entry(":"), entry(" "), entry("[["), entry("7]]", 0.5, ("8]]", 0.5))],
+            [*OPENING, entry("7]]", 0.5, ("8]]", 0.5))],
             "verdict shares a token with text after it",
         ),
         ("Verdict: [[7]]", [entry("Verdict"), entry(":"), entry(" [[8]]")], "tokens do not spell the reply"),
         (
             "Verdict: [[7.5]]",
             [
-                entry("Verdict"),
-                entry(":"),
-                entry(" "),
-                entry("[["),
+                *OPENING,
                 entry("7"),
                 entry("."),
                 entry("5"),
@@ -249,10 +232,7 @@ def test_a_verdict_quoted_from_the_response_is_never_the_one_weighed():
         entry("]]"),
         entry('".'),
         entry("\n"),
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry("7"),
         entry("]]"),
     ]
@@ -279,10 +259,7 @@ def test_the_expected_verdict_stays_on_the_scale_and_is_the_verdict_when_certain
     content = f"Verdict: [[{verdict}]]"
     alts = tuple((str(value), p) for value, p in alternatives if str(value) != str(verdict))
     entries = [
-        entry("Verdict"),
-        entry(":"),
-        entry(" "),
-        entry("[["),
+        *OPENING,
         entry(str(verdict), sampled_p, *alts),
         entry("]]"),
     ]

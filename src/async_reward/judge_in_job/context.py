@@ -17,13 +17,12 @@ server hands vLLM when the key is unset.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from async_reward._config_rules import select_key
+from async_reward.judge_in_job.settings import served_model_config
 from async_reward.start_lines import say_once
 
 __all__ = ["JudgeContext", "PromptBudget", "judge_context"]
@@ -46,25 +45,19 @@ def judge_context(config: Any) -> JudgeContext | None:
     """The served judge's context window from verl's config; None when it cannot be known here (no
     ``max_model_len`` and the model path is not a local directory with a ``config.json``)."""
     max_model_len = select_key(config, _MAX_MODEL_LEN)
-    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
+    if _positive_int(max_model_len):
         return JudgeContext(max_model_len, "rollout.max_model_len")
-    path = select_key(config, "reward.reward_model.model_path")
-    config_file = os.path.join(str(path), "config.json") if path else ""
-    if not config_file or not os.path.isfile(config_file):
-        return None
-    try:
-        with open(config_file, encoding="utf-8") as handle:
-            model = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(model, dict):
-        return None
+    model = served_model_config(config) or {}
     length = model.get("max_position_embeddings")
     if length is None and isinstance(model.get("text_config"), dict):  # as verl reads it
         length = model["text_config"].get("max_position_embeddings")
-    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+    if _positive_int(length):
         return JudgeContext(length, "the model's max_position_embeddings")
     return None
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ __all__ = [
     "is_routed",
     "judge_capacity",
     "routed_workers",
+    "served_model_config",
     "served_model_name",
     "was_set",
 ]
@@ -165,19 +166,29 @@ def _int(config: Any, key: str, default: int = 0) -> int:
     return value
 
 
-def discriminative_architecture(config: Any) -> str | None:
-    """The architecture of ``reward.reward_model.model_path`` when it is a discriminative reward model
-    (``...ForSequenceClassification``, ``...ForTokenClassification``, ``...RewardModel``); None when it
-    is not, or when the path is not a local directory with a ``config.json`` (a hub id or an
-    ``hdfs://`` path is not fetched for a check)."""
+def served_model_config(config: Any) -> dict[str, Any] | None:
+    """The ``config.json`` of ``reward.reward_model.model_path`` as a mapping; None when the path is
+    not a local directory with a readable JSON object there (a hub id or an ``hdfs://`` path is not
+    fetched for a check)."""
     path = select_key(config, "reward.reward_model.model_path")
     config_file = os.path.join(str(path), "config.json") if path else ""
     if not config_file or not os.path.isfile(config_file):
         return None
     try:
         with open(config_file, encoding="utf-8") as handle:
-            architectures = json.load(handle).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
+            model = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return model if isinstance(model, dict) else None
+
+
+def discriminative_architecture(config: Any) -> str | None:
+    """The architecture of ``reward.reward_model.model_path`` when it is a discriminative reward model
+    (``...ForSequenceClassification``, ``...ForTokenClassification``, ``...RewardModel``); None when it
+    is not, or when the path is not a local directory with a ``config.json`` (a hub id or an
+    ``hdfs://`` path is not fetched for a check)."""
+    architectures = (served_model_config(config) or {}).get("architectures") or []
+    if not isinstance(architectures, list):
         return None
     for name in architectures:
         if isinstance(name, str) and name.endswith(_DISCRIMINATIVE_SUFFIXES):

@@ -17,7 +17,6 @@ from async_reward.cost import JudgePricing, spent_extras
 from async_reward.criteria import CriteriaError, Criterion, aggregate, criteria_messages, read_criteria
 from async_reward.http import MalformedResponseError
 from async_reward.judge import JudgeTemplate, block, normalize_score
-from async_reward.judge_in_job.context import PromptBudget
 from async_reward.limits import Priority
 from async_reward.managers.judge_reply import judge_reply
 from async_reward.result import RewardResult, RewardSample, Status
@@ -33,8 +32,8 @@ class CriteriaJudge(Protocol):
     template: JudgeTemplate
     rules: VerdictRules
     pricing: JudgePricing | None
-    prompt_budget: PromptBudget | None
-    reward_model_tokenizer: Any
+
+    def prompt_refusal(self, messages: list[dict[str, str]]) -> str | None: ...
 
     def guard(self, scoring: Awaitable[RewardResult]) -> Awaitable[RewardResult]: ...
 
@@ -106,10 +105,9 @@ async def _grade(
     manager: CriteriaJudge, messages: list[dict[str, str]], ids: list[int], sample: RewardSample
 ) -> RewardResult:
     """One call grading the criteria ``ids``: a result whose extras hold their verdicts and reasons."""
-    if manager.prompt_budget is not None:
-        too_long = manager.prompt_budget.refusal(manager.reward_model_tokenizer, messages)
-        if too_long is not None:
-            return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras={})
+    too_long = manager.prompt_refusal(messages)
+    if too_long is not None:
+        return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras={})
     reply, attempts = await manager.post_reply(messages, sample.admission_priority)
     spent = spent_extras(reply.get("usage") if isinstance(reply, Mapping) else None, manager.pricing)
     try:

@@ -191,11 +191,10 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             ground_truth=ground_truth,
             system_prompt=self.judge.system_prompt,
         )
-        if self.prompt_budget is not None:
-            too_long = self.prompt_budget.refusal(self.reward_model_tokenizer, messages)
-            if too_long is not None:  # the replica would refuse it, behind a router that hides why
-                extras = {**unspent_extras(self.pricing), "judge_shared": False}
-                return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras=extras)
+        too_long = self.prompt_refusal(messages)
+        if too_long is not None:  # the replica would refuse it, behind a router that hides why
+            extras = {**unspent_extras(self.pricing), "judge_shared": False}
+            return RewardResult.failure(Status.INVALID, too_long, attempts=0, extras=extras)
         key = request_key(self.judge.model, messages, self._params)
         cached = self._cache.get(key)
         if cached is not None:
@@ -225,6 +224,13 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if self.judge.cache and result.ok:
             self._cache[key] = result
         return result
+
+    def prompt_refusal(self, messages: list[dict[str, str]]) -> str | None:
+        """Why the served judge would refuse ``messages`` as too long for its context, or None (they
+        fit, or nothing can be counted: an external judge, no tokenizer, no known window)."""
+        if self.prompt_budget is None:
+            return None
+        return self.prompt_budget.refusal(self.reward_model_tokenizer, messages)
 
     def _forget_call(self, key: str, call: asyncio.Future[RewardResult]) -> None:
         """Drop ``call`` from the shared calls, unless ``key`` already names a newer one."""
