@@ -20,6 +20,7 @@ from async_reward.config import JudgeConfig
 from async_reward.expected_verdict import ExpectedVerdict, reply_tokens
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.managers.llm_judge import NO_LOGPROBS, weigh_reply_verdict
+from async_reward.reward_metrics import extras_metrics
 from async_reward.verdict import VerdictRules, read_verdict, verdict_span
 from tests.hostile_text import PROPERTY
 from tests.test_managers import judge_settings, score_rows
@@ -180,6 +181,58 @@ def test_bytes_of_a_character_split_over_two_tokens_still_align():
     assert weigh(content, entries).value == pytest.approx(8.5)
 
 
+def test_vllms_reply_shape_with_its_end_of_sequence_token_and_lossy_bytes_is_weighed():
+    """What vLLM 0.24 returns (seen on an H200, 2026-11-27): the end-of-sequence token is the last
+    entry (``<|im_end|>``, left out of the reply's text), and a character split over two tokens is
+    U+FFFD in each token's ``bytes``. Both left every served-judge sample unweighted before."""
+    content = "Très bien.\nVerdict: [[8]]"
+    entries = [
+        entry("Tr"),
+        entry("\ufffd"),
+        entry("\ufffd"),
+        entry("s"),
+        entry(" bien"),
+        entry("."),
+        entry("\n"),
+        *OPENING,
+        entry("8", 0.5, ("9", 0.5)),
+        entry("]]"),
+        entry("<|im_end|>"),
+    ]
+    result = weigh(content, entries)
+    assert isinstance(result, ExpectedVerdict) and result.value == pytest.approx(8.5)
+    assert weigh(
+        "Verdict: [[7]]", [*OPENING, entry("7", 0.6, ("8", 0.4)), entry("]]"), entry("<|im_end|>")]
+    ).value == (pytest.approx(7.4))
+
+
+def test_the_reply_must_end_on_a_token_boundary_of_what_the_tokens_spell():
+    """Text after the reply is the server's own tokens, never the end of a reply token."""
+    entries = [*OPENING, entry("7", 0.6, ("8", 0.4)), entry("]]</s>")]
+    assert weigh("Verdict: [[7]]", entries) == "tokens do not spell the reply"
+
+
+def test_a_digits_only_alternative_that_a_longer_verdict_could_start_is_not_a_verdict():
+    """On a 0-10 scale a digit-splitting tokenizer writes 10 as ``1`` ``0``: an alternative ``1``
+    whose continuation was never generated may be 1 or 10, so it is no candidate (the GPU run's
+    judge, constrained to ``[[0]]`` or ``[[10]]``, listed exactly that ``1``)."""
+    gpu = weigh("Verdict: [[0]]", [*OPENING, entry("0", 0.7, ("1", 0.3)), entry("]]"), entry("<|im_end|>")])
+    assert gpu.value == 0.0 and gpu.mass == pytest.approx(0.7)
+    torn = weigh("Verdict: [[9]]", [*OPENING, entry("9", 0.6, ("1", 0.3), ("8", 0.1)), entry("]]")])
+    assert torn.value == pytest.approx((0.6 * 9 + 0.1 * 8) / 0.7) and torn.mass == pytest.approx(0.7)
+    # an alternative that holds its own end is a verdict, and so is 1 where no 1x is on the scale
+    ended = weigh("Verdict: [[9]]", [*OPENING, entry("9", 0.6, ("1]]", 0.4)), entry("]]")])
+    assert ended.value == pytest.approx(0.6 * 9 + 0.4 * 1)
+    small = weigh("Verdict: [[4]]", [*OPENING, entry("4", 0.6, ("1", 0.4)), entry("]]")], low=1, high=5)
+    assert small.value == pytest.approx(0.6 * 4 + 0.4 * 1)
+    # after the verdict: a 0 after a sampled 1 makes 10, which on a 0-100 scale may start 100
+    after = weigh(
+        "Verdict: [[1]]", [*OPENING, entry("1", 0.6, ("5", 0.4)), entry("]]", 0.5, ("0", 0.5))], high=100
+    )
+    assert after.value == pytest.approx(0.6 * 0.5 * 1 / (0.6 * 0.5))
+    assert after.mass == pytest.approx(0.3)
+
+
 @pytest.mark.parametrize(
     ("content", "entries", "reason"),
     [
@@ -296,19 +349,23 @@ ROWS = [
 async def test_llm_judge_scores_the_expected_verdict_of_the_local_judge(
     server, verl_config_factory, tokenizer, batch_factory, parser
 ):
-    """The local judge puts 0.6 on its verdict and 0.4 on the neighbour (10 -> 9, 0 -> 1)."""
-    server.update_config(verdict_probability=0.6)
+    """The local judge puts 0.6 on its verdict and 0.2 on each of the two nearest (10 -> 9, 8;
+    0 -> 1, 2) and lists the end-of-sequence token last, as vLLM does. The ``1`` next to a 0 may be
+    the first token of 10, so it is no candidate: 0 weighs over 0 and 2 alone (mass 0.8)."""
+    server.update_config(verdict_probability=0.6, logprobs_end_token="<|im_end|>")
     settings = judge_settings(server, judge={"expected_verdict": True, "parser": parser})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     outputs = await score_rows(manager, batch_factory, ROWS)
     right, wrong = (output["reward_extra_info"] for output in outputs)
     assert right["status"] == wrong["status"] == "ok"
-    assert right["judge_verdict"] == 10 and right["judge_expected_verdict"] == pytest.approx(9.6)
-    assert wrong["judge_verdict"] == 0 and wrong["judge_expected_verdict"] == pytest.approx(0.4)
-    assert float(outputs[0]["reward_score"]) == pytest.approx(0.96)
-    assert float(outputs[1]["reward_score"]) == pytest.approx(0.04)
+    assert right["judge_verdict"] == 10 and right["judge_expected_verdict"] == pytest.approx(9.4)
+    assert wrong["judge_verdict"] == 0 and wrong["judge_expected_verdict"] == pytest.approx(0.5)
+    assert float(outputs[0]["reward_score"]) == pytest.approx(0.94)
+    assert float(outputs[1]["reward_score"]) == pytest.approx(0.05)
     assert right["judge_weighting"] == wrong["judge_weighting"] == "expected"
     assert right["judge_verdict_mass"] == pytest.approx(1.0)
+    assert wrong["judge_verdict_mass"] == pytest.approx(0.8)
+    assert extras_metrics([right, wrong])["reward/extra/judge_weighted/mean"] == 1.0
 
 
 async def test_a_judge_without_logprobs_keeps_plain_verdicts_and_says_so(
@@ -325,8 +382,30 @@ async def test_a_judge_without_logprobs_keeps_plain_verdicts_and_says_so(
     assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0]
     assert all(info["judge_weighting"] == f"plain: {NO_LOGPROBS}" for info in infos)
     assert all(math.isnan(info["judge_expected_verdict"]) for info in infos)
+    assert extras_metrics(infos)["reward/extra/judge_weighted/mean"] == 0.0  # visible in the step's metrics
     said = [line for line in capsys.readouterr().out.splitlines() if "expected_verdict is on" in line]
     assert len(said) == 1  # once, not once a sample
+
+
+async def test_replies_left_unweighted_say_each_reason_once_in_the_log(
+    server, verl_config_factory, tokenizer, capsys, monkeypatch
+):
+    """Weighting turned on but failing for every reply (the H200 run of 2026-11-27: vLLM's reply
+    shape) must be visible: each reason once in the log, and in the metrics."""
+    from async_reward import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())
+    settings = judge_settings(server, judge={"expected_verdict": True})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    unspelled = completion("Verdict: [[7]]", [entry("Verdict"), entry(":"), entry(" [[8]]")])
+    for _ in range(3):
+        score, extras = manager._weigh(unspelled, 7.0)
+        assert score == 7.0 and extras == {
+            "judge_weighted": 0.0,
+            "judge_weighting": "plain: tokens do not spell the reply",
+        }
+    said = [line for line in capsys.readouterr().out.splitlines() if "expected_verdict is on" in line]
+    assert len(said) == 1 and "tokens do not spell the reply" in said[0]
 
 
 async def test_without_expected_verdict_nothing_asks_for_or_reads_probabilities(
@@ -359,7 +438,10 @@ async def test_every_reply_shape_of_the_local_judge_is_weighed_at_the_judges_own
     outputs = await score_rows(manager, batch_factory, ROWS)
     infos = [output["reward_extra_info"] for output in outputs]
     assert [info["judge_weighting"] for info in infos] == ["expected", "expected"], infos
-    assert [info["judge_expected_verdict"] for info in infos] == [pytest.approx(9.75), pytest.approx(0.25)]
+    assert [info["judge_expected_verdict"] for info in infos] == [
+        pytest.approx(0.75 * 10 + 0.125 * 9 + 0.125 * 8),
+        pytest.approx(0.125 * 2 / 0.875),  # the 1 beside a 0 may start a 10: no candidate
+    ]
 
 
 async def test_the_local_judge_refuses_malformed_logprobs_fields(server):

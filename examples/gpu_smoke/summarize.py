@@ -47,6 +47,9 @@ KEYS = (
     "reward/status_invalid",
     "reward/status_error",
     "timing_s/agent_loop/compute_score/mean",
+    # judge.expected_verdict (the v1_judge_in_job mode): the share of samples weighted by the judge's
+    # token probabilities; the H200 run of 2026-11-27 had none weighted, which no column showed
+    "reward/extra/judge_weighted/mean",
 )
 #: Every per-sample status our managers report (``reward/status_<status>`` per step).
 STATUSES = ("ok", "timeout", "error", "invalid")

@@ -12,13 +12,19 @@ The rule, which reads nothing but the judge's own tokens:
    at the end. A reply with verdicts that disagree, or a verdict that is not a whole number, is not
    weighted (the plain verdict stands, and the sample says why).
 2. The reply's tokens (``logprobs.content``) are aligned to its text by their bytes; the reply's text
-   must be the end of what the tokens spell (a server may put the judge's thinking first). The tokens
-   that spell the verdict must start and end at its edges (leading whitespace in its first token is
-   allowed: ``" 7"``) and be digits only.
+   must end on a token boundary of what the tokens spell, which may hold more before it (a server may
+   put the judge's thinking first) and after it (vLLM lists the end-of-sequence token, ``<|im_end|>``,
+   and the tokens of a stop string, which the reply's text leaves out). Where a server renders a
+   character split over two tokens lossily (U+FFFD each, as vLLM's ``bytes`` do), the text from the
+   verdict on is aligned instead. The tokens that spell the verdict must start and end at its edges
+   (leading whitespace in its first token is allowed: ``" 7"``) and be digits only.
 3. Along the verdict's tokens, each alternative the server lists is a verdict in its own right:
    - an alternative that starts with digits at position *i* continues the digits written before it
-     (``prefix`` + its digits) and is taken to end there (its continuation was not generated, so is
-     not known);
+     (``prefix`` + its digits). Where the token ends in a non-digit (``8]]``) the number ended there.
+     Where it is digits only, what would have followed was never generated: it is a verdict only when
+     no longer number on the scale could start with it, and is dropped otherwise (on a 0-10 scale a
+     ``1`` is 1 or the first token of 10, as a digit-splitting tokenizer writes it: weighing it as 1
+     scored a judge torn between 9 and 10 near 5);
    - a non-digit alternative after the first position ends the number: ``prefix`` (the ``1`` of a
      ``10`` written as ``1``, ``0`` when ``]]`` was as likely as ``0``);
    - the token after the verdict is read the same way (a digit there would have made a longer one).
@@ -124,6 +130,39 @@ def _leading_digits(text: str) -> str:
     return text[:end]
 
 
+def _verdict_offset(content: str, tokens: Sequence[ReplyToken], start: int) -> int | None:
+    """The byte offset, in what ``tokens`` spell, of the verdict at character ``start`` of ``content``;
+    None where the tokens do not spell the reply.
+
+    The reply's text must end on a token boundary: tokens after it are the server's own (vLLM lists
+    the end-of-sequence token and a stop string's tokens, which the text leaves out), tokens before it
+    may be the judge's thinking. The last such place counts. Where the whole text is not found there
+    (a server that renders a character split over tokens as U+FFFD), the text from the verdict on is
+    looked for the same way: the verdict's own tokens are what the rule needs."""
+    spelled = b"".join(token.data for token in tokens)
+    ends, position = {0}, 0
+    for token in tokens:
+        position += len(token.data)
+        ends.add(position)
+    whole, before = content.encode("utf-8"), len(content[:start].encode("utf-8"))
+    for piece, lead in ((whole, before), (content[start:].encode("utf-8"), 0)):
+        at = spelled.rfind(piece)
+        while at >= 0:
+            if at + len(piece) in ends:
+                return at + lead
+            at = spelled.rfind(piece, 0, at + len(piece) - 1)
+    return None
+
+
+def _ends_there(alternative: str, number: str, max_score: float) -> bool:
+    """Whether an alternative token that brings the digits of ``number`` ends the verdict there: it
+    holds a non-digit after its digits, or no longer number on the scale starts with ``number`` (its
+    continuation was never generated: on a 0-10 scale a lone ``1`` may be 1 or the start of 10)."""
+    if _leading_digits(alternative) != alternative:
+        return True
+    return number.startswith("0") or int(number) * 10 > max_score
+
+
 def expected_verdict(
     content: str,
     tokens: Sequence[ReplyToken],
@@ -138,13 +177,11 @@ def expected_verdict(
     written = content[start:end]
     if not _is_digits(written):
         return "verdict is not a whole number"
-    spelled = b"".join(token.data for token in tokens)
-    encoded = content.encode("utf-8")
-    if not spelled.endswith(encoded):
+    start_b = _verdict_offset(content, tokens, start)
+    if start_b is None:
         return "tokens do not spell the reply"
-    offset = len(spelled) - len(encoded)
-    start_b = offset + len(content[:start].encode("utf-8"))
     end_b = start_b + len(written)  # ASCII digits: one byte each
+    spelled = b"".join(token.data for token in tokens)
     position, first = 0, None
     for index, token in enumerate(tokens):
         token_end = position + len(token.data)
@@ -194,7 +231,8 @@ def _weigh(
             probability = path_probability * math.exp(logprob)
             digits = _leading_digits(alternative)
             if digits:
-                add(prefix + digits, probability)  # taken to end with this token
+                if _ends_there(alternative, prefix + digits, max_score):
+                    add(prefix + digits, probability)
             elif index > 0:
                 add(prefix, probability)  # the number ended before this position
         path_probability *= math.exp(token.logprob)
@@ -203,7 +241,9 @@ def _weigh(
         add(prefix, path_probability)
     else:
         for text, logprob in following.alternatives:
-            add(prefix + _leading_digits(text), path_probability * math.exp(logprob))
+            digits = _leading_digits(text)
+            if not digits or _ends_there(text, prefix + digits, max_score):
+                add(prefix + digits, path_probability * math.exp(logprob))
     mass = sum(candidates.values())
     if mass <= 0.0:
         return "no candidate verdict has probability"

@@ -45,6 +45,7 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "logprobs",
     "verdict_probability",
     "verdict_probability_low",
+    "logprobs_end_token",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -122,10 +123,14 @@ class DevServerConfig:
     servers without them do."""
     verdict_probability: float = 1.0
     """With logprobs: the probability of the judge's verdict token; the rest is split evenly between
-    the verdicts one below and one above (within 0-10), listed as its alternatives."""
+    the verdicts one below and one above (within 0-10; at an end, the two nearest on its one side),
+    listed as its alternatives."""
     verdict_probability_low: float | None = None
     """When set: a judge whose confidence differs by response; each reply's verdict probability is
     drawn in [verdict_probability_low, verdict_probability], the same for the same response text."""
+    logprobs_end_token: str = ""
+    """With logprobs: a token listed after the reply's own, which its text leaves out, as vLLM lists the
+    end-of-sequence token (e.g. ``<|im_end|>``); empty lists none, as OpenAI's API does."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -158,6 +163,8 @@ class DevServerConfig:
         low = self.verdict_probability_low
         if low is not None and not 0.0 < low <= self.verdict_probability:
             raise ValueError(f"verdict_probability_low must be in (0, verdict_probability], got {low!r}")
+        if not isinstance(self.logprobs_end_token, str):
+            raise ValueError(f"logprobs_end_token must be a string, got {self.logprobs_end_token!r}")
         verdict = self.fixed_verdict
         if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")

@@ -4,8 +4,10 @@ The dev server has no model, so it has no tokens: it splits a reply into words, 
 whitespace and single punctuation marks (a number is one token, as in tokenizers with whole-number
 tokens), gives each the probability 1, except the judge's own verdict, whose token gets
 ``verdict_probability`` and shares the rest evenly with the verdicts one below and one above it
-(within 0-10) as alternatives. Entries are shaped as OpenAI's and vLLM's chat completions return them
-(``token``, ``logprob``, ``bytes``, ``top_logprobs``), so clients read them as they would a real server's.
+(within 0-10; at an end of the scale, the two nearest: 0 shares with 1 and 2, so a client meets the
+``1`` that may be the start of ``10``) as alternatives. Entries are shaped as OpenAI's and vLLM's chat
+completions return them (``token``, ``logprob``, ``bytes``, ``top_logprobs``); with ``end_token``
+the last entry is that token, left out of the reply's text, as vLLM lists the end-of-sequence token.
 """
 
 from __future__ import annotations
@@ -32,20 +34,39 @@ def _entry(token: str, logprob: float, alternatives: list[tuple[str, float]], to
     }
 
 
+def _neighbours(verdict: int) -> list[int]:
+    """The verdicts that share the rest of the probability: one below and one above, or at an end of
+    the scale the two nearest on its one side."""
+    low, high = _SCALE
+    if verdict <= low:
+        return [low + 1, low + 2]
+    if verdict >= high:
+        return [high - 1, high - 2]
+    return [verdict - 1, verdict + 1]
+
+
 def reply_logprobs(
-    content: str, verdict: int | None, verdict_at: int | None, probability: float, top: int
+    content: str,
+    verdict: int | None,
+    verdict_at: int | None,
+    probability: float,
+    top: int,
+    end_token: str = "",
 ) -> dict[str, Any]:
     """``choice.logprobs`` for ``content``: every token certain but the verdict's digits at
-    ``verdict_at`` (when given), which get ``probability`` and its neighbours the rest."""
+    ``verdict_at`` (when given), which get ``probability`` and its neighbours the rest; then
+    ``end_token`` when given."""
     entries: list[dict[str, Any]] = []
     for match in _TOKEN.finditer(content):
         token = match.group()
         if verdict is not None and match.start() == verdict_at and token == str(verdict):
-            neighbours = [v for v in (verdict - 1, verdict + 1) if _SCALE[0] <= v <= _SCALE[1]]
+            neighbours = _neighbours(verdict)
             rest = (1.0 - probability) / len(neighbours)
             alternatives = [(token, math.log(probability))]
             alternatives += [(str(v), math.log(rest)) for v in neighbours if rest > 0.0]
             entries.append(_entry(token, math.log(probability), alternatives, top))
         else:
             entries.append(_entry(token, 0.0, [(token, 0.0)], top))
+    if end_token:
+        entries.append(_entry(end_token, 0.0, [(end_token, 0.0)], top))
     return {"content": entries}

@@ -441,7 +441,12 @@ class DevServer:
         if self._wants_logprobs(payload) and cfg.logprobs == "honour":
             top = payload.get("top_logprobs") or 0
             choice["logprobs"] = reply_logprobs(
-                reply.content, judgement.verdict, reply.verdict_at, self._verdict_probability(judgement), top
+                reply.content,
+                judgement.verdict,
+                reply.verdict_at,
+                self._verdict_probability(judgement),
+                top,
+                cfg.logprobs_end_token,
             )
         return web.json_response(
             {

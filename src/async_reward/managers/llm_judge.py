@@ -92,7 +92,12 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             self._extra_defaults.update(criteria_extra_defaults(self.judge.criteria))
         if self.judge.expected_verdict:  # every sample says whether its score was weighted, and why not
             self._extra_defaults.update(
-                {"judge_expected_verdict": math.nan, "judge_verdict_mass": math.nan, "judge_weighting": ""}
+                {
+                    "judge_expected_verdict": math.nan,
+                    "judge_verdict_mass": math.nan,
+                    "judge_weighted": math.nan,
+                    "judge_weighting": "",
+                }
             )
         #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
         self.in_job = in_job_judge(config)
@@ -304,13 +309,18 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         )
         if isinstance(outcome, ExpectedVerdict):
             extras = {"judge_expected_verdict": outcome.value, "judge_verdict_mass": outcome.mass}
-            return outcome.value, {**extras, "judge_weighting": "expected"}
+            return outcome.value, {**extras, "judge_weighted": 1.0, "judge_weighting": "expected"}
         if outcome == NO_LOGPROBS:
             say_once(
                 "judge.expected_verdict is on, but the judge returned no token probabilities (logprobs): "
                 "such replies score their plain verdict (judge_weighting says so on each sample)"
             )
-        return verdict, {"judge_weighting": f"plain: {outcome}"}
+        else:  # each reason once: a user who turned weighting on sees why replies were not weighted
+            say_once(
+                f"judge.expected_verdict is on, but a judge reply kept its plain verdict ({outcome}); "
+                "reward/extra/judge_weighted/mean is the share weighted, judge_weighting each sample's why"
+            )
+        return verdict, {"judge_weighted": 0.0, "judge_weighting": f"plain: {outcome}"}
 
     def _copy_of(self, result: RewardResult, *, cache_hit: bool) -> RewardResult:
         """``result`` for a sample that made no call of its own: an identical request's call in
