@@ -322,6 +322,44 @@ def test_the_expected_verdict_stays_on_the_scale_and_is_the_verdict_when_certain
     assert certain.value == verdict and certain.mass == 1.0
 
 
+@PROPERTY
+@given(
+    words=st.lists(
+        st.text(st.characters(exclude_characters="[]"), min_size=1, max_size=4), min_size=1, max_size=6
+    ),
+    verdict=st.integers(0, 10),
+    sampled_p=st.floats(0.05, 1.0),
+    end_token=st.sampled_from(["", "<|im_end|>", "</s>", "<|eot_id|>"]),
+    lossy=st.booleans(),
+)
+def test_a_servers_own_tokens_after_the_reply_and_lossy_bytes_never_change_the_weighing(
+    words, verdict, sampled_p, end_token, lossy
+):
+    """What a server adds or garbles around the reply (an end token after it, U+FFFD for characters
+    split over tokens before the verdict) weighs exactly as the clean reply does."""
+    prose = "".join(words)
+    content = f"{prose}\nVerdict: [[{verdict}]]"
+    neighbour = str(verdict - 1 if verdict > 0 else verdict + 2)
+    verdict_entries = [*OPENING, entry(str(verdict), sampled_p, (neighbour, 1.0 - sampled_p)), entry("]]")]
+
+    def prose_entries(garbled: bool) -> list[dict[str, Any]]:
+        out = []
+        for char in prose:
+            data = char.encode()
+            if garbled and len(data) > 1:  # split over two tokens, each rendered as U+FFFD
+                out += [entry("\ufffd"), entry("\ufffd")]
+            else:
+                out.append(entry(char))
+        return out
+
+    clean = weigh(content, [*prose_entries(False), entry("\n"), *verdict_entries])
+    served = [*prose_entries(lossy), entry("\n"), *verdict_entries]
+    if end_token:
+        served.append(entry(end_token))
+    assert isinstance(clean, ExpectedVerdict), clean
+    assert weigh(content, served) == clean
+
+
 # ------------------------------------------------------------------------------- settings
 
 
