@@ -13,6 +13,11 @@ and wrong answers, some spelling the answer out):
    rewards are all equal (GRPO gives them no gradient), with the judge's confidence in its verdict
    drawn per response in [0.55, 0.95] (``verdict_probability_low``). This shows the mechanism on a
    stated judge model, not what a real judge's probabilities give.
+3. **Agreement with pointwise judging**: within each group (GRPO only uses the order within a group),
+   the pairs of responses that pointwise ``llm_judge`` (one verdict a response) scores differently,
+   and the share of them that the rubric, and the expected verdict, order the same way, the opposite
+   way, or tie. The rubric also grades two criteria besides correctness, so its disagreements are
+   what it adds, not errors.
 
 Run: ``python benchmarks/judge_features.py`` (seconds; ``--json PATH`` writes the figures).
 """
@@ -99,6 +104,33 @@ async def score(manager: Any, tokenizer_dir: Path, rows: list[dict[str, str]]) -
     return [{"score": float(o["reward_score"]), **o["reward_extra_info"]} for o in outputs]
 
 
+def pairwise_agreement(
+    rows: list[dict[str, str]], reference: list[float], other: list[float]
+) -> dict[str, float | int]:
+    """Within each group, over the pairs ``reference`` scores differently: the share ``other`` orders
+    the same way (``same``), the opposite way (``opposite``) or ties (``tied``)."""
+    groups: dict[str, list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault(row["uid"], []).append(index)
+    same = opposite = tied = 0
+    for members in groups.values():
+        for position, i in enumerate(members):
+            for j in members[position + 1 :]:
+                if reference[i] == reference[j]:
+                    continue
+                order = (reference[i] - reference[j]) * (other[i] - other[j])
+                same += order > 0
+                opposite += order < 0
+                tied += order == 0
+    pairs = same + opposite + tied
+    return {
+        "pairs": pairs,
+        "same": same / pairs if pairs else 0.0,
+        "opposite": opposite / pairs if pairs else 0.0,
+        "tied": tied / pairs if pairs else 0.0,
+    }
+
+
 def zero_advantage_share(rows: list[dict[str, str]], results: list[dict[str, Any]]) -> float:
     groups: dict[str, list[float]] = {}
     for row, result in zip(rows, results, strict=True):
@@ -141,13 +173,18 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             ),
         }
         server.update_config(verdict_probability=0.95, verdict_probability_low=0.55)
-        shares = {}
+        shares, scores = {}, {}
         for label, weighted in (("plain", False), ("expected_verdict", True)):
             manager = build(server.url, tokenizer_dir, {"expected_verdict": weighted})
             results = await score(manager, tokenizer_dir, rows)
             assert all(r["status"] == "ok" for r in results)
             shares[label] = zero_advantage_share(rows, results)
+            scores[label] = [r["score"] for r in results]
         figures["zero_advantage_groups"] = shares
+        figures["agreement_with_pointwise"] = {
+            "rubric": pairwise_agreement(rows, scores["plain"], one["scores"]),
+            "expected_verdict": pairwise_agreement(rows, scores["plain"], scores["expected_verdict"]),
+        }
         return figures
     finally:
         from async_reward.http import close_sessions
@@ -177,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         f"zero-advantage groups: plain verdicts {zero['plain']:.0%}, expected verdicts "
         f"{zero['expected_verdict']:.0%} (judge confidence drawn per response in [0.55, 0.95])"
     )
+    for label, agreement in figures["agreement_with_pointwise"].items():
+        print(
+            f"{label} against pointwise verdicts, over the {agreement['pairs']} within-group pairs "
+            f"pointwise orders: same order {agreement['same']:.0%}, opposite {agreement['opposite']:.0%}, "
+            f"tied {agreement['tied']:.0%}"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -24,4 +24,11 @@ def test_the_judge_features_benchmark_counts_calls_tokens_and_ties(tmp_path, cap
     assert rubric["max_score_difference"] == 0.0  # the same verdicts either way
     zero = figures["zero_advantage_groups"]
     assert zero["expected_verdict"] <= zero["plain"]
-    assert "zero-advantage groups" in capsys.readouterr().out
+    agreement = figures["agreement_with_pointwise"]
+    weighted, rubric_order = agreement["expected_verdict"], agreement["rubric"]
+    assert weighted["pairs"] == rubric_order["pairs"] > 0
+    assert weighted["same"] == 1.0  # weighting never reverses the judge's own order
+    assert rubric_order["opposite"] == 0.0  # correctness weighs most in this rubric
+    assert rubric_order["same"] + rubric_order["tied"] == 1.0
+    printed = capsys.readouterr().out
+    assert "zero-advantage groups" in printed and "against pointwise verdicts" in printed
