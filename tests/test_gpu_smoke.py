@@ -190,3 +190,15 @@ def test_the_judge_in_job_run_needs_its_line_statuses_and_no_request_to_the_loca
     # Every verdict refused, as on the GPU run of 2026-11-27 (32 invalid a step): nothing was scored.
     refused = [step_line(s, reward__status_ok=0, reward__status_invalid=32) for s in (1, 2)]
     assert verdict([IN_JOB_START, *refused, LOCAL_JUDGE_STATS % 0]).startswith("FAILED: no sample scored ok")
+    # Weighting asked for (verl prints the config) but no sample weighted, as on the H200 run of
+    # 2026-11-27; one weighted step is enough to pass.
+    asked = "     'async_reward': {'judge': {'expected_verdict': True,"
+    unweighted = [
+        step_line(s, reward__status_ok=32, reward__extra__judge_weighted__mean=0.0) for s in (1, 2, 3)
+    ]
+    assert verdict([asked, IN_JOB_START, *unweighted, LOCAL_JUDGE_STATS % 0]).startswith(
+        "FAILED: judge.expected_verdict on, but no sample weighted"
+    )
+    assert verdict([IN_JOB_START, *unweighted, LOCAL_JUDGE_STATS % 0]) == "ok"  # not asked for
+    weighted = [*unweighted[:2], step_line(3, reward__status_ok=32, reward__extra__judge_weighted__mean=1.0)]
+    assert verdict([asked, IN_JOB_START, *weighted, LOCAL_JUDGE_STATS % 0]) == "ok"

@@ -61,6 +61,8 @@ _START = re.compile(r"async_reward: trainer (\S+), pipeline mode (\w+)")
 _V1_START = re.compile(r"async_reward: trainer (\S+) \(verl v1 trainer_mode=pipelined\), schedule (\w+)")
 _OUR_IMPORT_ERROR = re.compile(r"ImportError: .*async_reward")
 _IN_JOB = re.compile(r"async_reward: llm_judge scores through the judge verl serves in the job")
+# verl prints the resolved config: the run asked for judge.expected_verdict.
+_EXPECTED_VERDICT_ON = re.compile(r"'expected_verdict': True")
 # The kit's judge server's counters (GET /admin/stats), printed after the run.
 _LOCAL_JUDGE_REQUESTS = re.compile(r'"requests_total":\s*(\d+)')
 
@@ -89,6 +91,7 @@ def parse_log(text: str) -> dict[str, Any]:
         "steps": {step: steps[step] for step in sorted(steps)},
         "import_errors": len(_OUR_IMPORT_ERROR.findall(text)),
         "judge_in_job": bool(_IN_JOB.search(text)),
+        "expected_verdict": bool(_EXPECTED_VERDICT_ON.search(text)),
         "local_judge_requests": int(local_requests[-1]) if local_requests else None,
     }
 
@@ -147,6 +150,11 @@ def _judge_in_job_verdict(run: dict[str, Any]) -> str:
         # The run of 2026-11-27: every verdict of the served judge refused (the mode now constrains
         # the reply to a verdict), so nothing it said reached a reward.
         return "FAILED: no sample scored ok in any step (every verdict of the served judge refused)"
+    weighted = [metrics.get("reward/extra/judge_weighted/mean", 0.0) for metrics in run["steps"].values()]
+    if run.get("expected_verdict") and not any(share > 0 for share in weighted):
+        # The H200 run of 2026-11-27: weighting asked for, vLLM's probabilities returned, no sample
+        # weighted (the rule read vLLM's end-of-sequence token as tokens that do not spell the reply).
+        return "FAILED: judge.expected_verdict on, but no sample weighted in any step (see judge_weighting)"
     return "ok"
 
 
