@@ -195,8 +195,12 @@ def _kill(handle: Any, name: str | None = None) -> None:
         time.sleep(0.05)
     while name is not None and time.monotonic() < deadline:
         try:
-            ray.get_actor(name)
+            holder = ray.get_actor(name)
         except ValueError:
+            return
+        if holder._actor_id != handle._actor_id:
+            # The name is another actor's now (a warm one handed back after this one was replaced):
+            # not ours to wait for. Waiting for it to go cost 30 s per such teardown.
             return
         time.sleep(0.05)
 
