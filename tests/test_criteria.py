@@ -88,10 +88,6 @@ def judge_config(**judge: Any) -> Any:
         ({"criteria": [{"name": "a", "description": "d"}], "template": "rubric"}, "judge.template"),
         ({"criteria": [{"name": "a", "description": "d"}], "parser": "json"}, "judge.parser"),
         (
-            {"criteria": [{"name": "a", "description": "d"}], "expected_verdict": True},
-            "judge.expected_verdict",
-        ),
-        (
             {"criteria": [{"name": "a", "description": "d"}], "verdict_position": "anywhere"},
             "judge.verdict_position",
         ),

@@ -248,7 +248,8 @@ class JudgeConfig:
     """Rubric judging (``async_reward.criteria``): weighted criteria, each a mapping with ``name``,
     ``description``, and optionally ``weight`` (1), ``polarity`` (``positive`` / ``negative``) and
     ``must_have`` (false), graded in one call; each criterion's verdict and reason are in the sample's
-    extras and the weighted aggregate is the reward. Empty: one verdict per response (``template``)."""
+    extras and the weighted aggregate is the reward (with ``expected_verdict``, the aggregate of each
+    criterion's expected verdict). Empty: one verdict per response (``template``)."""
     criteria_per_call: int | None = field(
         default=None, metadata=at_least(1, "grade at least one criterion a call (null: all in one)")
     )
@@ -259,7 +260,8 @@ class JudgeConfig:
     sampled: the request asks for ``logprobs`` / ``top_logprobs`` and the verdict's tokens are weighed
     by the rule in ``async_reward.expected_verdict`` (ties broken, less variance). A reply without
     them keeps its plain verdict, said in the log and in each sample's ``judge_weighting``. Needs a
-    whole-number verdict scale."""
+    whole-number verdict scale. With ``criteria``, each criterion's verdict is weighed at its own line
+    (``managers.criteria_weighting``): all of a sample's criteria, or none, with the reason."""
     top_logprobs: int = field(
         default=20, metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)")
     )
@@ -419,6 +421,20 @@ class JudgeConfig:
                     "give each criterion its own name",
                 )
             names.add(criterion.name)
+        # A criterion's verdict key, judge_criterion_<name>, must not be another's reason key (nor,
+        # weighted, its _expected or _mass key): one would overwrite the other in the sample's extras.
+        suffixes = ("_reason", "_expected", "_mass") if self.expected_verdict else ("_reason",)
+        for index, criterion in enumerate(self.criteria):
+            for suffix in suffixes:
+                stem = criterion.name.removesuffix(suffix)
+                if stem != criterion.name and stem in names:
+                    raise bad_value(
+                        f"{path}.criteria[{index}].name",
+                        criterion.name,
+                        f"is criterion {stem!r}'s name and {suffix}: both would write the extras key "
+                        f"judge_criterion_{criterion.name}",
+                        f"rename it so it is not another criterion's name followed by {suffix}",
+                    )
         conflicts = [
             (
                 "template",
@@ -426,11 +442,6 @@ class JudgeConfig:
                 "the rubric builds its own prompt from the criteria",
             ),
             ("parser", self.parser not in ("auto", "brackets"), "criteria are read as C<k>: [[n]] lines"),
-            (
-                "expected_verdict",
-                self.expected_verdict,
-                "criteria are not weighted by token probabilities yet",
-            ),
             ("verdict_position", self.verdict_position != "end", "the criterion lines must end the reply"),
             (
                 "on_conflict",

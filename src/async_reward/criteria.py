@@ -17,6 +17,11 @@ The aggregate (:func:`aggregate`): each verdict on the judge's scale is mapped t
 around for a ``negative`` criterion (one that describes a flaw: 10 = the flaw is fully there), and
 the weighted mean taken; a ``must_have`` criterion under half marks sets the aggregate to 0. The
 reward is the aggregate on ``normalize_to`` (or the judge's scale when that is null).
+
+With ``judge.expected_verdict`` each criterion's verdict is weighed by the judge's token
+probabilities at the digits of its own line in the final block (:attr:`CriterionVerdict.span`), and
+the aggregate is made of those expected verdicts; a ``must_have`` criterion fails when its written
+verdict *or* its expected verdict is under half marks (``managers.criteria_weighting``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,10 @@ class CriterionVerdict:
     """The verdict on the judge's scale."""
     reason: str
     """The judge's reason, as written on the criterion's line (cut at 200 characters)."""
+    span: tuple[int, int] = (0, 0)
+    """(start, end) of the verdict's number on the criterion's line of the final block, as character
+    offsets into the text :func:`read_criteria` read: where ``judge.expected_verdict`` weighs it by
+    the judge's token probabilities (never a ``C<k>: [[n]]`` quoted elsewhere in the reply)."""
 
 
 def criteria_messages(
@@ -133,7 +142,7 @@ def read_criteria(
         CriteriaError: a block that is not one line per criterion, a repeated, missing or unknown
             id, a verdict off the scale, or a verdict elsewhere that disagrees.
     """
-    lines = [line.strip() for line in visible.strip().splitlines() if line.strip()]
+    lines = _stripped_lines(visible)
     wanted = set(ids)
     if len(lines) < len(ids):
         raise CriteriaError(
@@ -141,7 +150,7 @@ def read_criteria(
         )
     block = lines[len(lines) - len(ids) :]
     found: dict[int, CriterionVerdict] = {}
-    for line in block:
+    for line_start, line in block:
         match = _LINE.fullmatch(line.rstrip("*").rstrip())
         if match is None:
             raise CriteriaError(
@@ -159,7 +168,8 @@ def read_criteria(
             raise CriteriaError(
                 f"criterion C{index}'s verdict {value:g} is outside [{min_score:g}, {max_score:g}]"
             )
-        found[index] = CriterionVerdict(value, reason[:_REASON_CHARS])
+        span = (line_start + match.start(2), line_start + match.end(2))
+        found[index] = CriterionVerdict(value, reason[:_REASON_CHARS], span)
     # len(ids) lines, each a distinct id asked for: every criterion of the call has its verdict.
     for match in _ANYWHERE.finditer(visible):
         index = int(match.group(1))
@@ -171,16 +181,45 @@ def read_criteria(
     return found
 
 
+def _stripped_lines(text: str) -> list[tuple[int, str]]:
+    """Each non-blank line of ``text``, stripped, with the offset in ``text`` where it starts (the
+    lines of ``text.strip().splitlines()``, blank ones left out)."""
+    lines: list[tuple[int, str]] = []
+    position = 0
+    for raw in text.splitlines(keepends=True):
+        stripped = raw.strip()
+        if stripped:
+            lines.append((position + len(raw) - len(raw.lstrip()), stripped))
+        position += len(raw)
+    return lines
+
+
 def aggregate(
-    criteria: Sequence[Criterion], verdicts: Sequence[float], *, min_score: float, max_score: float
+    criteria: Sequence[Criterion],
+    verdicts: Sequence[float],
+    *,
+    min_score: float,
+    max_score: float,
+    plain: Sequence[float] | None = None,
 ) -> float:
-    """The rubric's aggregate in [0, 1] (see the module docstring)."""
+    """The rubric's aggregate in [0, 1] (see the module docstring).
+
+    ``plain``: with ``judge.expected_verdict``, the verdicts the judge wrote, when ``verdicts`` are
+    their expectations under its token probabilities. A ``must_have`` criterion then fails when
+    either is under half marks: the judge's doubt can neither pass a must-have that its written
+    verdict fails (a policy must not gain by making the judge unsure) nor count as passed a criterion
+    whose weighted grade is under half."""
+    scale = max_score - min_score
+
+    def grade_of(criterion: Criterion, verdict: float) -> float:
+        grade = (verdict - min_score) / scale
+        return 1.0 - grade if criterion.polarity == "negative" else grade
+
+    written = verdicts if plain is None else plain
     total = weighted = 0.0
-    for criterion, verdict in zip(criteria, verdicts, strict=True):
-        grade = (verdict - min_score) / (max_score - min_score)
-        if criterion.polarity == "negative":
-            grade = 1.0 - grade
-        if criterion.must_have and grade < 0.5:
+    for criterion, verdict, said in zip(criteria, verdicts, written, strict=True):
+        grade = grade_of(criterion, verdict)
+        if criterion.must_have and min(grade, grade_of(criterion, said)) < 0.5:
             return 0.0
         weighted += criterion.weight * grade
         total += criterion.weight

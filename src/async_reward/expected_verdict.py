@@ -35,7 +35,8 @@ The rule, which reads nothing but the judge's own tokens:
    probability they covered before renormalising, is kept in the sample's extras.
 
 A server that returns no log-probabilities leaves the plain verdict, said once in the log and on every
-such sample (``judge_weighting``), never a silent mix.
+such sample (``judge_weighting``), never a silent mix. With a rubric (``judge.criteria``) the same rule
+weighs each criterion's verdict at the digits of its own line (``managers.criteria_weighting``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,35 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ExpectedVerdict", "ReplyToken", "expected_verdict", "reply_tokens"]
+from async_reward.start_lines import say_once
+
+__all__ = [
+    "NO_LOGPROBS",
+    "ExpectedVerdict",
+    "ReplyToken",
+    "expected_verdict",
+    "reply_tokens",
+    "say_unweighted",
+]
+
+#: Why a reply kept its plain verdict when the server sent no token probabilities.
+NO_LOGPROBS = "no logprobs in the reply"
+
+
+def say_unweighted(reason: str) -> None:
+    """Say in the log, once per reason, that ``judge.expected_verdict`` is on but a reply kept its
+    plain verdict (a user who turned weighting on sees why replies were not weighted; every sample
+    says it too, in ``judge_weighting``)."""
+    if reason == NO_LOGPROBS:
+        say_once(
+            "judge.expected_verdict is on, but the judge returned no token probabilities (logprobs): "
+            "such replies score their plain verdict (judge_weighting says so on each sample)"
+        )
+    else:
+        say_once(
+            f"judge.expected_verdict is on, but a judge reply kept its plain verdict ({reason}); "
+            "reward/extra/judge_weighted/mean is the share weighted, judge_weighting each sample's why"
+        )
 
 
 @dataclass(frozen=True)

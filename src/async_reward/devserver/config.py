@@ -122,9 +122,9 @@ class DevServerConfig:
     ``top_logprobs`` alternatives (``async_reward.devserver.logprobs``); ``ignore`` returns none, as
     servers without them do."""
     verdict_probability: float = 1.0
-    """With logprobs: the probability of the judge's verdict token; the rest is split evenly between
-    the verdicts one below and one above (within 0-10; at an end, the two nearest on its one side),
-    listed as its alternatives."""
+    """With logprobs: the probability of the judge's verdict token (on a rubric reply, of each
+    criterion's); the rest is split evenly between the verdicts one below and one above (within 0-10;
+    at an end, the two nearest on its one side), listed as its alternatives."""
     verdict_probability_low: float | None = None
     """When set: a judge whose confidence differs by response; each reply's verdict probability is
     drawn in [verdict_probability_low, verdict_probability], the same for the same response text."""

@@ -5,8 +5,11 @@ Each criterion is graded by a deterministic rule, so tests know the answer: a de
 quotes a word in single quotes (``The response mentions 'five'``) gets 10 when the response contains
 that word (case-insensitive) and 0 otherwise; any other description gets the correctness rule
 (the response's final answer against the reference: 10 or 0). ``fixed_verdict`` grades every
-criterion with that verdict. ``echo_response`` quotes the response before the lines, so a response
-that writes criterion lines of its own lands in the reply, as a hostile one would.
+criterion with that verdict; a description holding ``@@verdict:V@@`` gets ``V`` written as given
+(``7.5`` too, as a judge that gives half marks writes it): a test's handle on one criterion.
+``echo_response`` quotes the response before the lines, so a response
+that writes criterion lines of its own lands in the reply, as a hostile one would. With logprobs,
+each criterion line's verdict token is the uncertain one (``devserver.logprobs``), never a quoted one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ _CRITERIA = re.compile(r"Criteria:\n((?:C[0-9]+: .*\n?)+)")
 _CRITERION = re.compile(r"C([0-9]+): (.*)")
 _QUOTED_WORD = re.compile(r"'([^'\s]+)'")
 _REFERENCE = re.compile(r"<reference>(.*?)</reference>", re.DOTALL)
+_VERDICT_MARKER = re.compile(r"@@verdict:([0-9]{1,3}(?:\.[0-9]{1,3})?)@@")
 
 
 def requested_criteria(messages: Sequence[Any]) -> list[tuple[int, str]] | None:
@@ -44,7 +48,10 @@ def requested_criteria(messages: Sequence[Any]) -> list[tuple[int, str]] | None:
 
 def _grade(
     description: str, judgement: Judgement, reference: str | None, fixed: int | None
-) -> tuple[int, str]:
+) -> tuple[int | str, str]:
+    marked = _VERDICT_MARKER.search(description)
+    if marked is not None:
+        return marked.group(1), "the description sets this verdict"
     if fixed is not None:
         return fixed, "the server gives a fixed verdict"
     response = judgement.response or ""
@@ -74,7 +81,11 @@ def criteria_reply(
     if echo_response and judgement.response is not None:
         parts.append(f'The response under review reads:\n"""\n{judgement.response}\n"""')
     parts.append("Each criterion, graded on its own:")
+    verdicts: list[tuple[int, int]] = []
     for index, description in criteria:
         verdict, reason = _grade(description, judgement, reference, fixed_verdict)
+        line_at = sum(len(part) + 1 for part in parts)  # parts are joined by newlines
+        if isinstance(verdict, int):  # a marked verdict is written as given, its tokens certain
+            verdicts.append((line_at + len(f"C{index}: [["), verdict))
         parts.append(f"C{index}: [[{verdict}]] {reason}")
-    return JudgeReply("\n".join(parts))
+    return JudgeReply("\n".join(parts), criterion_verdicts=tuple(verdicts))

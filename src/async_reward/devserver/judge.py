@@ -217,6 +217,8 @@ class JudgeReply:
     """The judge's thinking returned apart from the content (``think_style: separate``)."""
     verdict_at: int | None = None
     """Where the judge's own verdict's digits start in ``content`` (for its token probabilities)."""
+    criterion_verdicts: tuple[tuple[int, int], ...] = ()
+    """A rubric reply: (where its digits start in ``content``, verdict) of each criterion's line."""
 
 
 def _with_thinking(

@@ -2,18 +2,21 @@
 
 The dev server has no model, so it has no tokens: it splits a reply into words, numbers, runs of
 whitespace and single punctuation marks (a number is one token, as in tokenizers with whole-number
-tokens), gives each the probability 1, except the judge's own verdict, whose token gets
-``verdict_probability`` and shares the rest evenly with the verdicts one below and one above it
-(within 0-10; at an end of the scale, the two nearest: 0 shares with 1 and 2, so a client meets the
-``1`` that may be the start of ``10``) as alternatives. Entries are shaped as OpenAI's and vLLM's chat
-completions return them (``token``, ``logprob``, ``bytes``, ``top_logprobs``); with ``end_token``
-the last entry is that token, left out of the reply's text, as vLLM lists the end-of-sequence token.
+tokens), gives each the probability 1, except the judge's own verdicts (the one verdict of a reply,
+or each criterion's on a rubric reply's lines), whose tokens get ``verdict_probability`` and share the
+rest evenly with the verdicts one below and one above (within 0-10; at an end of the scale, the two
+nearest: 0 shares with 1 and 2, so a client meets the ``1`` that may be the start of ``10``) as
+alternatives. Digits anywhere else (a quoted response's ``C1: [[10]]``) are certain. Entries are
+shaped as OpenAI's and vLLM's chat completions return them (``token``, ``logprob``, ``bytes``,
+``top_logprobs``); with ``end_token`` the last entry is that token, left out of the reply's text, as
+vLLM lists the end-of-sequence token.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["reply_logprobs"]
@@ -47,19 +50,20 @@ def _neighbours(verdict: int) -> list[int]:
 
 def reply_logprobs(
     content: str,
-    verdict: int | None,
-    verdict_at: int | None,
+    verdicts: Sequence[tuple[int, int]],
     probability: float,
     top: int,
     end_token: str = "",
 ) -> dict[str, Any]:
-    """``choice.logprobs`` for ``content``: every token certain but the verdict's digits at
-    ``verdict_at`` (when given), which get ``probability`` and its neighbours the rest; then
-    ``end_token`` when given."""
+    """``choice.logprobs`` for ``content``: every token certain but each verdict's digits of
+    ``verdicts`` ((offset in ``content``, verdict) pairs), which get ``probability`` and their
+    neighbours the rest; then ``end_token`` when given."""
+    uncertain = dict(verdicts)
     entries: list[dict[str, Any]] = []
     for match in _TOKEN.finditer(content):
         token = match.group()
-        if verdict is not None and match.start() == verdict_at and token == str(verdict):
+        verdict = uncertain.get(match.start())
+        if verdict is not None and token == str(verdict):
             neighbours = _neighbours(verdict)
             rest = (1.0 - probability) / len(neighbours)
             alternatives = [(token, math.log(probability))]

@@ -440,10 +440,12 @@ class DevServer:
         choice: dict[str, Any] = {"message": message, "finish_reason": finish_reason}
         if self._wants_logprobs(payload) and cfg.logprobs == "honour":
             top = payload.get("top_logprobs") or 0
+            verdicts = list(reply.criterion_verdicts)
+            if reply.verdict_at is not None and judgement.verdict is not None:
+                verdicts.append((reply.verdict_at, judgement.verdict))
             choice["logprobs"] = reply_logprobs(
                 reply.content,
-                judgement.verdict,
-                reply.verdict_at,
+                verdicts,
                 self._verdict_probability(judgement),
                 top,
                 cfg.logprobs_end_token,

@@ -2,7 +2,9 @@
 ``criteria_per_call`` criteria, every one of which must succeed (``async_reward.criteria``).
 
 A failed call fails the sample with that call's status and reason (never a partial aggregate over
-the criteria that were graded); what every call spent is kept in the sample's cost extras.
+the criteria that were graded); what every call spent is kept in the sample's cost extras. With
+``judge.expected_verdict`` the aggregate is made of each criterion's expected verdict, all criteria
+weighted or none (``managers.criteria_weighting``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from async_reward.criteria import CriteriaError, Criterion, aggregate, criteria_
 from async_reward.http import MalformedResponseError
 from async_reward.judge import JudgeTemplate, block, normalize_score
 from async_reward.limits import Priority
+from async_reward.managers.criteria_weighting import WEIGHTED_SUFFIXES, rubric_weighting, weigh_call
 from async_reward.managers.judge_reply import judge_reply
 from async_reward.result import RewardResult, RewardSample, Status
 from async_reward.verdict import VerdictError, VerdictRules, strip_think
@@ -45,12 +48,17 @@ class CriteriaJudge(Protocol):
 _SUMMED = ("judge_prompt_tokens", "judge_completion_tokens", "judge_tokens", "judge_cost")
 
 
-def criteria_extra_defaults(criteria: tuple[Criterion, ...]) -> dict[str, Any]:
-    """The per-criterion extras every sample carries (a failed one: NaN and no reason)."""
+def criteria_extra_defaults(criteria: tuple[Criterion, ...], *, expected: bool = False) -> dict[str, Any]:
+    """The per-criterion extras every sample carries (a failed one: NaN and no reason); with
+    ``expected`` (``judge.expected_verdict``) each one's expected verdict and mass too (NaN on a
+    failed or plain sample)."""
     defaults: dict[str, Any] = {}
     for criterion in criteria:
         defaults[f"judge_criterion_{criterion.name}"] = math.nan
         defaults[f"judge_criterion_{criterion.name}_reason"] = ""
+        if expected:
+            for suffix in WEIGHTED_SUFFIXES:
+                defaults[f"judge_criterion_{criterion.name}{suffix}"] = math.nan
     return defaults
 
 
@@ -87,18 +95,36 @@ async def score_criteria(manager: CriteriaJudge, sample: RewardSample) -> Reward
             first.status, where + (first.failure_reason or ""), attempts=attempts, extras=spent
         )
     graded: dict[str, Any] = {}
+    weightings: list[str] = []
     for result in results:
-        graded.update(result.extras)
-    verdicts = [graded[f"judge_criterion_{criterion.name}"] for criterion in judge.criteria]
-    share = aggregate(judge.criteria, verdicts, min_score=judge.min_score, max_score=judge.max_score)
-    on_scale = judge.min_score + share * (judge.max_score - judge.min_score)
-    score = normalize_score(
-        min(max(on_scale, judge.min_score), judge.max_score),  # rounding must not leave the scale
-        min_score=judge.min_score,
-        max_score=judge.max_score,
-        normalize_to=judge.normalize_to,
+        extras = dict(result.extras)
+        if "judge_weighting" in extras:
+            weightings.append(extras.pop("judge_weighting"))
+        graded.update(extras)
+    plain = [graded[f"judge_criterion_{criterion.name}"] for criterion in judge.criteria]
+    on_scale = _on_scale(
+        judge, aggregate(judge.criteria, plain, min_score=judge.min_score, max_score=judge.max_score)
     )
-    return RewardResult(score=score, attempts=attempts, extras={"judge_verdict": on_scale, **graded, **spent})
+    verdict_extras: dict[str, Any] = {"judge_verdict": on_scale}
+    scored = on_scale
+    if judge.expected_verdict:
+        expected, weighting = rubric_weighting(judge.criteria, graded, weightings)
+        verdict_extras.update(weighting)
+        if expected is not None:
+            share = aggregate(
+                judge.criteria, expected, min_score=judge.min_score, max_score=judge.max_score, plain=plain
+            )
+            scored = verdict_extras["judge_expected_verdict"] = _on_scale(judge, share)
+    score = normalize_score(
+        scored, min_score=judge.min_score, max_score=judge.max_score, normalize_to=judge.normalize_to
+    )
+    return RewardResult(score=score, attempts=attempts, extras={**verdict_extras, **graded, **spent})
+
+
+def _on_scale(judge: JudgeConfig, share: float) -> float:
+    """The aggregate ``share`` in [0, 1] on the judge's scale (rounding must not leave it)."""
+    on_scale = judge.min_score + share * (judge.max_score - judge.min_score)
+    return min(max(on_scale, judge.min_score), judge.max_score)
 
 
 async def _grade(
@@ -119,10 +145,22 @@ async def _grade(
     except (MalformedResponseError, VerdictError, CriteriaError) as exc:
         return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
     extras: dict[str, Any] = dict(spent)
-    for index in ids:
-        name = manager.judge.criteria[index - 1].name
-        extras[f"judge_criterion_{name}"] = verdicts[index].value
-        extras[f"judge_criterion_{name}_reason"] = verdicts[index].reason
+    named = [(manager.judge.criteria[index - 1].name, verdicts[index]) for index in ids]
+    for name, verdict in named:
+        extras[f"judge_criterion_{name}"] = verdict.value
+        extras[f"judge_criterion_{name}_reason"] = verdict.reason
+    if manager.judge.expected_verdict:
+        # strip_think keeps a suffix of the content: the read text starts where their lengths differ.
+        extras.update(
+            weigh_call(
+                reply,
+                answer.content,
+                len(answer.content) - len(visible),
+                named,
+                min_score=manager.judge.min_score,
+                max_score=manager.judge.max_score,
+            )
+        )
     return RewardResult(score=0.0, attempts=attempts, extras=extras)
 
 

@@ -29,7 +29,13 @@ from typing import Any, ClassVar
 from async_reward.config import AsyncRewardConfig
 from async_reward.cost import spent_extras, unspent_extras
 from async_reward.errors import ConfigError
-from async_reward.expected_verdict import ExpectedVerdict, expected_verdict, reply_tokens
+from async_reward.expected_verdict import (
+    NO_LOGPROBS,
+    ExpectedVerdict,
+    expected_verdict,
+    reply_tokens,
+    say_unweighted,
+)
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
@@ -41,7 +47,6 @@ from async_reward.managers.criteria_scoring import criteria_extra_defaults, scor
 from async_reward.managers.judge_reply import JudgeReply, judge_reply
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.start_lines import say_once
 from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format, verdict_span
 
 __all__ = [
@@ -89,7 +94,9 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if self.pricing is not None:  # every sample carries it, a failed one 0.0 (nothing spent)
             self._extra_defaults.setdefault("judge_cost", 0.0)
         if self.judge.criteria:  # each criterion's verdict and reason, on every sample
-            self._extra_defaults.update(criteria_extra_defaults(self.judge.criteria))
+            self._extra_defaults.update(
+                criteria_extra_defaults(self.judge.criteria, expected=self.judge.expected_verdict)
+            )
         if self.judge.expected_verdict:  # every sample says whether its score was weighted, and why not
             self._extra_defaults.update(
                 {
@@ -310,16 +317,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if isinstance(outcome, ExpectedVerdict):
             extras = {"judge_expected_verdict": outcome.value, "judge_verdict_mass": outcome.mass}
             return outcome.value, {**extras, "judge_weighted": 1.0, "judge_weighting": "expected"}
-        if outcome == NO_LOGPROBS:
-            say_once(
-                "judge.expected_verdict is on, but the judge returned no token probabilities (logprobs): "
-                "such replies score their plain verdict (judge_weighting says so on each sample)"
-            )
-        else:  # each reason once: a user who turned weighting on sees why replies were not weighted
-            say_once(
-                f"judge.expected_verdict is on, but a judge reply kept its plain verdict ({outcome}); "
-                "reward/extra/judge_weighted/mean is the share weighted, judge_weighting each sample's why"
-            )
+        say_unweighted(outcome)
         return verdict, {"judge_weighted": 0.0, "judge_weighting": f"plain: {outcome}"}
 
     def _copy_of(self, result: RewardResult, *, cache_hit: bool) -> RewardResult:
@@ -367,10 +365,6 @@ def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:
     """
     answer = judge_reply(reply)
     return read_verdict(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
-
-
-#: Why a reply kept its plain verdict when the server sent no token probabilities.
-NO_LOGPROBS = "no logprobs in the reply"
 
 
 def weigh_reply_verdict(

@@ -1,0 +1,92 @@
+"""``judge.expected_verdict`` with ``judge.criteria``: each criterion's verdict weighed by the judge's
+own token probabilities (``async_reward.expected_verdict``'s rule, unchanged) at the digits of that
+criterion's line in the reply's final block (:attr:`async_reward.criteria.CriterionVerdict.span`),
+never at a ``C<k>: [[n]]`` quoted elsewhere in the reply, whatever probabilities its tokens carry.
+
+All or none, never a silent mix: a sample's reward is made of expected verdicts only when every
+criterion of every call was weighted. Where one cannot be (a reply without logprobs, a verdict with a
+decimal point, tokens that do not spell the reply, ...), every criterion of the sample keeps its
+plain verdict and ``judge_weighting`` says ``plain: <criterion>: <why>`` for the first such criterion
+in the rubric's order; each reason is said once in the log, as for a single verdict.
+
+A ``must_have`` criterion fails the sample when its plain verdict *or* its expected verdict is under
+half marks (``async_reward.criteria.aggregate``'s ``plain``): the judge's doubt can neither pass a
+must-have its written verdict fails nor count a weighted grade under half as passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from async_reward.criteria import Criterion, CriterionVerdict
+from async_reward.expected_verdict import NO_LOGPROBS, expected_verdict, reply_tokens, say_unweighted
+
+__all__ = ["WEIGHTED_SUFFIXES", "rubric_weighting", "weigh_call"]
+
+#: The per-criterion extras of a weighted verdict: ``judge_criterion_<name>_expected`` (the expected
+#: verdict on the judge's scale) and ``judge_criterion_<name>_mass`` (the probability its candidates
+#: covered), next to ``judge_criterion_<name>`` (the verdict written) and ``..._reason``.
+WEIGHTED_SUFFIXES = ("_expected", "_mass")
+
+
+def weigh_call(
+    reply: Any,
+    content: str,
+    visible_at: int,
+    graded: Sequence[tuple[str, CriterionVerdict]],
+    *,
+    min_score: float,
+    max_score: float,
+) -> dict[str, Any]:
+    """The weighting extras of one rubric call: each criterion's expected verdict and mass and
+    ``judge_weighting: expected``; or only ``judge_weighting: plain: <name>: <why>`` for the first of
+    ``graded`` ((name, verdict) in the call's order) that cannot be weighted.
+
+    ``content`` is the reply's content, ``visible_at`` where the text :func:`read_criteria` read
+    starts in it (after the judge's thinking): each verdict's span is shifted by it, since the tokens
+    spell the whole content."""
+    tokens = reply_tokens(reply["choices"][0])
+    extras: dict[str, Any] = {}
+    for name, verdict in graded:
+        start, end = verdict.span
+        outcome = (
+            NO_LOGPROBS
+            if tokens is None
+            else expected_verdict(
+                content,
+                tokens,
+                (visible_at + start, visible_at + end),
+                min_score=min_score,
+                max_score=max_score,
+            )
+        )
+        if isinstance(outcome, str):
+            say_unweighted(outcome)
+            return {"judge_weighting": f"plain: {name}: {outcome}"}
+        extras[f"judge_criterion_{name}_expected"] = outcome.value
+        extras[f"judge_criterion_{name}_mass"] = outcome.mass
+    return {**extras, "judge_weighting": "expected"}
+
+
+def rubric_weighting(
+    criteria: Sequence[Criterion], graded: dict[str, Any], weightings: Sequence[str]
+) -> tuple[list[float] | None, dict[str, Any]]:
+    """The expected verdicts of the sample (None: it keeps its plain ones) and its sample-level
+    extras, from ``weightings`` (each call's ``judge_weighting``, in the rubric's order). On a plain
+    sample the weighted extras of the calls that were weighted are dropped from ``graded`` (they stay
+    NaN): nothing suggests a weighting that did not score."""
+    plain = next((weighting for weighting in weightings if weighting != "expected"), None)
+    if plain is not None:
+        for criterion in criteria:
+            for suffix in WEIGHTED_SUFFIXES:
+                graded.pop(f"judge_criterion_{criterion.name}{suffix}", None)
+        return None, {"judge_weighted": 0.0, "judge_weighting": plain}
+    expected = [graded[f"judge_criterion_{criterion.name}_expected"] for criterion in criteria]
+    masses = [graded[f"judge_criterion_{criterion.name}_mass"] for criterion in criteria]
+    return expected, {
+        "judge_weighted": 1.0,
+        "judge_weighting": "expected",
+        # The least-covered criterion: how much of the judge's probability the weakest weighing saw.
+        "judge_verdict_mass": min(masses),
+    }
