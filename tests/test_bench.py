@@ -140,6 +140,7 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     assert set(verdict["checks"]) == {
         "rewards_ok",
         "no_strategy_below_bound",
+        "figures_in_steady_state",
         "mini_batch_reduction",
         "one_step_off_reduction",
         "both_reduction",

@@ -12,8 +12,10 @@ from async_reward.pipeline.schedule import StepRecord
 from async_reward_bench.structure import schedule_facts
 
 __all__ = [
+    "BELOW_BOUND_SIGMAS",
     "STEADY_STATE_RULE",
     "add_relative",
+    "below_bound_tolerance",
     "busy_time",
     "format_table",
     "measured_steps",
@@ -27,6 +29,9 @@ STEADY_STATE_RULE = (
     "run's service backlog reaches its steady depth during step 1), and the last step rolls nothing out "
     "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
 )
+#: How many standard deviations of the window's realised reward work a figure may sit under the
+#: bound before it is flagged (see :func:`below_bound_tolerance`).
+BELOW_BOUND_SIGMAS = 3.0
 _GPU_STAGES = ("rollout", "prepare", "update", "judge")  # judge: one on the training GPUs
 _TRAINING_STAGES = ("prepare", "update")
 #: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
@@ -138,6 +143,7 @@ def summarize(
             samples, measured[0].start, measured[-1].end, capacity
         ),
         "measured_steps": [r.step for r in measured],
+        "window_samples": sum(r.num_samples for r in measured),
         "step_times_s": [r.duration / time_scale for r in records],
         "reward_blocked_per_step_s": [r.reward_blocked_s / time_scale for r in records],
         "staleness": [r.staleness for r in records],
@@ -155,15 +161,59 @@ def summarize(
     }
 
 
-def add_relative(strategies: dict[str, dict[str, Any]], bound_s: float) -> None:
+def below_bound_tolerance(latency_s: Sequence[float], window_samples: int) -> float:
+    """How far under 1 a ratio to the bound may fall by chance, as a fraction of the bound.
+
+    The bound is max(GPU work, reward work / capacity) with the reward work at the *mean* judge
+    latency, (lo + hi) / 2 per request; the GPU stages are waits that only run long. A window of
+    ``window_samples`` requests realises a latency sum whose relative standard deviation is
+    CV / sqrt(n), CV = (hi - lo) / (sqrt(12) (lo + hi) / 2) for the uniform draw (0.55 for every
+    regime: each scales lo and hi together). :data:`BELOW_BOUND_SIGMAS` of it: 2.5 % for a full
+    run's 7 steps x 640 samples, 5.3 % for ``--quick``'s 3 x 320. Below that the figure is not what a
+    steady schedule can do: the window borrowed work scored before it (a fill-up) or left some
+    for after it (a drain)."""
+    lo, hi = latency_s
+    if window_samples < 1 or hi + lo <= 0:
+        return 0.0
+    cv = (hi - lo) / (math.sqrt(12) * (hi + lo) / 2)
+    return BELOW_BOUND_SIGMAS * cv / math.sqrt(window_samples)
+
+
+def add_relative(
+    strategies: dict[str, dict[str, Any]], bound_s: float, latency_s: Sequence[float] | None = None
+) -> None:
     """Add ``reduction_vs_baseline`` (a fraction), ``ratio_to_bound`` (to the strategy's own
     ``bound_s`` where its summary has one: a separate strategy's GPU split; else to ``bound_s``) and
-    ``ratio_to_colocated_bound`` (to ``bound_s``, the colocated strategies' bound at equal GPUs)."""
+    ``ratio_to_colocated_bound`` (to ``bound_s``, the colocated strategies' bound at equal GPUs).
+
+    Also ``bound_tolerance`` (:func:`below_bound_tolerance` of the judge's ``latency_s`` range and the
+    summary's ``window_samples``; 0 without them: any figure under the bound is then flagged) and
+    ``below_bound``: True, with ``below_bound_reason``, for a ratio under 1 - ``bound_tolerance``,
+    which no schedule reaches in steady state (the busiest resource would have to beat itself)."""
     base = strategies.get("baseline", {}).get("step_s")
     for summary in strategies.values():
         summary["ratio_to_bound"] = summary["step_s"] / summary.get("bound_s", bound_s)
         summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
         summary["reduction_vs_baseline"] = 1.0 - summary["step_s"] / base if base else math.nan
+        samples = int(summary.get("window_samples", 0))
+        tolerance = below_bound_tolerance(latency_s, samples) if latency_s is not None else 0.0
+        summary["bound_tolerance"] = tolerance
+        summary["below_bound"] = bool(summary["ratio_to_bound"] < 1.0 - tolerance)
+        if summary["below_bound"]:
+            summary["below_bound_reason"] = below_bound_reason(summary, tolerance)
+
+
+def below_bound_reason(summary: dict[str, Any], tolerance: float) -> str:
+    """Why a flagged figure cannot be a steady-state step time, and what to do about it."""
+    steps = summary.get("measured_steps") or []
+    window = f"steps {steps[0]}..{steps[-1]}" if steps else "the measured steps"
+    staleness = summary.get("window_staleness", max(summary.get("staleness") or [0]))
+    return (
+        f"{summary['ratio_to_bound']:.3f}x the bound, below 1 - {tolerance:.3f} (what the busiest "
+        f"resource allows, less {BELOW_BOUND_SIGMAS:g} sigma of the window's latency draws): {window} "
+        f"are not steady state for staleness {staleness} "
+        "(work scored before the window or left after it); run more --steps"
+    )
 
 
 def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | None) -> str:
@@ -208,7 +258,7 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             "-"
             if name == "baseline" or math.isnan(s["reduction_vs_baseline"])
             else f"{-s['reduction_vs_baseline'] * 100:+.1f}%",
-            f"{s['ratio_to_bound']:.3f}",
+            f"{s['ratio_to_bound']:.3f}" + ("!" if s.get("below_bound") else ""),
             f"{s.get('ratio_to_colocated_bound', math.nan):.3f}",
             f"{s['reward_blocked_s']:.1f}",
             f"{s['gpu_busy_fraction'] * 100:.0f}%",
@@ -235,4 +285,9 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         )
         for r in rows
     ]
-    return "\n".join([head, *lines])
+    notes = [
+        f"  ! {name}: {s['below_bound_reason']}"
+        for name, s in regime["strategies"].items()
+        if s.get("below_bound")
+    ]
+    return "\n".join([head, *lines, *notes])

@@ -248,7 +248,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                         separate_rollout=strategy in SEPARATE_STRATEGIES,
                     )
                     summary["strategies"][strategy]["timeline_png"] = str(path)
-            add_relative(summary["strategies"], summary["bound_s"])
+            add_relative(summary["strategies"], summary["bound_s"], summary["latency_s"])
             ours = {k: v for k, v in summary["strategies"].items() if k in OUR_STRATEGIES}
             if regime_name == "recipe" and ours:  # the verdict is on our strategies, against the recipe
                 tolerances = QUICK_TOLERANCES if cfg.checks == "quick" else FULL_TOLERANCES
