@@ -311,7 +311,7 @@ def test_regime_latency_sets_the_service_load():
 
 
 @pytest.mark.parametrize(
-    ("steps", "measured"), [(1, [0]), (2, [1]), (3, [1, 2]), (4, [1, 2]), (5, [2, 3]), (7, [2, 3, 4, 5])]
+    ("steps", "measured"), [(1, [0]), (2, [1]), (3, [1, 2]), (4, [2]), (5, [2, 3]), (7, [2, 3, 4, 5])]
 )
 def test_steady_state_window(steps, measured):
     class Record:

@@ -78,3 +78,103 @@ def test_without_the_latency_range_any_figure_under_the_bound_is_flagged():
     strategies = {"both": figure(0.999 * BOUND, [0, 1, 1], [1, 2])}
     add_relative(strategies, BOUND)
     assert strategies["both"]["bound_tolerance"] == 0.0 and strategies["both"]["below_bound"] is True
+
+
+def run_of(staleness: list[int], step_s: list[float]) -> list[Any]:
+    """Step records of a run whose step k trained a batch ``staleness[k]`` versions old and took
+    ``step_s[k]`` seconds (8 samples a step)."""
+    from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+
+    records, clock = [], 0.0
+    for k, (stale, took) in enumerate(zip(staleness, step_s, strict=True)):
+        records.append(
+            StepRecord(
+                step=k,
+                mode="both",
+                start=clock,
+                end=clock + took,
+                policy_version=k - stale,
+                trained_version=k,
+                num_samples=8,
+                chunk_sizes=[8],
+                reward_blocked_s=0.0,
+                events=[TimelineEvent("update", clock, clock + took, k)],
+            )
+        )
+        clock += took
+    return records
+
+
+@pytest.mark.parametrize(
+    ("steps", "scheduled", "reached", "measured", "steady"),
+    [
+        (10, 0, 0, [2, 3, 4, 5, 6, 7, 8], True),  # the rule for 0 and 1 is unchanged
+        (10, 1, 1, [2, 3, 4, 5, 6, 7, 8], True),
+        (4, 1, 1, [2], True),
+        (8, 2, 2, [3, 4, 5], True),  # the issue's 8-step run at staleness 2: was steps 2..6
+        (6, 2, 2, [3], True),
+        (12, 3, 3, [4, 5, 6, 7, 8], True),
+        (10, 1, 3, [4, 5, 6], True),  # a run ahead of its schedule (verl's separate mode): what it reached
+        (10, 1, 5, [5], False),  # too short for staleness 5 (12 steps): the window of staleness 4
+        (3, 1, 1, [1, 2], False),  # the tiny tests' short-run fallback, marked
+    ],
+)
+def test_the_steady_window_skips_the_fill_up_and_drain_of_the_strategys_staleness(
+    steps, scheduled, reached, measured, steady
+):
+    """Fill-up steps last 3 s and drain steps 0.5 s, steady ones 1 s: a window that holds only
+    steady steps averages exactly 1 s (here 100 recipe seconds at a time scale of 0.01)."""
+    from async_reward_bench.report import summarize
+
+    staleness = [min(k, reached) for k in range(steps)]
+    fill, drain = max(2, reached + 1), max(1, reached)
+    step_s = [3.0 if k < fill else 0.5 if k >= steps - drain else 1.0 for k in range(steps)]
+    summary = summarize(run_of(staleness, step_s), time_scale=0.01, staleness=scheduled)
+    assert summary["measured_steps"] == measured
+    assert summary["window_staleness"] == reached and summary["steady_state"] is steady
+    assert summary["window_samples"] == 8 * len(measured)
+    if steady:
+        assert summary["step_s"] == pytest.approx(100.0)
+
+
+def test_scheduled_staleness_and_the_fewest_steps_it_needs():
+    from async_reward_bench.steady_state import min_steady_steps, scheduled_staleness
+
+    assert [scheduled_staleness(s) for s in ("baseline", "mini_batch", "both", "recipe_style")] == [
+        0,
+        0,
+        1,
+        1,
+    ]
+    assert [scheduled_staleness(s) for s in ("v1_sync", "v1_pipelined_both", "v1_pipelined_both_fill")] == [
+        0,
+        1,
+        2,
+    ]
+    assert scheduled_staleness("v1_colocate_async") == scheduled_staleness("v1_separate_async") == 1
+    assert [min_steady_steps(s) for s in range(5)] == [4, 4, 6, 8, 10]
+
+
+def test_a_run_too_short_for_a_staleness_2_strategy_is_refused(tmp_path, capsys):
+    from async_reward_bench import speedup
+
+    argv = ["--strategies", "both", "v1_pipelined_both_fill", "--steps", "5", "--out", str(tmp_path)]
+    assert speedup.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--steps 5 leaves no steady-state step for v1_pipelined_both_fill (staleness 2)" in err
+    assert "give --steps 6 or more" in err and "both (" not in err
+    assert not (tmp_path / "pipeline_speedup.json").exists()
+    speedup.BenchConfig(strategies=("v1_pipelined_both_fill",), steps=6).validate()  # 6 is enough
+    speedup.BenchConfig(strategies=("both",), steps=3).validate()  # staleness 1 keeps its fallback
+
+
+def test_a_window_short_of_steady_state_is_marked_in_the_table():
+    strategies = {"both": figure(1.02 * BOUND, [0, 1, 1], [1, 2])}
+    strategies["both"].update(steady_state=False, window_staleness=1)
+    add_relative(strategies, BOUND, LATENCY)
+    table = format_table(regime(strategies), None).splitlines()
+    assert "1.020~" in table[-2]
+    assert (
+        table[-1]
+        == "  ~ both: steps 1..2 are short of a steady window for staleness 1 (needs --steps 4 or more)"
+    )

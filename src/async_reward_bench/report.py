@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.pipeline.schedule import StepRecord
+from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
 
 __all__ = [
@@ -24,11 +25,6 @@ __all__ = [
     "summarize",
 ]
 
-STEADY_STATE_RULE = (
-    "mean over steps 2..N-2: steps 0 and 1 fill the pipeline (batch 0 is scored alone, and an off-policy "
-    "run's service backlog reaches its steady depth during step 1), and the last step rolls nothing out "
-    "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
-)
 #: How many standard deviations of the window's realised reward work a figure may sit under the
 #: bound before it is flagged (see :func:`below_bound_tolerance`).
 BELOW_BOUND_SIGMAS = 3.0
@@ -50,14 +46,19 @@ def busy_time(intervals: Sequence[tuple[float, float]], start: float, end: float
     return total
 
 
-def measured_steps(records: Sequence[StepRecord]) -> list[StepRecord]:
-    """The steps the steady-state averages use (see :data:`STEADY_STATE_RULE`)."""
-    n = len(records)
-    if n >= 5:
-        return list(records[2:-1])
-    if n == 4:
-        return list(records[1:-1])
-    return list(records[1:]) or list(records)
+def measured_steps(records: Sequence[StepRecord], staleness: int = 0) -> list[StepRecord]:
+    """The steps the steady-state averages use at ``staleness`` (see :data:`STEADY_STATE_RULE`)."""
+    return list(records[slice(*_window(len(records), staleness)[:2])])
+
+
+def _window(steps: int, staleness: int) -> tuple[int, int, bool]:
+    """``(first, stop, steady)``: the steady window at ``staleness``, else the widest window of a
+    lower staleness the run has (``steady`` False), down to steps 1..N-1 (0 for one step)."""
+    for s in range(staleness, -1, -1):
+        window = steady_window(steps, s)
+        if window is not None:
+            return (*window, s == staleness)
+    return (min(1, steps - 1), steps, False)
 
 
 def service_busy_fraction(
@@ -105,13 +106,19 @@ def summarize(
     samples: Sequence[tuple[float, int, int]] = (),
     capacity: int = 1,
     sample_interval_s: float | None = None,
+    staleness: int = 0,
 ) -> dict[str, Any]:
     """Raw and steady-state numbers of one run, in recipe seconds (measured seconds / ``time_scale``).
 
     ``samples`` are the service's in-flight counters (see ``timeline.InFlightSampler``), taken every
     ``sample_interval_s`` real seconds (which gives ``probe_lag_ms``). Per-step lists include the
-    schedule's structure (``structure.schedule_facts``)."""
-    measured = measured_steps(records)
+    schedule's structure (``structure.schedule_facts``). ``staleness`` is the most the strategy's
+    schedule allows (``steady_state.scheduled_staleness``); the window skips the fill-up and drain of
+    that or of the most the run reached, whichever is more (``window_staleness``); ``steady_state``
+    is False where the run was too short for it (the window is then that of a lower staleness)."""
+    reached = max([staleness, *(int(r.staleness) for r in records)])
+    first, stop, steady = _window(len(records), reached)
+    measured = list(records[first:stop])
     span = sum(r.duration for r in measured)
     gpu = sum(e.duration for r in measured for e in r.events if e.name in _GPU_STAGES)
     window = (measured[0].start, measured[-1].end)
@@ -143,6 +150,8 @@ def summarize(
             samples, measured[0].start, measured[-1].end, capacity
         ),
         "measured_steps": [r.step for r in measured],
+        "window_staleness": reached,
+        "steady_state": steady,
         "window_samples": sum(r.num_samples for r in measured),
         "step_times_s": [r.duration / time_scale for r in records],
         "reward_blocked_per_step_s": [r.reward_blocked_s / time_scale for r in records],
@@ -207,12 +216,17 @@ def below_bound_reason(summary: dict[str, Any], tolerance: float) -> str:
     """Why a flagged figure cannot be a steady-state step time, and what to do about it."""
     steps = summary.get("measured_steps") or []
     window = f"steps {steps[0]}..{steps[-1]}" if steps else "the measured steps"
-    staleness = summary.get("window_staleness", max(summary.get("staleness") or [0]))
+    staleness = int(summary.get("window_staleness", max(summary.get("staleness") or [0])))
+    longer = (
+        "run more --steps"
+        if summary.get("steady_state", True)
+        else f"the run is too short for it: give --steps {min_steady_steps(staleness)} or more"
+    )
     return (
         f"{summary['ratio_to_bound']:.3f}x the bound, below 1 - {tolerance:.3f} (what the busiest "
         f"resource allows, less {BELOW_BOUND_SIGMAS:g} sigma of the window's latency draws): {window} "
-        f"are not steady state for staleness {staleness} "
-        "(work scored before the window or left after it); run more --steps"
+        f"are not steady state for staleness {staleness} (work scored before the window or left after "
+        f"it); {longer}"
     )
 
 
@@ -258,7 +272,9 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             "-"
             if name == "baseline" or math.isnan(s["reduction_vs_baseline"])
             else f"{-s['reduction_vs_baseline'] * 100:+.1f}%",
-            f"{s['ratio_to_bound']:.3f}" + ("!" if s.get("below_bound") else ""),
+            f"{s['ratio_to_bound']:.3f}"
+            + ("!" if s.get("below_bound") else "")
+            + ("" if s.get("steady_state", True) else "~"),
             f"{s.get('ratio_to_colocated_bound', math.nan):.3f}",
             f"{s['reward_blocked_s']:.1f}",
             f"{s['gpu_busy_fraction'] * 100:.0f}%",
@@ -289,5 +305,11 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         f"  ! {name}: {s['below_bound_reason']}"
         for name, s in regime["strategies"].items()
         if s.get("below_bound")
+    ] + [
+        f"  ~ {name}: steps {s['measured_steps'][0]}..{s['measured_steps'][-1]} are short of a steady "
+        f"window for staleness {s['window_staleness']} (needs --steps "
+        f"{min_steady_steps(s['window_staleness'])} or more)"
+        for name, s in regime["strategies"].items()
+        if not s.get("steady_state", True)
     ]
     return "\n".join([head, *lines, *notes])

@@ -16,6 +16,7 @@ from async_reward_bench.scenarios import (
     SEPARATE_STRATEGIES,
     STRATEGIES,
 )
+from async_reward_bench.steady_state import too_short_for
 
 __all__ = ["QUICK", "BenchConfig"]
 
@@ -124,6 +125,9 @@ class BenchConfig:
                 "rollout GPUs and weight sync apply to strategies on standalone rollout GPUs "
                 f"({', '.join(SEPARATE_STRATEGIES)}); none is selected"
             )
+        short = too_short_for(self.strategies, self.steps)
+        if short:
+            raise ValueError(short)
         if self.checks not in ("full", "quick"):
             raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
         from async_reward.devserver import DevServerConfig

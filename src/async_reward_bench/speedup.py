@@ -152,6 +152,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     from async_reward_bench.backend import CalibratedBackend
     from async_reward_bench.environment import bench_environment
     from async_reward_bench.report import STEADY_STATE_RULE, add_relative, summarize
+    from async_reward_bench.steady_state import scheduled_staleness
     from async_reward_bench.timeline import plot_timeline
     from async_reward_bench.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
 
@@ -210,7 +211,12 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                 else:
                     run = _run_one(env, backend, cfg, strategy, next(tags), bar)
                 result = summarize(
-                    run["records"], scale, run["samples"], cfg.capacity, cfg.sample_interval_real
+                    run["records"],
+                    scale,
+                    run["samples"],
+                    cfg.capacity,
+                    cfg.sample_interval_real,
+                    staleness=scheduled_staleness(strategy),
                 )
                 if strategy in SEPARATE_STRATEGIES:
                     assert split is not None
