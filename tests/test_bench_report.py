@@ -178,3 +178,42 @@ def test_a_window_short_of_steady_state_is_marked_in_the_table():
         table[-1]
         == "  ~ both: steps 1..2 are short of a steady window for staleness 1 (needs --steps 4 or more)"
     )
+
+
+def test_repeats_give_the_mean_with_every_run_and_the_spread_beside_it():
+    from async_reward_bench.repeats import combine_repeats
+
+    runs = [figure(420.0, [0, 1, 1, 1, 1], [2, 3]), figure(428.4, [0, 1, 1, 1, 1], [2, 3])]
+    runs[0].update(probe_lag_ms=0.8, reward_status_ok=[640] * 5)
+    runs[1].update(probe_lag_ms=3.0, reward_status_ok=[640] * 5)
+    strategies = {"both": combine_repeats(runs, [0, 1])}
+    add_relative(strategies, BOUND, LATENCY)
+    both = strategies["both"]
+    assert both["repeats"] == 2 and both["seeds"] == [0, 1] and [r["seed"] for r in both["runs"]] == [0, 1]
+    assert both["step_s"] == pytest.approx(424.2) and both["step_s_runs"] == [420.0, 428.4]
+    assert both["spread_s"] == pytest.approx(8.4) and both["relative_spread"] == pytest.approx(8.4 / 424.2)
+    assert both["ratio_to_bound_runs"] == pytest.approx([420.0 / BOUND, 428.4 / BOUND])
+    assert both["probe_lag_ms"] == 3.0  # the more starved run's: the verdict must see it
+    assert both["window_samples"] == 2 * 2 * 640 and both["below_bound"] is False
+    header, row = format_table(regime(strategies), None).splitlines()[-2:]
+    assert "x bound, runs" in header and "spread" in header
+    assert "1.024 1.045" in row and "2.0%" in row
+
+
+def test_one_run_below_the_bound_flags_the_mean_figure_too():
+    from async_reward_bench.repeats import combine_repeats
+
+    runs = [figure(0.95 * BOUND, [0, 1, 1, 1, 1], [2, 3]), figure(1.06 * BOUND, [0, 1, 1, 1, 1], [2, 3])]
+    strategies = {"both": combine_repeats(runs, [7, 8])}
+    add_relative(strategies, BOUND, LATENCY)
+    both = strategies["both"]
+    assert both["ratio_to_bound"] == pytest.approx(1.005) and both["below_bound"] is True
+    assert both["below_bound_reason"].startswith("run 1 (seed 7): 0.950x the bound")
+    assert both["runs"][0]["below_bound"] is True and both["runs"][1]["below_bound"] is False
+
+
+def test_repeats_need_one_seed_per_run():
+    from async_reward_bench.repeats import combine_repeats
+
+    with pytest.raises(ValueError, match="one run per seed"):
+        combine_repeats([figure(400.0, [0], [0])], [0, 1])

@@ -362,6 +362,18 @@ def test_a_flagged_figure_under_the_floor_still_fails():
     assert verdict["inconclusive"] == ["figures_in_steady_state"]
 
 
+def test_the_rewards_of_every_repeat_are_counted():
+    from async_reward_bench.repeats import combine_repeats
+
+    run = healthy()
+    second = copy.deepcopy(run["both"])
+    second["reward_status_ok"] = [SAMPLES] * 5 + [SAMPLES - 2]  # the second run lost two samples
+    run["both"] = combine_repeats([run["both"], second], [0, 1])
+    verdict = verdict_of(run)
+    assert verdict["failed"] == ["rewards_ok"] and verdict["checks"]["rewards_ok"]["rewards"] == 9600 + 1920
+    assert verdict["checks"]["rewards_ok"]["not_ok_by_strategy"] == {"both": 2}
+
+
 def test_full_run_tolerances_are_tighter():
     assert FULL_TOLERANCES.bound_ceiling < QUICK_TOLERANCES.bound_ceiling
     assert FULL_TOLERANCES.reduction_margin_points <= QUICK_TOLERANCES.reduction_margin_points

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.pipeline.schedule import StepRecord
+from async_reward_bench.repeats import add_spread
 from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
 
@@ -198,18 +199,35 @@ def add_relative(
     Also ``bound_tolerance`` (:func:`below_bound_tolerance` of the judge's ``latency_s`` range and the
     summary's ``window_samples``; 0 without them: any figure under the bound is then flagged) and
     ``below_bound``: True, with ``below_bound_reason``, for a ratio under 1 - ``bound_tolerance``,
-    which no schedule reaches in steady state (the busiest resource would have to beat itself)."""
+    which no schedule reaches in steady state (the busiest resource would have to beat itself). A
+    summary over repeats (``repeats.combine_repeats``) gets them for each of its ``runs`` too, is
+    flagged when any run is, and gets the spread over its runs (``repeats.add_spread``)."""
     base = strategies.get("baseline", {}).get("step_s")
     for summary in strategies.values():
-        summary["ratio_to_bound"] = summary["step_s"] / summary.get("bound_s", bound_s)
-        summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
         summary["reduction_vs_baseline"] = 1.0 - summary["step_s"] / base if base else math.nan
-        samples = int(summary.get("window_samples", 0))
-        tolerance = below_bound_tolerance(latency_s, samples) if latency_s is not None else 0.0
-        summary["bound_tolerance"] = tolerance
-        summary["below_bound"] = bool(summary["ratio_to_bound"] < 1.0 - tolerance)
-        if summary["below_bound"]:
-            summary["below_bound_reason"] = below_bound_reason(summary, tolerance)
+        runs = summary.get("runs") or []
+        for run in [*runs, summary]:
+            _add_ratios(run, summary.get("bound_s", bound_s), bound_s, latency_s)
+        flagged = [(i, run) for i, run in enumerate(runs) if run["below_bound"]]
+        if flagged and not summary["below_bound"]:  # the mean is in, one run is not
+            i, run = flagged[0]
+            summary["below_bound"] = True
+            summary["below_bound_reason"] = f"run {i + 1} (seed {run['seed']}): {run['below_bound_reason']}"
+        add_spread(summary)
+
+
+def _add_ratios(
+    summary: dict[str, Any], own_bound_s: float, bound_s: float, latency_s: Sequence[float] | None
+) -> None:
+    """``add_relative``'s ratios and below-bound flag for one summary (a run's or the mean's)."""
+    summary["ratio_to_bound"] = summary["step_s"] / own_bound_s
+    summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
+    samples = int(summary.get("window_samples", 0))
+    tolerance = below_bound_tolerance(latency_s, samples) if latency_s is not None else 0.0
+    summary["bound_tolerance"] = tolerance
+    summary["below_bound"] = bool(summary["ratio_to_bound"] < 1.0 - tolerance)
+    if summary["below_bound"]:
+        summary["below_bound_reason"] = below_bound_reason(summary, tolerance)
 
 
 def below_bound_reason(summary: dict[str, Any], tolerance: float) -> str:
@@ -261,6 +279,9 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         "service busy",
         "stale",
     ]
+    repeated = any(int(s.get("repeats", 1)) > 1 for s in regime["strategies"].values())
+    if repeated:  # the spread beside each figure: every run's ratio, and (max - min) / mean
+        columns[5:5] = ["x bound, runs", "spread"]
     if targets:
         columns += ["recipe step s", "recipe vs base"]
     rows = [columns]
@@ -282,6 +303,12 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             f"{s['service_busy_fraction'] * 100:.0f}%",
             str(max(s.get("staleness") or [0])),
         ]
+        if repeated:
+            ratios = s.get("ratio_to_bound_runs") or [s["ratio_to_bound"]]
+            row[5:5] = [
+                " ".join(f"{r:.3f}" for r in ratios),
+                f"{s.get('relative_spread', math.nan) * 100:.1f}%",
+            ]
         if targets:
             target = targets.get(name)
             row += (

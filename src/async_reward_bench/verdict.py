@@ -108,7 +108,8 @@ def judge(
     not_ok: dict[str, int] = {}
     total = 0
     for name, summary in strategies.items():
-        for count in summary.get("reward_status_ok", []):
+        counts = [c for run in summary.get("runs") or [summary] for c in run.get("reward_status_ok", [])]
+        for count in counts:  # every repeat's steps
             total += samples_per_step
             ok = int(count) if isinstance(count, (int, float)) and math.isfinite(count) else 0
             if ok != samples_per_step:  # fewer: failures; more: a sample counted twice
