@@ -244,7 +244,8 @@ def below_bound_reason(summary: dict[str, Any], tolerance: float) -> str:
         f"{summary['ratio_to_bound']:.3f}x the bound, below 1 - {tolerance:.3f} (what the busiest "
         f"resource allows, less {BELOW_BOUND_SIGMAS:g} sigma of the window's latency draws): {window} "
         f"are not steady state for staleness {staleness} (work scored before the window or left after "
-        f"it); {longer}"
+        f"it); {longer}; if it stays, the bound does not hold for this schedule (the colocated bound "
+        "counts the whole rollout makespan, which a schedule filling the long tail can beat)"
     )
 
 
