@@ -140,6 +140,7 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     assert set(verdict["checks"]) == {
         "rewards_ok",
         "no_strategy_below_bound",
+        "figures_in_steady_state",
         "mini_batch_reduction",
         "one_step_off_reduction",
         "both_reduction",
@@ -310,7 +311,7 @@ def test_regime_latency_sets_the_service_load():
 
 
 @pytest.mark.parametrize(
-    ("steps", "measured"), [(1, [0]), (2, [1]), (3, [1, 2]), (4, [1, 2]), (5, [2, 3]), (7, [2, 3, 4, 5])]
+    ("steps", "measured"), [(1, [0]), (2, [1]), (3, [1, 2]), (4, [2]), (5, [2, 3]), (7, [2, 3, 4, 5])]
 )
 def test_steady_state_window(steps, measured):
     class Record:
@@ -384,3 +385,39 @@ def test_schedule_facts_read_leads_from_events_and_ticket_times():
     assert facts["reward_wait_share"] == pytest.approx([2.99 / 4.5, 1.0 / 5.5])
     no_ticket = schedule_facts([step(0, [("update", 0.0, 1.0, 0)], blocked=0.0)], time_scale=1.0)
     assert math.isnan(no_ticket["update_lead_s"][0]) and math.isnan(no_ticket["reward_wait_share"][0])
+
+
+def test_repeats_run_each_strategy_with_its_own_seed_and_report_the_spread(ray_cluster, tmp_path, capsys):
+    """``--repeats 2`` on the real path: two runs of each strategy (ours and a v1 one), seeds 0 and
+    1, each run whole in the JSON, the mean figure with both runs' ratios and the spread beside it,
+    and the verdict's reward count over both runs. No figure is compared with another."""
+    argv = [*TINY, "--regimes", "recipe", "--strategies", "both", "v1_sync", "--repeats", "2"]
+    assert speedup.main([*argv, "--num-workers", "1", "--no-plots", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "pipeline_speedup.json").read_text())
+    assert results["config"]["repeats"] == 2
+    for name, summary in results["regimes"]["recipe"]["strategies"].items():
+        assert summary["repeats"] == 2 and summary["seeds"] == [0, 1], name
+        runs = summary["runs"]
+        assert [run["seed"] for run in runs] == [0, 1]
+        for run in runs:
+            assert run["reward_status_ok"] == [80, 80, 80] and run["step_s"] > 0
+            assert run["ratio_to_bound"] == pytest.approx(run["step_s"] / 410.0)
+        steps = [run["step_s"] for run in runs]
+        assert summary["step_s"] == pytest.approx(sum(steps) / 2) and summary["step_s_runs"] == steps
+        assert summary["spread_s"] == pytest.approx(max(steps) - min(steps))
+        assert summary["relative_spread"] == pytest.approx(summary["spread_s"] / summary["step_s"])
+        assert summary["ratio_to_bound_runs"] == [run["ratio_to_bound"] for run in runs]
+        assert summary["window_samples"] == sum(run["window_samples"] for run in runs)
+    verdict = results["regimes"]["recipe"]["verdict"]
+    assert verdict["checks"]["rewards_ok"]["rewards"] == 2 * 3 * 80  # both's two runs
+    out = capsys.readouterr().out
+    assert "2 runs of each (seeds 0..1)" in out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("strategy"))
+    assert "x bound, runs" in header and "spread" in header
+
+
+def test_repeats_need_a_judge_this_process_can_reseed(tmp_path, capsys):
+    argv = ["--repeats", "2", "--server", "process", "--out", str(tmp_path)]
+    assert speedup.main(argv) == 2
+    assert "--server thread" in capsys.readouterr().err
+    assert speedup.main(["--repeats", "0", "--out", str(tmp_path)]) == 2

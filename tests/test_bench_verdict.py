@@ -99,9 +99,13 @@ def disabled() -> dict[str, dict[str, Any]]:
     return run
 
 
-def verdict_of(strategies: dict[str, dict[str, Any]], tolerances: Any = QUICK_TOLERANCES) -> dict[str, Any]:
+def verdict_of(
+    strategies: dict[str, dict[str, Any]],
+    tolerances: Any = QUICK_TOLERANCES,
+    latency_s: tuple[float, float] | None = None,
+) -> dict[str, Any]:
     strategies = copy.deepcopy(strategies)
-    add_relative(strategies, BOUND)
+    add_relative(strategies, BOUND, latency_s)
     return judge(strategies, TARGETS, SAMPLES, tolerances, cpus=2, mini_batches=MINI_BATCHES)
 
 
@@ -323,6 +327,53 @@ def test_a_starved_strategy_that_still_met_its_checks_passes():
     assert verdict_of(run)["outcome"] == "PASS"
 
 
+def test_a_figure_below_the_bound_is_inconclusive_never_a_pass():
+    """0.97x the bound: above the floor that calls the code broken (0.95), yet faster than a judge
+    busy all the time allows: the window was not steady state, so nothing can be read from it."""
+    run = healthy()
+    run["one_step_off"]["step_s"] = 0.97 * BOUND  # a reduction of 34 % still meets the recipe's
+    verdict = verdict_of(run)
+    assert verdict["outcome"] == "INCONCLUSIVE" and not verdict["passed"], verdict
+    assert verdict["inconclusive"] == ["figures_in_steady_state"] and not verdict["failed"]
+    reason = verdict["checks"]["figures_in_steady_state"]["below_bound"]["one_step_off"]
+    assert reason.startswith("0.970x the bound") and "not steady state for staleness 1" in reason
+    line = summary_line(verdict)
+    assert line.startswith("INCONCLUSIVE (one_step_off below the bound: not a steady-state figure")
+    assert "--steps" in line and "CPU was too busy" not in line
+
+
+def test_a_figure_within_the_windows_latency_spread_of_the_bound_passes():
+    """960 requests in the window (3 steps x 320): 3 sigma of their mean latency is 5.3 % of it, so
+    0.97x the bound is within what the draws allow, and nothing is flagged."""
+    run = healthy()
+    for summary in run.values():
+        summary["window_samples"] = 3 * SAMPLES
+    run["one_step_off"]["step_s"] = 0.97 * BOUND
+    verdict = verdict_of(run, latency_s=(1.0, 40.0))
+    assert verdict["outcome"] == "PASS", verdict
+    assert verdict["checks"]["figures_in_steady_state"] == {"below_bound": {}, "ok": True}
+
+
+def test_a_flagged_figure_under_the_floor_still_fails():
+    run = healthy()
+    run["both"]["step_s"] = 0.9 * BOUND
+    verdict = verdict_of(run)
+    assert verdict["outcome"] == "FAIL" and verdict["failed"] == ["no_strategy_below_bound"]
+    assert verdict["inconclusive"] == ["figures_in_steady_state"]
+
+
+def test_the_rewards_of_every_repeat_are_counted():
+    from async_reward_bench.repeats import combine_repeats
+
+    run = healthy()
+    second = copy.deepcopy(run["both"])
+    second["reward_status_ok"] = [SAMPLES] * 5 + [SAMPLES - 2]  # the second run lost two samples
+    run["both"] = combine_repeats([run["both"], second], [0, 1])
+    verdict = verdict_of(run)
+    assert verdict["failed"] == ["rewards_ok"] and verdict["checks"]["rewards_ok"]["rewards"] == 9600 + 1920
+    assert verdict["checks"]["rewards_ok"]["not_ok_by_strategy"] == {"both": 2}
+
+
 def test_full_run_tolerances_are_tighter():
     assert FULL_TOLERANCES.bound_ceiling < QUICK_TOLERANCES.bound_ceiling
     assert FULL_TOLERANCES.reduction_margin_points <= QUICK_TOLERANCES.reduction_margin_points
@@ -334,6 +385,7 @@ def test_checks_needing_a_strategy_left_out_are_not_made():
     assert set(verdict["checks"]) == {
         "rewards_ok",
         "no_strategy_below_bound",
+        "figures_in_steady_state",
         "both_reduction",
         "both_at_bound",
         *STRUCTURAL,

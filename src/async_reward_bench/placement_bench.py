@@ -136,8 +136,9 @@ def _run_plan(
     """One (placement, strategy) run: the judge set to the plan's capacity and latency, the policy's
     stages on its GPUs."""
     from async_reward_bench.backend import CalibratedBackend
-    from async_reward_bench.report import measured_steps, summarize
+    from async_reward_bench.report import summarize
     from async_reward_bench.speedup import _run_one
+    from async_reward_bench.steady_state import scheduled_staleness
     from async_reward_bench.v1_run import run_v1_strategy
 
     scale = cfg.time_scale
@@ -150,8 +151,15 @@ def _run_plan(
     else:
         run = _run_one(env, CalibratedBackend(stages, env["factory"]), cfg, plan.strategy, tag, bar)
     records = run["records"]
-    summary = summarize(records, scale, run["samples"], plan.judge_capacity, cfg.sample_interval_real)
-    measured = measured_steps(records)
+    summary = summarize(
+        records,
+        scale,
+        run["samples"],
+        plan.judge_capacity,
+        cfg.sample_interval_real,
+        staleness=scheduled_staleness(plan.strategy),
+    )
+    measured = [r for r in records if r.step in summary["measured_steps"]]  # the same window
     phases = [e.duration for r in measured for e in r.events if e.name == "judge"]
     place = plan.placement
     policy = f"{plan.split.rollout}+{plan.split.trainer}" if plan.split else str(place.policy_gpus)

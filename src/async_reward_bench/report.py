@@ -9,11 +9,15 @@ from typing import Any
 import numpy as np
 
 from async_reward.pipeline.schedule import StepRecord
+from async_reward_bench.repeats import add_spread
+from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
 
 __all__ = [
+    "BELOW_BOUND_SIGMAS",
     "STEADY_STATE_RULE",
     "add_relative",
+    "below_bound_tolerance",
     "busy_time",
     "format_table",
     "measured_steps",
@@ -22,11 +26,9 @@ __all__ = [
     "summarize",
 ]
 
-STEADY_STATE_RULE = (
-    "mean over steps 2..N-2: steps 0 and 1 fill the pipeline (batch 0 is scored alone, and an off-policy "
-    "run's service backlog reaches its steady depth during step 1), and the last step rolls nothing out "
-    "in an off-policy run; shorter runs keep steps 1..N-2 (N = 4), 1..N-1 (N = 2, 3)"
-)
+#: How many standard deviations of the window's realised reward work a figure may sit under the
+#: bound before it is flagged (see :func:`below_bound_tolerance`).
+BELOW_BOUND_SIGMAS = 3.0
 _GPU_STAGES = ("rollout", "prepare", "update", "judge")  # judge: one on the training GPUs
 _TRAINING_STAGES = ("prepare", "update")
 #: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
@@ -45,14 +47,19 @@ def busy_time(intervals: Sequence[tuple[float, float]], start: float, end: float
     return total
 
 
-def measured_steps(records: Sequence[StepRecord]) -> list[StepRecord]:
-    """The steps the steady-state averages use (see :data:`STEADY_STATE_RULE`)."""
-    n = len(records)
-    if n >= 5:
-        return list(records[2:-1])
-    if n == 4:
-        return list(records[1:-1])
-    return list(records[1:]) or list(records)
+def measured_steps(records: Sequence[StepRecord], staleness: int = 0) -> list[StepRecord]:
+    """The steps the steady-state averages use at ``staleness`` (see :data:`STEADY_STATE_RULE`)."""
+    return list(records[slice(*_window(len(records), staleness)[:2])])
+
+
+def _window(steps: int, staleness: int) -> tuple[int, int, bool]:
+    """``(first, stop, steady)``: the steady window at ``staleness``, else the widest window of a
+    lower staleness the run has (``steady`` False), down to steps 1..N-1 (0 for one step)."""
+    for s in range(staleness, -1, -1):
+        window = steady_window(steps, s)
+        if window is not None:
+            return (*window, s == staleness)
+    return (min(1, steps - 1), steps, False)
 
 
 def service_busy_fraction(
@@ -100,13 +107,19 @@ def summarize(
     samples: Sequence[tuple[float, int, int]] = (),
     capacity: int = 1,
     sample_interval_s: float | None = None,
+    staleness: int = 0,
 ) -> dict[str, Any]:
     """Raw and steady-state numbers of one run, in recipe seconds (measured seconds / ``time_scale``).
 
     ``samples`` are the service's in-flight counters (see ``timeline.InFlightSampler``), taken every
     ``sample_interval_s`` real seconds (which gives ``probe_lag_ms``). Per-step lists include the
-    schedule's structure (``structure.schedule_facts``)."""
-    measured = measured_steps(records)
+    schedule's structure (``structure.schedule_facts``). ``staleness`` is the most the strategy's
+    schedule allows (``steady_state.scheduled_staleness``); the window skips the fill-up and drain of
+    that or of the most the run reached, whichever is more (``window_staleness``); ``steady_state``
+    is False where the run was too short for it (the window is then that of a lower staleness)."""
+    reached = max([staleness, *(int(r.staleness) for r in records)])
+    first, stop, steady = _window(len(records), reached)
+    measured = list(records[first:stop])
     span = sum(r.duration for r in measured)
     gpu = sum(e.duration for r in measured for e in r.events if e.name in _GPU_STAGES)
     window = (measured[0].start, measured[-1].end)
@@ -138,6 +151,9 @@ def summarize(
             samples, measured[0].start, measured[-1].end, capacity
         ),
         "measured_steps": [r.step for r in measured],
+        "window_staleness": reached,
+        "steady_state": steady,
+        "window_samples": sum(r.num_samples for r in measured),
         "step_times_s": [r.duration / time_scale for r in records],
         "reward_blocked_per_step_s": [r.reward_blocked_s / time_scale for r in records],
         "staleness": [r.staleness for r in records],
@@ -155,15 +171,82 @@ def summarize(
     }
 
 
-def add_relative(strategies: dict[str, dict[str, Any]], bound_s: float) -> None:
+def below_bound_tolerance(latency_s: Sequence[float], window_samples: int) -> float:
+    """How far under 1 a ratio to the bound may fall by chance, as a fraction of the bound.
+
+    The bound is max(GPU work, reward work / capacity) with the reward work at the *mean* judge
+    latency, (lo + hi) / 2 per request; the GPU stages are waits that only run long. A window of
+    ``window_samples`` requests realises a latency sum whose relative standard deviation is
+    CV / sqrt(n), CV = (hi - lo) / (sqrt(12) (lo + hi) / 2) for the uniform draw (0.55 for every
+    regime: each scales lo and hi together). :data:`BELOW_BOUND_SIGMAS` of it: 2.5 % for a full
+    run's 7 steps x 640 samples, 5.3 % for ``--quick``'s 3 x 320. Below that the figure is not what a
+    steady schedule can do: the window borrowed work scored before it (a fill-up) or left some
+    for after it (a drain)."""
+    lo, hi = latency_s
+    if window_samples < 1 or hi + lo <= 0:
+        return 0.0
+    cv = (hi - lo) / (math.sqrt(12) * (hi + lo) / 2)
+    return BELOW_BOUND_SIGMAS * cv / math.sqrt(window_samples)
+
+
+def add_relative(
+    strategies: dict[str, dict[str, Any]], bound_s: float, latency_s: Sequence[float] | None = None
+) -> None:
     """Add ``reduction_vs_baseline`` (a fraction), ``ratio_to_bound`` (to the strategy's own
     ``bound_s`` where its summary has one: a separate strategy's GPU split; else to ``bound_s``) and
-    ``ratio_to_colocated_bound`` (to ``bound_s``, the colocated strategies' bound at equal GPUs)."""
+    ``ratio_to_colocated_bound`` (to ``bound_s``, the colocated strategies' bound at equal GPUs).
+
+    Also ``bound_tolerance`` (:func:`below_bound_tolerance` of the judge's ``latency_s`` range and the
+    summary's ``window_samples``; 0 without them: any figure under the bound is then flagged) and
+    ``below_bound``: True, with ``below_bound_reason``, for a ratio under 1 - ``bound_tolerance``,
+    which no schedule reaches in steady state (the busiest resource would have to beat itself). A
+    summary over repeats (``repeats.combine_repeats``) gets them for each of its ``runs`` too, is
+    flagged when any run is, and gets the spread over its runs (``repeats.add_spread``)."""
     base = strategies.get("baseline", {}).get("step_s")
     for summary in strategies.values():
-        summary["ratio_to_bound"] = summary["step_s"] / summary.get("bound_s", bound_s)
-        summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
         summary["reduction_vs_baseline"] = 1.0 - summary["step_s"] / base if base else math.nan
+        runs = summary.get("runs") or []
+        for run in [*runs, summary]:
+            _add_ratios(run, summary.get("bound_s", bound_s), bound_s, latency_s)
+        flagged = [(i, run) for i, run in enumerate(runs) if run["below_bound"]]
+        if flagged and not summary["below_bound"]:  # the mean is in, one run is not
+            i, run = flagged[0]
+            summary["below_bound"] = True
+            summary["below_bound_reason"] = f"run {i + 1} (seed {run['seed']}): {run['below_bound_reason']}"
+        add_spread(summary)
+
+
+def _add_ratios(
+    summary: dict[str, Any], own_bound_s: float, bound_s: float, latency_s: Sequence[float] | None
+) -> None:
+    """``add_relative``'s ratios and below-bound flag for one summary (a run's or the mean's)."""
+    summary["ratio_to_bound"] = summary["step_s"] / own_bound_s
+    summary["ratio_to_colocated_bound"] = summary["step_s"] / bound_s
+    samples = int(summary.get("window_samples", 0))
+    tolerance = below_bound_tolerance(latency_s, samples) if latency_s is not None else 0.0
+    summary["bound_tolerance"] = tolerance
+    summary["below_bound"] = bool(summary["ratio_to_bound"] < 1.0 - tolerance)
+    if summary["below_bound"]:
+        summary["below_bound_reason"] = below_bound_reason(summary, tolerance)
+
+
+def below_bound_reason(summary: dict[str, Any], tolerance: float) -> str:
+    """Why a flagged figure cannot be a steady-state step time, and what to do about it."""
+    steps = summary.get("measured_steps") or []
+    window = f"steps {steps[0]}..{steps[-1]}" if steps else "the measured steps"
+    staleness = int(summary.get("window_staleness", max(summary.get("staleness") or [0])))
+    longer = (
+        "run more --steps"
+        if summary.get("steady_state", True)
+        else f"the run is too short for it: give --steps {min_steady_steps(staleness)} or more"
+    )
+    return (
+        f"{summary['ratio_to_bound']:.3f}x the bound, below 1 - {tolerance:.3f} (what the busiest "
+        f"resource allows, less {BELOW_BOUND_SIGMAS:g} sigma of the window's latency draws): {window} "
+        f"are not steady state for staleness {staleness} (work scored before the window or left after "
+        f"it); {longer}; if it stays, the bound does not hold for this schedule (the colocated bound "
+        "counts the whole rollout makespan, which a schedule filling the long tail can beat)"
+    )
 
 
 def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | None) -> str:
@@ -197,6 +280,9 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         "service busy",
         "stale",
     ]
+    repeated = any(int(s.get("repeats", 1)) > 1 for s in regime["strategies"].values())
+    if repeated:  # the spread beside each figure: every run's ratio, and (max - min) / mean
+        columns[5:5] = ["x bound, runs", "spread"]
     if targets:
         columns += ["recipe step s", "recipe vs base"]
     rows = [columns]
@@ -208,7 +294,9 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             "-"
             if name == "baseline" or math.isnan(s["reduction_vs_baseline"])
             else f"{-s['reduction_vs_baseline'] * 100:+.1f}%",
-            f"{s['ratio_to_bound']:.3f}",
+            f"{s['ratio_to_bound']:.3f}"
+            + ("!" if s.get("below_bound") else "")
+            + ("" if s.get("steady_state", True) else "~"),
             f"{s.get('ratio_to_colocated_bound', math.nan):.3f}",
             f"{s['reward_blocked_s']:.1f}",
             f"{s['gpu_busy_fraction'] * 100:.0f}%",
@@ -216,6 +304,12 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             f"{s['service_busy_fraction'] * 100:.0f}%",
             str(max(s.get("staleness") or [0])),
         ]
+        if repeated:
+            ratios = s.get("ratio_to_bound_runs") or [s["ratio_to_bound"]]
+            row[5:5] = [
+                " ".join(f"{r:.3f}" for r in ratios),
+                f"{s.get('relative_spread', math.nan) * 100:.1f}%",
+            ]
         if targets:
             target = targets.get(name)
             row += (
@@ -235,4 +329,15 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         )
         for r in rows
     ]
-    return "\n".join([head, *lines])
+    notes = [
+        f"  ! {name}: {s['below_bound_reason']}"
+        for name, s in regime["strategies"].items()
+        if s.get("below_bound")
+    ] + [
+        f"  ~ {name}: steps {s['measured_steps'][0]}..{s['measured_steps'][-1]} are short of a steady "
+        f"window for staleness {s['window_staleness']} (needs --steps "
+        f"{min_steady_steps(s['window_staleness'])} or more)"
+        for name, s in regime["strategies"].items()
+        if not s.get("steady_state", True)
+    ]
+    return "\n".join([head, *lines, *notes])

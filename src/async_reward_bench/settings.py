@@ -16,6 +16,7 @@ from async_reward_bench.scenarios import (
     SEPARATE_STRATEGIES,
     STRATEGIES,
 )
+from async_reward_bench.steady_state import too_short_for
 
 __all__ = ["QUICK", "BenchConfig"]
 
@@ -81,6 +82,11 @@ class BenchConfig:
     """Tolerances of the verdict: ``full`` or ``quick`` (``verdict.FULL_TOLERANCES`` /
     ``QUICK_TOLERANCES``)."""
     seed: int = 0
+    """Seed of the judge's latency draws, the batch texts and the v1 response lengths (repeat r: seed + r)."""
+    repeats: int = 1
+    """Runs of each (regime, strategy), repeat ``r`` with seed ``seed + r``: the table and JSON give
+    the mean figure with each run's and the spread ((max - min) / mean) beside it
+    (``repeats.combine_repeats``). 2 shows whether each figure reproduces within 2 %."""
     sample_interval_real: float = 0.05
     """Real seconds between samples of the service's in-flight counters (for the timelines)."""
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
@@ -124,6 +130,16 @@ class BenchConfig:
                 "rollout GPUs and weight sync apply to strategies on standalone rollout GPUs "
                 f"({', '.join(SEPARATE_STRATEGIES)}); none is selected"
             )
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.repeats > 1 and self.server != "thread":
+            raise ValueError(
+                "--repeats above 1 reseeds the judge for each repeat, which a judge in a child process "
+                "(--server process) cannot do: use --server thread (the default)"
+            )
+        short = too_short_for(self.strategies, self.steps)
+        if short:
+            raise ValueError(short)
         if self.checks not in ("full", "quick"):
             raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
         from async_reward.devserver import DevServerConfig

@@ -101,6 +101,42 @@ def _run_one(
     return {"records": records, "samples": samples, "origin": origin}
 
 
+def _run_summary(
+    run: dict[str, Any], cfg: BenchConfig, strategy: str, split: GpuSplit | None, regime: dict[str, Any]
+) -> dict[str, Any]:
+    """``report.summarize`` of one run, with what depends on where the strategy runs (its GPUs, its
+    own bound, its rollout idle time and GPU busy share) and the load it ran under."""
+    from async_reward_bench.report import summarize
+    from async_reward_bench.steady_state import scheduled_staleness
+
+    result = summarize(
+        run["records"],
+        cfg.time_scale,
+        run["samples"],
+        cfg.capacity,
+        cfg.sample_interval_real,
+        staleness=scheduled_staleness(strategy),
+    )
+    if strategy in SEPARATE_STRATEGIES:
+        assert split is not None
+        result["gpus"] = f"{split.rollout}+{split.trainer}"
+        result["bound_s"] = regime["gpu_split"]["bound_s"]
+        # The standalone rollout GPUs idle whenever nothing decodes; GPU busy is the
+        # share of the N GPUs' time used: generating on R, training on T.
+        result["rollout_idle_fraction"] = 1.0 - result["generating_fraction"]
+        result["gpu_busy_fraction"] = (
+            split.rollout * result["generating_fraction"] + split.trainer * result["trainer_busy_fraction"]
+        ) / split.total
+    else:
+        result["gpus"] = str(cfg.total_gpus)
+        # Colocated: the GPUs that generate also train; they idle when doing neither.
+        result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
+    result["load_average_1min"] = os.getloadavg()[0]
+    if "scored_during_rollout" in run:
+        result["scored_during_rollout"] = run["scored_during_rollout"]
+    return result
+
+
 def _rollout_work(regime: Regime, cfg: BenchConfig, calibrated: StageMedians) -> float:
     """Generation work per batch on the calibration's GPUs (``generation.rollout_work``)."""
     from async_reward_bench.generation import rollout_work
@@ -151,7 +187,8 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     from async_reward.progress import progress_bar
     from async_reward_bench.backend import CalibratedBackend
     from async_reward_bench.environment import bench_environment
-    from async_reward_bench.report import STEADY_STATE_RULE, add_relative, summarize
+    from async_reward_bench.repeats import combine_repeats, reseed_judge
+    from async_reward_bench.report import STEADY_STATE_RULE, add_relative
     from async_reward_bench.timeline import plot_timeline
     from async_reward_bench.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
 
@@ -170,7 +207,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         "load_average_before": os.getloadavg(),
         "regimes": {},
     }
-    total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps
+    total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps * cfg.repeats
     bar = progress_bar(total, unit="step", enabled=cfg.progress)
     tags = itertools.count()
     with bar, bench_environment(cfg) as env:
@@ -199,56 +236,42 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             backend = CalibratedBackend(regime_stage.scaled(scale), env["factory"])
             for strategy in cfg.strategies:
                 bar.set_description(f"{regime_name}/{strategy}")
-                if strategy in V1_STRATEGIES:
-                    from async_reward_bench.v1_run import run_v1_strategy
+                runs, seeds = [], [cfg.seed + r for r in range(cfg.repeats)]
+                for seed in seeds:
+                    if cfg.repeats > 1:  # one run keeps the judge as --seed started it
+                        reseed_judge(env["server"], seed)
+                    env["factory"].seed = seed
+                    run_cfg = dataclasses.replace(cfg, seed=seed)
+                    if strategy in V1_STRATEGIES:
+                        from async_reward_bench.v1_run import run_v1_strategy
 
-                    on = split if strategy in SEPARATE_STRATEGIES else None  # standalone rollout GPUs
-                    run_stages = on.stages(calibrated) if on is not None else regime_stage
-                    run = run_v1_strategy(
-                        env, cfg, regime, run_stages.scaled(scale), strategy, next(tags), bar, on
-                    )
-                else:
-                    run = _run_one(env, backend, cfg, strategy, next(tags), bar)
-                result = summarize(
-                    run["records"], scale, run["samples"], cfg.capacity, cfg.sample_interval_real
-                )
-                if strategy in SEPARATE_STRATEGIES:
-                    assert split is not None
-                    result["gpus"] = f"{split.rollout}+{split.trainer}"
-                    result["bound_s"] = summary["gpu_split"]["bound_s"]
-                    # The standalone rollout GPUs idle whenever nothing decodes; GPU busy is the
-                    # share of the N GPUs' time used: generating on R, training on T.
-                    result["rollout_idle_fraction"] = 1.0 - result["generating_fraction"]
-                    result["gpu_busy_fraction"] = (
-                        split.rollout * result["generating_fraction"]
-                        + split.trainer * result["trainer_busy_fraction"]
-                    ) / split.total
-                else:
-                    result["gpus"] = str(cfg.total_gpus)
-                    # Colocated: the GPUs that generate also train; they idle when doing neither.
-                    result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
-                summary["strategies"][strategy] = result
-                summary["strategies"][strategy]["load_average_1min"] = os.getloadavg()[0]
-                if "scored_during_rollout" in run:
-                    summary["strategies"][strategy]["scored_during_rollout"] = run["scored_during_rollout"]
-                if cfg.plots:
-                    path = cfg.out_dir / f"timeline_{regime_name}_{strategy}.png"
-                    title = (
-                        f"{regime_name} regime, {strategy}: {cfg.prompts}x{cfg.group_size} samples, "
-                        f"capacity {cfg.capacity}, time scale {scale:.4g}"
-                    )
-                    plot_timeline(
-                        path,
-                        run["records"],
-                        run["samples"],
-                        title=title,
-                        capacity=cfg.capacity,
-                        time_scale=scale,
-                        origin=run["origin"],
-                        separate_rollout=strategy in SEPARATE_STRATEGIES,
-                    )
-                    summary["strategies"][strategy]["timeline_png"] = str(path)
-            add_relative(summary["strategies"], summary["bound_s"])
+                        on = split if strategy in SEPARATE_STRATEGIES else None  # standalone rollout GPUs
+                        run_stages = on.stages(calibrated) if on is not None else regime_stage
+                        run = run_v1_strategy(
+                            env, run_cfg, regime, run_stages.scaled(scale), strategy, next(tags), bar, on
+                        )
+                    else:
+                        run = _run_one(env, backend, run_cfg, strategy, next(tags), bar)
+                    runs.append(_run_summary(run, run_cfg, strategy, split, summary))
+                    if cfg.plots and seed == cfg.seed:  # the first run's timeline
+                        path = cfg.out_dir / f"timeline_{regime_name}_{strategy}.png"
+                        title = (
+                            f"{regime_name} regime, {strategy}: {cfg.prompts}x{cfg.group_size} samples, "
+                            f"capacity {cfg.capacity}, time scale {scale:.4g}"
+                        )
+                        plot_timeline(
+                            path,
+                            run["records"],
+                            run["samples"],
+                            title=title,
+                            capacity=cfg.capacity,
+                            time_scale=scale,
+                            origin=run["origin"],
+                            separate_rollout=strategy in SEPARATE_STRATEGIES,
+                        )
+                        runs[0]["timeline_png"] = str(path)
+                summary["strategies"][strategy] = combine_repeats(runs, seeds)
+            add_relative(summary["strategies"], summary["bound_s"], summary["latency_s"])
             ours = {k: v for k, v in summary["strategies"].items() if k in OUR_STRATEGIES}
             if regime_name == "recipe" and ours:  # the verdict is on our strategies, against the recipe
                 tolerances = QUICK_TOLERANCES if cfg.checks == "quick" else FULL_TOLERANCES
@@ -318,7 +341,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         choices=("process", "thread"),
         help="run the judge in a thread (default) or a child process",
     )
-    parser.add_argument("--seed", type=int, help="seed of the judge's latency draws and of the answers")
+    parser.add_argument(
+        "--seed", type=int, help="seed of the judge's latency draws, the answers and the response lengths"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="runs of each (regime, strategy), run r with seed + r; the tables give each figure's mean "
+        "with every run's and their spread, (max - min) / mean (default 1; 2 checks that each figure "
+        "reproduces within 2 %%)",
+    )
     parser.add_argument("--out", dest="out_dir", type=Path, help="output directory (default bench_out)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     parser.add_argument("--no-plots", dest="plots", action="store_false", default=None)
@@ -399,6 +431,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n{cfg.prompts}x{cfg.group_size} samples/step, capacity {cfg.capacity}, {cfg.mini_batches} "
         f"mini-batches, time scale {cfg.time_scale:.4g}, {cfg.steps} steps per strategy"
+        + (
+            f", {cfg.repeats} runs of each (seeds {cfg.seed}..{cfg.seed + cfg.repeats - 1})"
+            if cfg.repeats > 1
+            else ""
+        )
         + ("" if cfg.pipeline else "; PIPELINE DISABLED: every strategy ran the baseline schedule")
     )
     print(f"steady state: {results['steady_state']}\n")

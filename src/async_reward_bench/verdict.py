@@ -19,6 +19,11 @@ What a run (``--quick`` included) must prove, in the recipe regime, and how each
    overlap its schedule promises (batch k+1 generated while batch k is scored, updates on the first
    chunks while the last are scored, one version stale), and the off-policy strategies spend a
    clearly smaller share of each batch's scoring blocked on it than the baseline.
+6. **Every figure is a steady-state one** (``figures_in_steady_state``): no strategy's summary is
+   flagged ``below_bound`` by ``report.add_relative`` (a ratio to the bound under 1 less the
+   window's statistical tolerance). Such a figure is not broken code (that is check 2's floor) but a
+   window that is not steady state for the strategy's staleness: the speed checks cannot be read
+   from it, so the run is *inconclusive* (rerun with more ``--steps``), never a pass.
 
 Checks 1, 2 and 5 hold on any machine: a busy CPU makes steps slower, never faster, does not change a
 reward's status, and lengthens the real reward path against the calibrated GPU waits, which only
@@ -33,9 +38,9 @@ Neither signal is sharp (our Ray workers can be starved while the probe is not),
 disabled or broken pipeline must fail checks 1, 2 or 5, which never turn inconclusive.
 
 Outcomes: ``FAIL`` (a check failed on a run that could show it), ``INCONCLUSIVE`` (only starved runs
-missed: rerun on a quieter machine), ``PASS``. The tolerances come from the spread of repeated runs
-(see :data:`QUICK_TOLERANCES` and :data:`FULL_TOLERANCES`), so a healthy machine passes and a
-broken run fails by a wide margin.
+missed, or a figure is flagged below the bound: rerun on a quieter machine, or longer), ``PASS``.
+The tolerances come from the spread of repeated runs (see :data:`QUICK_TOLERANCES` and
+:data:`FULL_TOLERANCES`), so a healthy machine passes and a broken run fails by a wide margin.
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ def judge(
     not_ok: dict[str, int] = {}
     total = 0
     for name, summary in strategies.items():
-        for count in summary.get("reward_status_ok", []):
+        counts = [c for run in summary.get("runs") or [summary] for c in run.get("reward_status_ok", [])]
+        for count in counts:  # every repeat's steps
             total += samples_per_step
             ok = int(count) if isinstance(count, (int, float)) and math.isfinite(count) else 0
             if ok != samples_per_step:  # fewer: failures; more: a sample counted twice
@@ -145,6 +151,8 @@ def judge(
             "timed": ["both"],
             "ok": bool(ratio <= tolerances.bound_ceiling),
         }
+    flagged = {name: s["below_bound_reason"] for name, s in strategies.items() if s.get("below_bound")}
+    checks["figures_in_steady_state"] = {"below_bound": flagged, "ok": not flagged}
     checks.update(structural_checks(strategies, OUR_STRATEGIES if modes is None else modes, mini_batches))
     starved: dict[str, str] = {}
     for name, s in strategies.items():
@@ -155,7 +163,7 @@ def judge(
     for name, check in checks.items():
         if check["ok"]:
             continue
-        if any(timed in starved for timed in check.get("timed", ())):
+        if name == "figures_in_steady_state" or any(timed in starved for timed in check.get("timed", ())):
             check["inconclusive"] = True
             inconclusive.append(name)
         else:
@@ -180,12 +188,22 @@ def summary_line(verdict: dict[str, Any]) -> str:
     if outcome == "FAIL":
         head += f" ({', '.join(verdict['failed'])})"
     elif outcome == "INCONCLUSIVE":
-        why = "; ".join(f"{name}: {reason}" for name, reason in verdict["starved"].items())
-        head += (
-            f" ({', '.join(verdict['inconclusive'])} missed while the CPU was too busy to time the "
-            f"pipeline ({why}; allowed {tol['max_probe_lag_ms']:g} ms, {tol['max_load_per_cpu']:g} per "
-            "CPU); rerun when the machine is quieter)"
-        )
+        said = []
+        starved_misses = [name for name in verdict["inconclusive"] if name != "figures_in_steady_state"]
+        if starved_misses:
+            why = "; ".join(f"{name}: {reason}" for name, reason in verdict["starved"].items())
+            said.append(
+                f"{', '.join(starved_misses)} missed while the CPU was too busy to time the "
+                f"pipeline ({why}; allowed {tol['max_probe_lag_ms']:g} ms, {tol['max_load_per_cpu']:g} per "
+                "CPU); rerun when the machine is quieter"
+            )
+        below = checks.get("figures_in_steady_state", {}).get("below_bound", {})
+        if below:
+            said.append(
+                f"{', '.join(below)} below the bound: not a steady-state figure (see the table's notes); "
+                "rerun with more --steps"
+            )
+        head += f" ({'; '.join(said)})"
     parts = []
     if "both_at_bound" in checks:
         parts.append(
