@@ -13,7 +13,8 @@ Modes (:data:`MODES`): ``sync`` (verl's v1 ``sync`` trainer with our agent loop 
 the reference), ``both`` (``trainer_mode=pipelined``, mini-batch + one-step off-policy) and
 ``both_is`` (``both`` with verl's rollout correction: token-level truncated importance weights,
 ``algorithm.rollout_correction.rollout_is=token``, capped at ``rollout_is_threshold``,
-:attr:`V1ParityConfig.is_threshold`).
+:attr:`V1ParityConfig.is_threshold`), and ``both_fill`` (``both`` at staleness 2:
+``fill_rollout_tail_at=0.5``; not in the default modes, ask for it with ``--modes``).
 Every mode of a seed starts from the same policy and trains on the same prompts in the same order.
 
 Accuracy (greedy, every problem, the judge's rule applied locally) is measured before the first step
@@ -59,6 +60,14 @@ MODES: dict[str, tuple[str, ...]] = {
         "+trainer.v1.pipelined.mini_batch=true",
         "+trainer.v1.pipelined.one_step_off_policy=true",
         "algorithm.rollout_correction.rollout_is=token",
+    ),
+    # Staleness 2 (issue 28, item 6): the batch after next starts generating once the next one is
+    # half generated, so a batch may be sampled two policy versions behind the one it trains.
+    "both_fill": (
+        "trainer.v1.trainer_mode=pipelined",
+        "+trainer.v1.pipelined.mini_batch=true",
+        "+trainer.v1.pipelined.one_step_off_policy=true",
+        "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
     ),
 }
 
