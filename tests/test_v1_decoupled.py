@@ -315,7 +315,10 @@ def test_trains_every_step_with_every_prompt_accounted_and_the_reward_queue_metr
     faults = slow_judge_runs["decoupled/judge_faults"]
     assert 0 not in trained or faults.get("hang", 0) >= 1, faults
     assert 1 not in trained or faults.get("400", 0) >= 1, faults
-    assert faults.get("hang", 0) + faults.get("400", 0) >= 1, "no faulty row reached the judge"
+    # No "some fault reached the judge" assertion: a loaded fresh-clone run (2026-11-27) sent neither
+    # row before the last step was taken, which the schedule allows. A hanging judge call becoming
+    # `timeout` under verl v1 is asserted every run in tests/test_v1.py, a 400 under v1 `sync` and our
+    # decoupled mode in tests/test_judge_in_job.py.
     failed = [
         row for row in trained_rows(run) if row.index in statuses and row.reward_extra_info["status"] != "ok"
     ]
