@@ -163,43 +163,28 @@ def test_thinking_the_server_returned_apart_comes_before_the_content_in_the_toke
     assert result.value == pytest.approx(5.5)
 
 
+#: A reply whose ``è`` is split over two tokens, then an unsure 8 (0.5, else 9).
+TRES_BIEN = "Très bien.\nVerdict: [[8]]"
+
+
+def tres_bien_entries(first_half: dict[str, Any], second_half: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tokens of :data:`TRES_BIEN`, with the two halves of its ``è`` as given."""
+    prose = [entry("Tr"), first_half, second_half, entry("s"), entry(" bien"), entry("."), entry("\n")]
+    return [*prose, *OPENING, entry("8", 0.5, ("9", 0.5)), entry("]]")]
+
+
 def test_bytes_of_a_character_split_over_two_tokens_still_align():
-    content = "Très bien.\nVerdict: [[8]]"
     e_grave = "è".encode()
-    entries = [
-        entry("Tr"),
-        entry("\ufffd", raw=e_grave[:1]),
-        entry("\ufffd", raw=e_grave[1:]),
-        entry("s"),
-        entry(" bien"),
-        entry("."),
-        entry("\n"),
-        *OPENING,
-        entry("8", 0.5, ("9", 0.5)),
-        entry("]]"),
-    ]
-    assert weigh(content, entries).value == pytest.approx(8.5)
+    entries = tres_bien_entries(entry("\ufffd", raw=e_grave[:1]), entry("\ufffd", raw=e_grave[1:]))
+    assert weigh(TRES_BIEN, entries).value == pytest.approx(8.5)
 
 
 def test_vllms_reply_shape_with_its_end_of_sequence_token_and_lossy_bytes_is_weighed():
     """What vLLM 0.24 returns (seen on an H200, 2026-11-27): the end-of-sequence token is the last
     entry (``<|im_end|>``, left out of the reply's text), and a character split over two tokens is
     U+FFFD in each token's ``bytes``. Both left every served-judge sample unweighted before."""
-    content = "Très bien.\nVerdict: [[8]]"
-    entries = [
-        entry("Tr"),
-        entry("\ufffd"),
-        entry("\ufffd"),
-        entry("s"),
-        entry(" bien"),
-        entry("."),
-        entry("\n"),
-        *OPENING,
-        entry("8", 0.5, ("9", 0.5)),
-        entry("]]"),
-        entry("<|im_end|>"),
-    ]
-    result = weigh(content, entries)
+    entries = [*tres_bien_entries(entry("\ufffd"), entry("\ufffd")), entry("<|im_end|>")]
+    result = weigh(TRES_BIEN, entries)
     assert isinstance(result, ExpectedVerdict) and result.value == pytest.approx(8.5)
     assert weigh(
         "Verdict: [[7]]", [*OPENING, entry("7", 0.6, ("8", 0.4)), entry("]]"), entry("<|im_end|>")]

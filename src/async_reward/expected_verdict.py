@@ -159,16 +159,15 @@ def _leading_digits(text: str) -> str:
     return text[:end]
 
 
-def _verdict_offset(content: str, tokens: Sequence[ReplyToken], start: int) -> int | None:
-    """The byte offset, in what ``tokens`` spell, of the verdict at character ``start`` of ``content``;
-    None where the tokens do not spell the reply.
+def _verdict_offset(content: str, tokens: Sequence[ReplyToken], spelled: bytes, start: int) -> int | None:
+    """The byte offset, in ``spelled`` (what ``tokens`` spell), of the verdict at character ``start``
+    of ``content``; None where the tokens do not spell the reply.
 
     The reply's text must end on a token boundary: tokens after it are the server's own (vLLM lists
     the end-of-sequence token and a stop string's tokens, which the text leaves out), tokens before it
     may be the judge's thinking. The last such place counts. Where the whole text is not found there
     (a server that renders a character split over tokens as U+FFFD), the text from the verdict on is
     looked for the same way: the verdict's own tokens are what the rule needs."""
-    spelled = b"".join(token.data for token in tokens)
     ends, position = {0}, 0
     for token in tokens:
         position += len(token.data)
@@ -206,11 +205,11 @@ def expected_verdict(
     written = content[start:end]
     if not _is_digits(written):
         return "verdict is not a whole number"
-    start_b = _verdict_offset(content, tokens, start)
+    spelled = b"".join(token.data for token in tokens)
+    start_b = _verdict_offset(content, tokens, spelled, start)
     if start_b is None:
         return "tokens do not spell the reply"
     end_b = start_b + len(written)  # ASCII digits: one byte each
-    spelled = b"".join(token.data for token in tokens)
     position, first = 0, None
     for index, token in enumerate(tokens):
         token_end = position + len(token.data)
