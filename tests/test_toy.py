@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from async_reward.pipeline.schedule import StepSchedule
-from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
+from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy, expected_score
 from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update
 from async_reward_bench.toy.task import (
     ArithmeticTask,
@@ -188,6 +188,47 @@ def test_local_rewards_give_complete_groups_in_chunks(char_tokenizer: Any) -> No
     scores = first.rm_scores.sum(dim=-1)
     assert set(scores.tolist()) <= {0.0, 1.0}
     np.testing.assert_array_equal(scores.numpy(), first.reward_extra_info["acc"])
+
+
+@pytest.mark.parametrize(("max_operand", "temperature"), [(1, 1.0), (2, 0.7)])
+def test_expected_score_is_the_probability_that_a_sampled_response_is_right(
+    char_tokenizer: Any, max_operand: int, temperature: float
+) -> None:
+    """The exact enumeration against 3,000 sampled responses a problem of the same policy: within
+    5 standard errors, and on a policy pushed towards the right answers as well as an untrained one
+    (so a rule that only counts the first token, or drops cut responses, would be caught where it
+    matters)."""
+    task = ArithmeticTask(max_operand=max_operand)
+    policy = TinyPolicy(len(char_tokenizer), 8, seed=max_operand)
+    trained = TinyPolicy(len(char_tokenizer), 8, seed=max_operand)
+    with torch.no_grad():  # bias the head towards digits and <eos>: a mix of right, wrong and cut replies
+        trained.head.bias[2:12] += 2.0
+        trained.head.bias[EOS] += 1.0
+    for candidate in (policy, trained):
+        exact = expected_score(candidate, task, char_tokenizer, temperature=temperature)
+        batch = encode_prompts(task, char_tokenizer, task.problems * 3_000)
+        generator = torch.Generator().manual_seed(7)
+        responses, mask = candidate.generate(
+            batch.batch["input_ids"],
+            batch.batch["attention_mask"],
+            task.max_response_tokens,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            temperature=temperature,
+            generator=generator,
+        )
+        texts = decode_responses(char_tokenizer, responses, mask)
+        truths = [item["ground_truth"] for item in batch.non_tensor_batch["reward_model"]]
+        sampled = float(np.mean([exact_match(t, g) for t, g in zip(texts, truths, strict=True)]))
+        error = (max(exact * (1 - exact), 1e-4) / len(texts)) ** 0.5
+        assert abs(exact - sampled) <= 5 * error, (exact, sampled)
+        assert 0.0 < exact < 1.0
+
+
+def test_expected_score_refuses_what_it_cannot_enumerate(char_tokenizer: Any) -> None:
+    policy = TinyPolicy(len(char_tokenizer), 8, seed=0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        expected_score(policy, ArithmeticTask(max_operand=1), char_tokenizer, temperature=0.0)
 
 
 @pytest.mark.slow

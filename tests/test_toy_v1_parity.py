@@ -91,12 +91,15 @@ def assert_nothing_of_the_run_is_left(killed: list[Any]) -> None:
 def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_staleness(
     mode: str, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """12 steps of 4 prompts x 8 samples: the policy learns, read off the sampled training score (32
-    samples a step): half of a step's samples right at some step, from about 1 in 11 untrained, and
-    the later steps' mean at least 1.5 times the first step's (a toy run's path depends on which
-    groups get which draws and oscillates at this learning rate, and greedy accuracy on 4 problems
-    moves in steps of 0.25, so it is only required not to fall); a policy that does not learn
-    (learning rate 0: at most 0.09, mean 0.03) fails both; every
+    """12 steps of 4 prompts x 8 samples: the policy learns, read off the exact probability that a
+    sampled response is right (``expected_score``, every response enumerated; no sampling noise):
+    at least three times the untrained policy's (0.041) at the end of the run. The pipelined modes
+    put groups into mini-batches in the order their rewards arrive, which load changes, so the path
+    differs between runs: runs on a quiet and on a loaded machine ended at 0.25-0.50 (the policy
+    sharpens onto one answer per problem), a policy that does not learn stays at 0.041. The sampled
+    training score (32 draws a step) is too coarse for a threshold: a CI run whose policy learned saw
+    no step above 0.41. Greedy accuracy on 4 problems moves in steps of 0.25, so it is only required
+    not to fall. Every
     sample is trained exactly once, in ``mini_batches`` updates per step; ``sync`` samples batch k
     from the weights after step k-1, the pipelined ``both`` one version older (batch 2 from the
     initial weights too), staleness 0 vs 1 from the second step, and ``both_is`` trains with verl's
@@ -114,7 +117,9 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
     assert [point["step"] for point in curve] == [0, 4, 8, 12]
     scores = run["train_score"]
     assert len(scores) == CFG.steps and all(0.0 <= score <= 1.0 for score in scores), scores
-    assert max(scores) >= 0.5 and sum(scores[1:]) / len(scores[1:]) >= 1.5 * scores[0], (scores, curve)
+    learned = run["expected_score"]
+    assert len(learned) == len(curve) and all(0.0 <= p <= 1.0 for p in learned), learned
+    assert learned[-1] >= 3 * learned[0] > 0.0, (learned, scores)
     assert run["final_accuracy"] >= curve[0]["accuracy"], curve
 
     assert run["trained_rows"] == run["distinct_trained_rows"] == CFG.steps * samples

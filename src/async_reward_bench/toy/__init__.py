@@ -9,7 +9,7 @@ benchmark is ``async_reward_bench.toy.parity`` (its verdict: ``async_reward_benc
 
 from __future__ import annotations
 
-from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy
+from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy, expected_score
 from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update
 from async_reward_bench.toy.task import ArithmeticTask, PromptSampler, build_char_tokenizer, exact_match
 
@@ -23,5 +23,6 @@ __all__ = [
     "compute_log_probs",
     "evaluate_accuracy",
     "exact_match",
+    "expected_score",
     "ppo_update",
 ]

@@ -260,7 +260,7 @@ def run_one(
     from verl.trainer.main_ppo import TaskRunnerV1
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from async_reward_bench.toy.backend import evaluate_accuracy
+    from async_reward_bench.toy.backend import evaluate_accuracy, expected_score
     from async_reward_bench.toy.policy import TinyPolicy
     from async_reward_bench.toy.task import ArithmeticTask
     from async_reward_bench.toy.v1_policy import (
@@ -285,6 +285,7 @@ def run_one(
     actor = PolicyActor(policy, optimizer, config.actor_rollout_ref.actor, rollout_is=rollout_is)
     curve: list[dict[str, float]] = []
     clock = {"start": 0.0, "eval_s": 0.0, "shown": 0}
+    temperature = float(config.actor_rollout_ref.rollout.temperature)  # what the token server samples at
 
     def on_sync(version: int) -> None:
         # version 0: the initial sync (on_init_end), before fit; the clock starts when fit does
@@ -292,8 +293,9 @@ def run_one(
         if version % cfg.eval_every and version != cfg.steps:
             return
         accuracy = evaluate_accuracy(policy, task, tokenizer)
+        score = expected_score(policy, task, tokenizer, temperature=temperature)
         wall = now - clock["start"] - clock["eval_s"] if version else 0.0
-        curve.append({"step": version, "wall_s": wall, "accuracy": accuracy})
+        curve.append({"step": version, "wall_s": wall, "accuracy": accuracy, "expected_score": score})
         if version:
             clock["eval_s"] += time.perf_counter() - now
         if bar is not None:
@@ -352,6 +354,7 @@ def run_one(
         "curve": curve,
         "final_accuracy": curve[-1]["accuracy"],
         "mean_accuracy": float(np.mean([point["accuracy"] for point in curve[1:]])),
+        "expected_score": [point["expected_score"] for point in curve],
         "train_score": [m.get("critic/score/mean", float("nan")) for m in steps],
         "staleness": [m.get("off_policy/staleness", 0.0) for m in steps],
         "reward_blocked_s": float(sum(m.get("timing_s/reward_blocked", 0.0) for m in steps)),
