@@ -263,3 +263,89 @@ async def test_members_that_disagree_on_the_question_are_not_one_group(
     assert [info["status"] for info in members] == ["invalid"] * 3
     assert "different prompts or references" in members[0]["failure_reason"]
     assert chat_requests(server) == 0
+
+
+# ------------------------------------------------------------------------------- the wait for members
+
+
+async def test_members_that_wait_past_group_wait_s_fail_with_the_count_never_partial(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """Two of three members arrive: when judge.group_wait_s passes, both fail ``timeout`` with the
+    count, no call is made; the third, arriving after, fails at once (never a second wait)."""
+    config = group_config(verl_config_factory, server, group_wait_s=0.2)
+    manager = registered_manager(config, tokenizer)
+    members = infos(await score_members(manager, batch_factory, GROUP[:2]))
+    assert [info["status"] for info in members] == ["timeout"] * 2
+    assert all(
+        info["failure_reason"].startswith(
+            "group g1: 2 of 3 members arrived within 0.2 s (judge.group_wait_s)"
+        )
+        for info in members
+    )
+    assert all(info["judge_group_position"] == 0 and info["judge_tokens"] == 0 for info in members)
+    late = infos(await score_members(manager, batch_factory, GROUP[2:]))[0]
+    assert late["status"] == "error" and "arrived after its group expired (2 of 3" in late["failure_reason"]
+    assert chat_requests(server) == 0
+
+
+async def test_a_member_beyond_n_fails_with_the_reason_and_the_group_keeps_its_scores(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    extra = {**GROUP[0], "response": "Another 5"}
+    outputs = await score_members(manager, batch_factory, [*GROUP, extra])
+    members = infos(outputs)
+    assert [info["status"] for info in members] == ["ok", "ok", "ok", "error"]
+    assert "more than actor_rollout_ref.rollout.n=3 samples share this uid" in members[3]["failure_reason"]
+    assert [float(output["reward_score"]) for output in outputs[:3]] == [1.0, 0.0, 1.0]
+    assert chat_requests(server) == 1
+
+
+async def test_a_sample_without_a_uid_is_refused(server, verl_config_factory, tokenizer):
+    from async_reward.result import RewardSample
+
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    output = await manager.score_decoded(
+        RewardSample(index=0, uid=None, data_source="t", prompt="q", response="5", ground_truth="5")
+    )
+    info = output["reward_extra_info"]
+    assert info["status"] == "invalid" and "needs each sample's uid" in info["failure_reason"]
+
+
+async def test_a_member_cancelled_while_it_waits_no_longer_counts(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """A cancelled member leaves its group: the group is judged once n members that still wait are
+    there, and the cancelled one's response is not in the call."""
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    batch = batch_factory([*GROUP, {**GROUP[0], "response": "Cancelled 99"}])
+    leaving = asyncio.ensure_future(manager.run_single(batch[3:4]))
+    await asyncio.sleep(0)  # it has joined the group
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    outputs = await asyncio.gather(*(manager.run_single(batch[i : i + 1]) for i in range(3)))
+    assert [info["status"] for info in infos(outputs)] == ["ok"] * 3
+    assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0, 1.0]
+    assert chat_requests(server) == 1
+
+
+async def test_a_group_whose_members_are_all_cancelled_stops_its_call(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    server.update_config(hold=True)  # the call waits at the server until the test lets it go
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    batch = batch_factory(GROUP)
+    from tests.test_managers import until_the_server_has
+
+    tasks = [asyncio.ensure_future(manager.run_single(batch[i : i + 1])) for i in range(3)]
+    await until_the_server_has(server, 1)
+    assert manager.group.calls_in_flight == 1
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    deadline = asyncio.get_running_loop().time() + 60
+    while manager.group.calls_in_flight:  # the cancelled call unwinds at its next step
+        assert asyncio.get_running_loop().time() < deadline, "the group's call kept running"
+        await asyncio.sleep(0.01)

@@ -143,6 +143,12 @@ class GroupRendezvous:
         self._open: dict[str, _Group] = {}
         #: uid -> why a member of it can no longer join (judged, or expired).
         self._closed: OrderedDict[str, str] = OrderedDict()
+        self._calls: set[asyncio.Future[None]] = set()
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Group calls started and not yet done (a cancelled one counts until it has unwound)."""
+        return len(self._calls)
 
     async def score(self, sample: RewardSample) -> RewardResult:
         """``sample``'s result from its group's one call, once every member arrived."""
@@ -171,6 +177,8 @@ class GroupRendezvous:
                 f"(more than actor_rollout_ref.rollout.n={self.size} samples share this uid)",
             )
             group.call = asyncio.ensure_future(self._judge(group))
+            self._calls.add(group.call)
+            group.call.add_done_callback(self._calls.discard)
         try:
             return await asyncio.shield(member)
         except asyncio.CancelledError:
