@@ -279,8 +279,10 @@ class JudgeConfig:
         default=None, metadata=in_range(1e-3, 86400, "give the seconds a group's members may take to arrive")
     )
     """With ``mode: group``: how long a worker waits, from a group's first member, for the rest of it
-    (null: 60). When it passes, every member that arrived fails with status ``timeout`` and the
-    count that arrived (never a partial group judged, never a wait without end)."""
+    (null: 600). When it passes, every member that arrived fails with status ``timeout`` and the
+    count that arrived (never a partial group judged, never a wait without end). Where sessions are
+    scored as they finish generating (verl's agent loop), it must cover the spread of generation
+    times inside a group."""
     group_shuffle: bool | None = None
     """With ``mode: group``: list the members in an order shuffled per call (seeded by
     ``group_seed`` and the group's ``uid``), so a judge's position bias favours no member

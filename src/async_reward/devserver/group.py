@@ -65,7 +65,7 @@ def group_reply(
     text = "\n".join(message_text(m) for m in messages)
     references = _REFERENCE.findall(text)
     reference = html.unescape(references[-1]).strip() if references else None
-    parts = []
+    parts: list[str] = []
     if echo_response:
         parts.extend(f'Response R{label} reads:\n"""\n{response}\n"""' for label, response in members)
     parts.append("Each response, graded on its own:")
