@@ -349,3 +349,21 @@ async def test_a_group_whose_members_are_all_cancelled_stops_its_call(
     while manager.group.calls_in_flight:  # the cancelled call unwinds at its next step
         assert asyncio.get_running_loop().time() < deadline, "the group's call kept running"
         await asyncio.sleep(0.01)
+
+
+async def test_a_session_that_arrives_twice_is_a_duplicate_not_another_member(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """verl's v1 agent loop numbers a group's sessions (``session_id``): a session sent again (a
+    reward worker out of reach for a moment) must not stand in for a member still to come."""
+    import numpy as np
+
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    batch = batch_factory([GROUP[0], GROUP[1], GROUP[1], GROUP[2]])
+    batch.non_tensor_batch["session_id"] = np.array([0, 1, 1, 2])
+    outputs = await asyncio.gather(*(manager.run_single(batch[i : i + 1]) for i in range(4)))
+    members = infos(outputs)
+    assert [info["status"] for info in members] == ["ok", "ok", "error", "ok"]
+    assert "session 1 arrived twice (a duplicate member)" in members[2]["failure_reason"]
+    assert [float(outputs[i]["reward_score"]) for i in (0, 1, 3)] == [1.0, 0.0, 1.0]
+    assert chat_requests(server) == 1

@@ -11,8 +11,10 @@ them all. Every member's result comes from that one call. The rules of the wait:
   never a wait without end.
 * **Every sample accounted for once.** A member whose uid belongs to a group already judged or
   expired in this worker (more than ``n`` samples share the uid, or one came late) fails at once
-  with status ``error`` and the reason; a member without a ``uid`` fails ``invalid``. Members are
-  counted, not identified: two members with the same text are two members.
+  with status ``error`` and the reason; so does a second arrival of a session already waiting (a
+  duplicate: verl's v1 agent loop numbers a group's sessions, ``session_id``); a member without a
+  ``uid`` fails ``invalid``. Where the batch carries no ``session_id`` (verl's own reward loop, our
+  pipelined manager), members are counted: two members with the same text are two members.
 * **All or nothing.** The call's failure (timeout, HTTP error, an unreadable reply, members that
   disagree on the question or the reference) fails every member with that status and reason.
 * **Cost once.** The member that arrived first carries what the call spent and its attempts; the
@@ -262,6 +264,13 @@ class GroupRendezvous:
         if group is None:
             group = self._open[uid] = _Group(uid)
             group.timer = loop.call_later(self.wait_s, self._expire, group)
+        if sample.session_id is not None and any(s.session_id == sample.session_id for s, _ in group.members):
+            return RewardResult.failure(
+                Status.ERROR,
+                f"group {uid}: session {sample.session_id} arrived twice (a duplicate member); the first "
+                "arrival stays in the group",
+                attempts=0,
+            )
         member: asyncio.Future[RewardResult] = loop.create_future()
         group.members.append((sample, member))
         group.waiting += 1
