@@ -72,7 +72,7 @@ def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
 ):
     """A judge colocated on the training GPUs is scored by verl's RewardLoopManager.compute_rm_score,
     one contiguous chunk per reward worker: whole groups only under these conditions."""
-    from async_reward.managers.group_scoring import group_size
+    from async_reward.group_placement import group_size
 
     config = group_config(verl_config_factory, server)
     with open_dict(config):
@@ -95,7 +95,7 @@ def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
 
 
 def test_offline_scoring_has_no_groups_and_is_refused():
-    from async_reward.managers.group_scoring import group_size
+    from async_reward.group_placement import group_size
 
     with pytest.raises(ConfigError) as refused:
         group_size({"reward": {"async_reward": {"judge": {"mode": "group"}}}})

@@ -38,6 +38,7 @@ from async_reward.expected_verdict import (
     reply_tokens,
     say_unweighted,
 )
+from async_reward.group_placement import group_size
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
@@ -46,7 +47,7 @@ from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.criteria_scoring import criteria_extra_defaults, score_criteria
-from async_reward.managers.group_scoring import GroupRendezvous, group_extra_defaults, group_size
+from async_reward.managers.group_scoring import GroupRendezvous, group_extra_defaults
 from async_reward.managers.judge_reply import JudgeReply, judge_reply
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status

@@ -31,9 +31,9 @@ from verl import DataProto
 
 from async_reward.checks import check_reward
 from async_reward.config import ConfigError, load_config
+from async_reward.group_placement import whole_groups
 from async_reward.judge_in_job.settings import in_job_judge
 from async_reward.managers.base import RewardScoringError
-from async_reward.managers.group_scoring import whole_groups
 from async_reward.pipeline.chunks import (
     GroupLayout,
     RewardChunk,

@@ -53,7 +53,7 @@ class PipelineRewardWorker:
         if reward_router_address is not None and in_job_judge(config):
             model_path = copy_to_local(config.reward.reward_model.model_path)
             model_tokenizer = hf_tokenizer(model_path, trust_remote_code=True)
-        from async_reward.managers.group_scoring import whole_groups
+        from async_reward.group_placement import whole_groups
 
         # Samples reach the manager through run_single, never /classify, and in whole groups.
         with routed_workers(), whole_groups():
