@@ -272,9 +272,8 @@ class JudgeConfig:
     (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
     call, listed in a shuffled order, one ``R<k>: [[n]]`` line each, each member's verdict normalised
     as a pointwise one (``async_reward.group_judging``). It needs the whole group in one reward
-    worker: our pipelined manager, our v1 agent loop (which routes by ``uid``), or verl's
-    ``RewardLoopManager`` with ``data.train_batch_size`` a multiple of ``reward.num_workers``; it is
-    refused at start-up elsewhere."""
+    worker: our pipelined trainer or manager, our v1 agent loop (which routes by ``uid``), or one
+    reward worker; it is refused at start-up elsewhere (``async_reward.group_placement``)."""
     group_wait_s: float | None = field(
         default=None, metadata=in_range(1e-3, 86400, "give the seconds a group's members may take to arrive")
     )
