@@ -1,6 +1,7 @@
-"""What rubric judging and probability-weighted verdicts change, on the local judge (issue 29, item 6).
+"""What rubric judging, probability-weighted verdicts and group judging change, on the local judge
+(issue 29, item 6).
 
-Two measurements of ``llm_judge`` against ``async-reward serve``'s judge in this process, over real
+Four measurements of ``llm_judge`` against ``async-reward serve``'s judge in this process, over real
 HTTP, on one GRPO-shaped step (``--prompts`` prompts x ``--group`` responses, a seeded mix of right
 and wrong answers, some spelling the answer out):
 
@@ -18,6 +19,13 @@ and wrong answers, some spelling the answer out):
    and the share of them that the rubric, and the expected verdict, order the same way, the opposite
    way, or tie. The rubric also grades two criteria besides correctness, so its disagreements are
    what it adds, not errors.
+
+4. **Group judging against pointwise** (``judge.mode: group``): calls and judge tokens of one step,
+   the agreement of the within-group order with pointwise verdicts, and position bias: with the
+   local judge adding 3 to the response it reads first, the mean reward change against pointwise of
+   each member (by the order it was generated in), members listed in arrival order and shuffled.
+   The local judge grades each response by the same rule in both modes, so the agreement shows the
+   reading is right, not how a real judge grades in company.
 
 Run: ``python benchmarks/judge_features.py`` (seconds; ``--json PATH`` writes the figures).
 """
@@ -65,7 +73,7 @@ def step_rows(prompts: int, group: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
-def build(server_url: str, tokenizer_dir: Path, judge: dict[str, Any]) -> Any:
+def build(server_url: str, tokenizer_dir: Path, judge: dict[str, Any], group: int = 1) -> Any:
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -79,6 +87,8 @@ def build(server_url: str, tokenizer_dir: Path, judge: dict[str, Any]) -> Any:
         config.reward.reward_manager.name = "llm_judge"
         config.reward.num_workers = 1
         config.reward.async_reward = {"judge": {"base_url": server_url + "/v1", **judge}}
+        config.actor_rollout_ref.rollout.n = group  # judge.mode=group reads the group size here
+        config.actor_rollout_ref.rollout.val_kwargs.n = group
     from transformers import AutoTokenizer
 
     return LLMJudgeRewardManager(config, AutoTokenizer.from_pretrained(str(tokenizer_dir)))
@@ -185,12 +195,63 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "rubric": pairwise_agreement(rows, scores["plain"], one["scores"]),
             "expected_verdict": pairwise_agreement(rows, scores["plain"], scores["expected_verdict"]),
         }
+        figures["group"] = await measure_group(server, tokenizer_dir, rows, args.group)
         return figures
     finally:
         from async_reward.http import close_sessions
 
         await close_sessions()
         server.stop()
+
+
+async def measure_group(
+    server: Any, tokenizer_dir: Path, rows: list[dict[str, str]], size: int
+) -> dict[str, Any]:
+    """Group judging (``judge.mode: group``) against pointwise: calls, tokens, agreement of the
+    within-group order, and the position bias of a judge that adds ``_BONUS`` to the response it
+    reads first, with the members in a fixed order and shuffled."""
+    server.update_config(verdict_probability=1.0, verdict_probability_low=None, group_position_bonus=0)
+    runs: dict[str, dict[str, Any]] = {}
+    for label, judge in (
+        ("pointwise", {}),
+        ("group", {"mode": "group"}),
+        ("biased_fixed_order", {"mode": "group", "group_shuffle": False}),
+        ("biased_shuffled", {"mode": "group"}),
+    ):
+        server.reset()
+        server.update_config(group_position_bonus=_BONUS if label.startswith("biased") else 0)
+        results = await score(build(server.url, tokenizer_dir, judge, group=size), tokenizer_dir, rows)
+        assert all(r["status"] == "ok" for r in results), [r["failure_reason"] for r in results][:3]
+        stats = server.stats()
+        runs[label] = {
+            "calls": stats["requests_by_path"].get("/v1/chat/completions", 0),
+            "tokens": stats["tokens_total"],
+            "scores": [r["score"] for r in results],
+        }
+    server.update_config(group_position_bonus=0)
+    pointwise, group = runs["pointwise"], runs["group"]
+
+    def shift_by_member(label: str) -> list[float]:
+        """Mean reward change against pointwise of each member, by its place in the batch (the
+        order it was generated in), over the groups."""
+        shifts = [b - a for a, b in zip(pointwise["scores"], runs[label]["scores"], strict=True)]
+        return [statistics.fmean(shifts[k::size]) for k in range(size)]
+
+    return {
+        "calls_pointwise": pointwise["calls"],
+        "calls_group": group["calls"],
+        "tokens_pointwise": pointwise["tokens"],
+        "tokens_group": group["tokens"],
+        "token_ratio": group["tokens"] / pointwise["tokens"],
+        "agreement_with_pointwise": pairwise_agreement(rows, pointwise["scores"], group["scores"]),
+        "position_bonus": _BONUS,
+        "shift_by_member_fixed_order": shift_by_member("biased_fixed_order"),
+        "shift_by_member_shuffled": shift_by_member("biased_shuffled"),
+    }
+
+
+#: The local judge's bias for the response it reads first, on its 0-10 scale (``group_position_bonus``).
+_BONUS = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +280,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{label} against pointwise verdicts, over the {agreement['pairs']} within-group pairs "
             f"pointwise orders: same order {agreement['same']:.0%}, opposite {agreement['opposite']:.0%}, "
             f"tied {agreement['tied']:.0%}"
+        )
+    group = figures["group"]
+    agreement = group["agreement_with_pointwise"]
+    print(
+        f"group judging ({args.group} responses a call): {group['calls_group']} calls vs "
+        f"{group['calls_pointwise']} pointwise; judge tokens {group['tokens_group']} vs "
+        f"{group['tokens_pointwise']} ({group['token_ratio']:.2f}x); of the {agreement['pairs']} "
+        f"within-group pairs pointwise orders: same order {agreement['same']:.0%}, opposite "
+        f"{agreement['opposite']:.0%}, tied {agreement['tied']:.0%}"
+    )
+    for label in ("fixed_order", "shuffled"):
+        shifts = ", ".join(f"{shift:+.3f}" for shift in group[f"shift_by_member_{label}"])
+        order = label.replace("_", " ")
+        print(
+            f"position bias (+{group['position_bonus']} for the response read first), {order}: "
+            f"mean reward change against pointwise by member in generation order: {shifts}"
         )
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2))

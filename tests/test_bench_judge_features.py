@@ -30,5 +30,14 @@ def test_the_judge_features_benchmark_counts_calls_tokens_and_ties(tmp_path, cap
     assert weighted["same"] == 1.0  # weighting never reverses the judge's own order
     assert rubric_order["opposite"] == 0.0  # correctness weighs most in this rubric
     assert rubric_order["same"] + rubric_order["tied"] == 1.0
+    group = figures["group"]
+    assert group["calls_group"] == figures["groups"] == 6  # one call a group
+    assert group["calls_pointwise"] == figures["samples"]
+    assert 0 < group["tokens_group"] < group["tokens_pointwise"]
+    assert group["agreement_with_pointwise"]["same"] == 1.0  # the local judge's rule is the same
+    fixed, shuffled = group["shift_by_member_fixed_order"], group["shift_by_member_shuffled"]
+    assert fixed[0] > 0 and fixed[1:] == [0.0] * 3  # unshuffled, the first member takes the bias
+    assert max(shuffled) < fixed[0] and sum(shift > 0 for shift in shuffled) >= 2  # shuffled: spread
     printed = capsys.readouterr().out
     assert "zero-advantage groups" in printed and "against pointwise verdicts" in printed
+    assert "group judging (4 responses a call)" in printed and "position bias" in printed

@@ -267,6 +267,27 @@ class JudgeConfig:
     )
     """With ``expected_verdict``: alternatives listed per token; enough to cover the scale
     (0-10 written as one token each needs 11)."""
+    mode: Literal["pointwise", "group"] = "pointwise"
+    """``pointwise``: one verdict per response, one call each. ``group``: the members of a GRPO group
+    (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
+    call, listed in a shuffled order, one ``R<k>: [[n]]`` line each, each member's verdict normalised
+    as a pointwise one (``async_reward.group_judging``). It needs the whole group in one reward
+    worker: our pipelined trainer or manager, our v1 agent loop (which routes by ``uid``), or one
+    reward worker; it is refused at start-up elsewhere (``async_reward.group_placement``)."""
+    group_wait_s: float | None = field(
+        default=None, metadata=in_range(1e-3, 86400, "give the seconds a group's members may take to arrive")
+    )
+    """With ``mode: group``: how long a worker waits, from a group's first member, for the rest of it
+    (null: 600). When it passes, every member that arrived fails with status ``timeout`` and the
+    count that arrived (never a partial group judged, never a wait without end). Where sessions are
+    scored as they finish generating (verl's agent loop), it must cover the spread of generation
+    times inside a group."""
+    group_shuffle: bool | None = None
+    """With ``mode: group``: list the members in an order shuffled per call (seeded by
+    ``group_seed`` and the group's ``uid``), so a judge's position bias favours no member
+    systematically (null: true). False: arrival order (for measuring that bias)."""
+    group_seed: int | None = None
+    """With ``mode: group``: the seed of the shuffle (null: 0)."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -367,6 +388,7 @@ class JudgeConfig:
                 "give judge.min_score and judge.max_score as whole numbers, or set expected_verdict=false",
             )
         self._validate_criteria(path)
+        self._validate_group(path)
         own = set(_JUDGE_OWN_FIELDS) | ({"logprobs", "top_logprobs"} if self.expected_verdict else set())
         overridden = sorted(set(self.extra_body) & own)
         if overridden:
@@ -457,6 +479,38 @@ class JudgeConfig:
                     getattr(self, key),
                     f"does not apply with judge.criteria: {why}",
                     f"remove judge.{key}, or judge.criteria",
+                )
+
+    def _validate_group(self, path: str) -> None:
+        """The settings group judging cannot work with (``mode: group``), and group keys without it."""
+        if self.mode not in ("pointwise", "group"):
+            raise bad_value(f"{path}.mode", self.mode, "is not a judging mode", "use pointwise or group")
+        if self.mode != "group":
+            for key in ("group_wait_s", "group_shuffle", "group_seed"):
+                if getattr(self, key) is not None:
+                    raise bad_value(
+                        f"{path}.{key}",
+                        getattr(self, key),
+                        "is set without judge.mode=group",
+                        f"remove judge.{key}, or set judge.mode=group",
+                    )
+            return
+        conflicts = [
+            ("criteria", bool(self.criteria), "a rubric per member in one group call is not supported"),
+            ("expected_verdict", self.expected_verdict, "group verdicts are not weighed by logprobs yet"),
+            ("template", self.template != "correctness", "group judging builds its own prompt"),
+            ("parser", self.parser not in ("auto", "brackets"), "members are read as R<k>: [[n]] lines"),
+            ("verdict_position", self.verdict_position != "end", "the member lines must end the reply"),
+            ("on_conflict", self.on_conflict != "refuse", "a disagreeing member verdict is always refused"),
+            ("cache", self.cache, "group verdicts are not cached"),
+        ]
+        for key, conflicting, why in conflicts:
+            if conflicting:
+                raise bad_value(
+                    f"{path}.{key}",
+                    getattr(self, key),
+                    f"does not apply with judge.mode=group: {why}",
+                    f"remove judge.{key}, or set judge.mode=pointwise",
                 )
 
     @staticmethod

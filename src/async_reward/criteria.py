@@ -26,6 +26,7 @@ verdict *or* its expected verdict is under half marks (``managers.criteria_weigh
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,17 +41,12 @@ __all__ = [
     "aggregate",
     "criteria_messages",
     "read_criteria",
+    "read_labelled_verdicts",
 ]
 
 #: A criterion's name: it becomes part of extras keys (``judge_criterion_<name>``).
 CRITERION_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
-# One line of the final block: optional markdown bold around the id, the verdict, then the reason.
-_LINE = re.compile(
-    rf"\**C([0-9]{{1,3}})\**\s*:\s*\[\[\s*({_NUM})\s*\]\]\s*(?:[-:\u2013\u2014]\s*)?(.*)", re.ASCII
-)
-# A criterion verdict anywhere in the reply, for conflicts.
-_ANYWHERE = re.compile(rf"\bC([0-9]{{1,3}})\**\s*:\s*\[\[\s*({_NUM})\s*\]\]", re.ASCII)
 _REASON_CHARS = 200
 
 
@@ -142,41 +138,76 @@ def read_criteria(
         CriteriaError: a block that is not one line per criterion, a repeated, missing or unknown
             id, a verdict off the scale, or a verdict elsewhere that disagrees.
     """
+    return read_labelled_verdicts(
+        visible, ids, prefix="C", what="criterion", min_score=min_score, max_score=max_score
+    )
+
+
+@functools.cache
+def _patterns(prefix: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(one line of the final block, a verdict anywhere) for labels ``<prefix><k>``."""
+    label = re.escape(prefix)
+    line = re.compile(
+        rf"\**{label}([0-9]{{1,3}})\**\s*:\s*\[\[\s*({_NUM})\s*\]\]\s*(?:[-:\u2013\u2014]\s*)?(.*)", re.ASCII
+    )
+    anywhere = re.compile(rf"\b{label}([0-9]{{1,3}})\**\s*:\s*\[\[\s*({_NUM})\s*\]\]", re.ASCII)
+    return line, anywhere
+
+
+def read_labelled_verdicts(
+    visible: str,
+    ids: Sequence[int],
+    *,
+    prefix: str,
+    what: str,
+    min_score: float,
+    max_score: float,
+) -> dict[int, CriterionVerdict]:
+    """The verdict of each label ``<prefix><id>`` in ``ids``, read from the final block of lines of
+    ``visible`` under the rules of the module docstring: criteria (``C``) here, and the members of a
+    GRPO group judged in one call (``R``, ``async_reward.group_judging``). ``what`` names a label in
+    the reasons (``criterion``, ``response``).
+
+    Raises:
+        CriteriaError: a block that is not one line per label, a repeated, missing or unknown label,
+            a verdict off the scale, or a verdict elsewhere that disagrees.
+    """
+    line_pattern, anywhere = _patterns(prefix)
     lines = _stripped_lines(visible)
     wanted = set(ids)
     if len(lines) < len(ids):
         raise CriteriaError(
-            f"reply has {len(lines)} line(s), fewer than the {len(ids)} criterion lines asked for"
+            f"reply has {len(lines)} line(s), fewer than the {len(ids)} {what} lines asked for"
         )
     block = lines[len(lines) - len(ids) :]
     found: dict[int, CriterionVerdict] = {}
     for line_start, line in block:
-        match = _LINE.fullmatch(line.rstrip("*").rstrip())
+        match = line_pattern.fullmatch(line.rstrip("*").rstrip())
         if match is None:
             raise CriteriaError(
-                f"reply does not end with one line per criterion (C<k>: [[n]] reason): {line[:60]!r}"
+                f"reply does not end with one line per {what} ({prefix}<k>: [[n]] reason): {line[:60]!r}"
             )
         index, raw, reason = int(match.group(1)), match.group(2), match.group(3).strip()
         if index not in wanted:
-            raise CriteriaError(f"criterion C{index} was not asked for in this call")
+            raise CriteriaError(f"{what} {prefix}{index} was not asked for in this call")
         if index in found:
-            raise CriteriaError(f"criterion C{index} is graded twice")
+            raise CriteriaError(f"{what} {prefix}{index} is graded twice")
         if "[[" in reason or "]]" in reason:
-            raise CriteriaError(f"criterion C{index}'s line carries more than one verdict")
+            raise CriteriaError(f"{what} {prefix}{index}'s line carries more than one verdict")
         value = float(raw)
         if not min_score <= value <= max_score:
             raise CriteriaError(
-                f"criterion C{index}'s verdict {value:g} is outside [{min_score:g}, {max_score:g}]"
+                f"{what} {prefix}{index}'s verdict {value:g} is outside [{min_score:g}, {max_score:g}]"
             )
         span = (line_start + match.start(2), line_start + match.end(2))
         found[index] = CriterionVerdict(value, reason[:_REASON_CHARS], span)
-    # len(ids) lines, each a distinct id asked for: every criterion of the call has its verdict.
-    for match in _ANYWHERE.finditer(visible):
+    # len(ids) lines, each a distinct label asked for: every label of the call has its verdict.
+    for match in anywhere.finditer(visible):
         index = int(match.group(1))
         quoted = float(match.group(2))
         if index in found and quoted != found[index].value:
             raise CriteriaError(
-                f"conflicting verdicts for criterion C{index}: {quoted:g} and {found[index].value:g}"
+                f"conflicting verdicts for {what} {prefix}{index}: {quoted:g} and {found[index].value:g}"
             )
     return found
 

@@ -147,6 +147,10 @@ class RewardSample:
     dispatch_order: int | None = None
     """Where the sample's prompt came in the trainer's dispatches to generation (``DISPATCH_ORDER_KEY``,
     numbered by the decoupled mode), None when the trainer does not number them."""
+    session_id: int | None = None
+    """Which of its group's responses the sample is (``non_tensor_batch["session_id"]``, set by verl's
+    v1 agent loop), None when the batch does not say: group judging refuses a second arrival of the
+    same session as a duplicate."""
 
     @property
     def admission_priority(self) -> tuple[float, float]:

@@ -46,6 +46,7 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "verdict_probability",
     "verdict_probability_low",
     "logprobs_end_token",
+    "group_position_bonus",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
 _VERDICT_FORMATS = ("brackets", "boxed", "score", "json")
@@ -131,6 +132,9 @@ class DevServerConfig:
     logprobs_end_token: str = ""
     """With logprobs: a token listed after the reply's own, which its text leaves out, as vLLM lists the
     end-of-sequence token (e.g. ``<|im_end|>``); empty lists none, as OpenAI's API does."""
+    group_position_bonus: int = 0
+    """A group request (``judge.mode: group``): add this much (capped at 10) to the verdict of the
+    response listed first, as a judge biased towards the first response would (``devserver.group``)."""
 
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
@@ -165,6 +169,9 @@ class DevServerConfig:
             raise ValueError(f"verdict_probability_low must be in (0, verdict_probability], got {low!r}")
         if not isinstance(self.logprobs_end_token, str):
             raise ValueError(f"logprobs_end_token must be a string, got {self.logprobs_end_token!r}")
+        bonus = self.group_position_bonus
+        if type(bonus) is not int or not 0 <= bonus <= 10:
+            raise ValueError(f"group_position_bonus must be an integer from 0 to 10, got {bonus!r}")
         verdict = self.fixed_verdict
         if verdict is not None and (type(verdict) is not int or not 0 <= verdict <= 10):
             raise ValueError(f"fixed_verdict must be an integer from 0 to 10 or None, got {verdict!r}")

@@ -7,6 +7,8 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 * ``latency_ms``, ``capacity`` and ``overflow`` model a slow, bounded service;
 * ``fault_rates`` inject seeded random faults (reproducible runs);
 * ``hold`` keeps answers back until it goes off (all, or all but the next n): a test's gate;
+* rubric and group requests (``devserver.criteria``, ``devserver.group``) get one verdict line
+  per criterion or response; ``group_position_bonus`` gives the judge a bias for the first response;
 * ``judge_style``, ``fixed_verdict`` and ``structured_output`` make it an adversary's judge (one
   that quotes the response after its verdict) and a server with or without ``response_format``;
   ``unescaped_json`` a judge that pastes the response unescaped into its JSON verdict;
@@ -46,6 +48,7 @@ from async_reward.devserver.config import (
     coerce_runtime_value,
 )
 from async_reward.devserver.criteria import criteria_reply, requested_criteria
+from async_reward.devserver.group import group_reply, requested_members
 from async_reward.devserver.judge import (
     Judgement,
     answers_match,
@@ -401,7 +404,16 @@ class DevServer:
         schema_properties = self._structured_schema(payload.get("response_format"))
         judgement = judge_messages(messages, cfg.fixed_verdict)
         criteria = requested_criteria(messages)
-        if criteria is not None:
+        members = requested_members(messages) if criteria is None else None
+        if members is not None:
+            reply = group_reply(
+                messages,
+                members,
+                fixed_verdict=cfg.fixed_verdict,
+                echo_response=cfg.echo_response,
+                position_bonus=cfg.group_position_bonus,
+            )
+        elif criteria is not None:
             reply = criteria_reply(
                 messages, criteria, fixed_verdict=cfg.fixed_verdict, echo_response=cfg.echo_response
             )

@@ -423,6 +423,7 @@ class AsyncRewardManager(RewardManagerBase):
             training_step=_as_step(non_tensor.get("global_steps")),
             generation_step=_generation_step(non_tensor.get("tool_extra_fields")),
             dispatch_order=_as_step(non_tensor.get(DISPATCH_ORDER_KEY)),
+            session_id=_as_step(non_tensor.get("session_id")),
         )
 
     async def _score_safely(self, sample: RewardSample) -> RewardResult:

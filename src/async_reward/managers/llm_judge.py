@@ -9,9 +9,11 @@ when the server returns the judge's thinking apart from the content, no ``</thin
 is taken for the judge's. Identical requests in flight share one call; with ``judge.cache`` their
 verdicts are kept.
 
-Two ways to read more from the judge: ``judge.criteria`` grades a rubric of weighted criteria in one
-call (``managers.criteria_scoring``, ``async_reward.criteria``), and ``judge.expected_verdict`` scores
-the expected verdict under the judge's own token probabilities (``async_reward.expected_verdict``).
+``judge.mode: group`` judges the members of a GRPO group in one call (``managers.group_scoring``,
+``async_reward.group_judging``). Two ways to read more from the judge: ``judge.criteria`` grades a
+rubric of weighted criteria in one call (``managers.criteria_scoring``, ``async_reward.criteria``),
+and ``judge.expected_verdict`` scores the expected verdict under the judge's own token probabilities
+(``async_reward.expected_verdict``).
 With a judge served in the job, a prompt too long for its context is refused before it is sent
 (``judge_in_job.context``).
 """
@@ -36,6 +38,7 @@ from async_reward.expected_verdict import (
     reply_tokens,
     say_unweighted,
 )
+from async_reward.group_placement import group_size
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
@@ -44,6 +47,7 @@ from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.criteria_scoring import criteria_extra_defaults, score_criteria
+from async_reward.managers.group_scoring import GroupRendezvous, group_extra_defaults
 from async_reward.managers.judge_reply import JudgeReply, judge_reply
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
@@ -106,6 +110,11 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                     "judge_weighting": "",
                 }
             )
+        #: With ``judge.mode: group``: where a group's members wait for each other (``group_scoring``).
+        self.group: GroupRendezvous | None = None
+        if self.judge.mode == "group":
+            self.group = GroupRendezvous(self, group_size(config))
+            self._extra_defaults.update(group_extra_defaults())
         #: Judging with the model verl serves in the job, through its router (``judge_in_job``).
         self.in_job = in_job_judge(config)
         #: With a served judge: the longest prompt its replicas accept (judge_in_job.context), counted
@@ -152,6 +161,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         reward (:meth:`AsyncRewardConfig.validate_judge_fallback`), on the driver and in each worker."""
         settings = super().check_settings(config, env)
         settings.validate_judge_fallback()
+        if settings.judge.mode == "group":  # the group size verl generates, and where groups stay whole
+            group_size(config)
         if in_job_judge(config):  # the served judge's name, conflicts refused, its defaults
             settings = apply_in_job_judge(config, settings)
         return settings
@@ -193,6 +204,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
 
     async def score(self, sample: RewardSample) -> RewardResult:
+        if self.group is not None:
+            return await self.group.score(sample)
         if self.judge.criteria:
             return await score_criteria(self, sample)
         ground_truth = None if sample.ground_truth is None else str(sample.ground_truth)

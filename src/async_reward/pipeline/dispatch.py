@@ -229,7 +229,11 @@ class Dispatcher:
                         state, todo, f"all reward workers died (last: {worker.label}: {type(exc).__name__})"
                     )
                     continue
-                parts = [(w, p) for w, p in zip(live, np.array_split(todo, len(live)), strict=True) if len(p)]
+                # Whole groups, as assign() deals them: a group judged in one call (judge.mode:
+                # group) must meet in one worker, and a split would gain nothing otherwise.
+                groups = np.unique(state.layout.group_of[todo]).tolist()
+                split = [np.intersect1d(p, todo) for p in split_groups(state.layout, len(live), groups)]
+                parts = [(w, p) for w, p in zip(live, split, strict=True) if len(p)]
                 for target, part in parts:
                     target.outstanding.setdefault(seq, set()).update(part.tolist())
                 resend.append((state, parts))

@@ -31,6 +31,7 @@ from verl import DataProto
 
 from async_reward.checks import check_reward
 from async_reward.config import ConfigError, load_config
+from async_reward.group_placement import whole_groups
 from async_reward.judge_in_job.settings import in_job_judge
 from async_reward.managers.base import RewardScoringError
 from async_reward.pipeline.chunks import (
@@ -105,8 +106,10 @@ class PipelinedRewardLoopManager:
         # The workers split the job-wide RPM/TPM budgets by reward.num_workers: tell them how many
         # there really are (num_workers= may differ), or each would take a larger share than its own.
         config = _with_worker_count(config, count)
-        # Every setting a worker would refuse, refused here before any worker starts.
-        check_reward(config)
+        # Every setting a worker would refuse, refused here before any worker starts (groups are
+        # dealt whole to the workers: judge.mode=group is placed right however many they are).
+        with whole_groups():
+            check_reward(config)
         self.config = config
         self.reward_manager_cls = resolve_reward_manager_cls(config)
         settings = load_config(config)

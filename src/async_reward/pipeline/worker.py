@@ -53,7 +53,10 @@ class PipelineRewardWorker:
         if reward_router_address is not None and in_job_judge(config):
             model_path = copy_to_local(config.reward.reward_model.model_path)
             model_tokenizer = hf_tokenizer(model_path, trust_remote_code=True)
-        with routed_workers():  # samples reach the manager through run_single, never /classify
+        from async_reward.group_placement import whole_groups
+
+        # Samples reach the manager through run_single, never /classify, and in whole groups.
+        with routed_workers(), whole_groups():
             self.manager = load_reward_manager(
                 config,
                 self.tokenizer,
@@ -69,6 +72,17 @@ class PipelineRewardWorker:
         self.capacity = int(max_concurrency or settings.limits.max_concurrency)
         if self.capacity < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.capacity}")
+        group = getattr(self.manager, "group", None)
+        if group is not None and self.capacity < group.size:
+            from async_reward.errors import ConfigError
+
+            # A waiting member holds its slot: fewer slots than members would never complete a group.
+            raise ConfigError(
+                f"the pipelined reward worker runs {self.capacity} samples at once, fewer than a group's "
+                f"{group.size} members, which judge.mode=group must hold together",
+                key="reward.async_reward.limits.max_concurrency",
+                fix=f"set it (or the pipeline's max_concurrency) to at least {group.size}",
+            )
         self._heap: list[tuple[int, int, int]] = []  # (ticket_seq, rank, index)
         self._waiting: dict[tuple[int, int], tuple[Any, int, int]] = {}  # (seq, index) -> (data, row, rank)
         self._waiting_per_ticket: Counter[int] = Counter()
@@ -135,7 +149,10 @@ class PipelineRewardWorker:
 
     async def steal(self, ticket_seq: int, max_samples: int) -> list[int]:
         """Give up to ``max_samples`` queued samples of a ticket (the ones this worker would start
-        last) to the driver, which moves them to a worker about to run out of that ticket's work."""
+        last) to the driver, which moves them to a worker about to run out of that ticket's work.
+        None with ``judge.mode: group``: a group's members must meet in this worker."""
+        if getattr(self.manager, "group", None) is not None:
+            return []
         mine = sorted(
             ((rank, key) for key, (_, _, rank) in self._waiting.items() if key[0] == ticket_seq), reverse=True
         )[: max(0, max_samples)]

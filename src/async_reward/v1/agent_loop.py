@@ -16,15 +16,17 @@ may hand the group out. Our worker changes only what happens between scoring and
   two scored members trains on nothing (all its sessions are masked), as in the pipelined trainer.
   Validation is not trained on and keeps every session as scored.
 
-And two things about scoring itself (:mod:`async_reward.v1.reward_failover`):
+And three things about scoring itself (:mod:`async_reward.v1.reward_failover`):
 
-* **least-loaded routing**: verl sends each session to a reward worker drawn at random; ours goes to
-  the live one with the fewest of this worker's sessions in flight. Each reward worker admits at most
-  its share of the job-wide limits (``limits.max_concurrency`` per worker process), so a random draw
-  leaves one worker's slots idle while another has a queue, and its oldest-first admission only
-  orders what reached it. The choice is per task (a context variable read by the
-  ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs in that task), so
-  concurrent sessions of the worker never see each other's choice.
+* **routing by group** (``judge.mode: group``): every session of a ``uid`` goes to the same live
+  reward worker (``RewardWorkerPool.choose``), where its group is judged in one call;
+* **least-loaded routing** (otherwise): verl sends each session to a reward worker drawn at
+  random; ours goes to the live one with the fewest of this worker's sessions in flight. Each
+  reward worker admits at most its share of the job-wide limits (``limits.max_concurrency`` per
+  worker process), so a random draw leaves one worker's slots idle while another has a queue, and
+  its oldest-first admission only orders what reached it. The choice is per task (a context
+  variable read by the ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs
+  in that task), so concurrent sessions of the worker never see each other's choice.
 * **failover**: verl never restarts a reward worker; when one dies, a session whose call to it fails
   with ``RayActorError`` is scored again on a live one (scoring is idempotent; the judge may see the
   request twice) instead of failing its group, and the dead worker is never chosen again. The
@@ -51,6 +53,7 @@ from omegaconf import DictConfig
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
 
+from async_reward._config_rules import select_key
 from async_reward.checks import check_v1
 from async_reward.config import ConfigError
 from async_reward.judge_in_job.settings import colocated_judge
@@ -96,10 +99,15 @@ UNAVAILABLE_PAUSE_S = 0.5
 class RewardAgentLoopWorker(_VerlWorker):
     """``AgentLoopWorkerTQ`` whose sessions pass their group's gate between scoring and TransferQueue."""
 
+    #: ``judge.mode: group``: a session goes to the reward worker chosen for its ``uid``, where its
+    #: group's members meet to be judged in one call (``managers.group_scoring``).
+    _route_by_group: bool = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.reward_loop_worker_handles = None  # verl's __init__ sets the real ones
         super().__init__(*args, **kwargs)
         self._gates: dict[str, GroupGate] = {}
+        self._route_by_group = select_key(self.config, "reward.async_reward.judge.mode") == "group"
 
     @property
     def reward_loop_worker_handles(self) -> list[Any] | None:
@@ -135,7 +143,8 @@ class RewardAgentLoopWorker(_VerlWorker):
         lost: list[str] = []
         unavailable = 0
         while True:
-            index = pool.choose()  # raises RewardWorkersLost when none is live
+            group = str(kwargs.get("uid")) if self._route_by_group else None
+            index = pool.choose(group)  # raises RewardWorkersLost when none is live
             pool.in_flight[index] += 1
             token = _CHOSEN_REWARD_WORKER.set(pool.handles[index])
             try:

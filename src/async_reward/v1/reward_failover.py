@@ -13,6 +13,7 @@ session whose worker died on a live one (scoring is idempotent).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,13 +71,20 @@ class RewardWorkerPool:
         """Indices of the workers not known dead, in verl's order."""
         return [i for i in range(len(self.handles)) if i not in self.dead]
 
-    def choose(self) -> int:
+    def choose(self, group: str | None = None) -> int:
         """The live worker with the fewest of this agent-loop worker's sessions in flight; ties go
         round-robin, so sessions arriving together spread evenly. Raises :class:`RewardWorkersLost`
-        when none is live."""
+        when none is live.
+
+        ``group`` (a session's ``uid``, with ``judge.mode: group``): the live worker chosen for that
+        group by rendezvous hashing instead, the same in every agent-loop worker process (BLAKE2b,
+        not Python's salted ``hash``), so a group's members meet in one reward worker; when a worker
+        dies only its groups move, all members of each to the same next choice."""
         live = self.live()
         if not live:
             raise RewardWorkersLost(self.lost_message())
+        if group is not None:
+            return max(live, key=lambda i: _weight(group, i))
         count = len(self.handles)
         start, self._next = self._next, (self._next + 1) % count
         return min(live, key=lambda i: (self.in_flight[i], (i - start) % count))
@@ -114,6 +122,12 @@ class RewardWorkerPool:
         actor_id = getattr(error, "actor_id", None)
         own: Any = getattr(self.handles[index], "_actor_id", None)
         return not (actor_id and hasattr(own, "hex")) or actor_id == own.hex()
+
+
+def _weight(group: str, index: int) -> int:
+    """Worker ``index``'s rendezvous-hashing weight for ``group``: the highest live one is chosen."""
+    digest = hashlib.blake2b(f"{group}\x00{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def is_unavailable(error: BaseException) -> bool:

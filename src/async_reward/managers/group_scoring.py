@@ -1,0 +1,287 @@
+"""``llm_judge`` with ``judge.mode: group``: the members of a GRPO group meet in the reward worker's
+manager and are judged in one call (``async_reward.group_judging``).
+
+verl scores one sample per ``run_single``; a member therefore waits here, keyed by its ``uid``,
+until all ``n`` members (``actor_rollout_ref.rollout.n``) have arrived, and then one call judges
+them all. Every member's result comes from that one call. The rules of the wait:
+
+* **A deadline.** ``judge.group_wait_s`` from the group's first member: when it passes first, every
+  member that arrived fails with status ``timeout`` and ``group <uid>: k of n members arrived
+  within X s`` (a group split across workers, a member lost upstream). Never a partial group judged,
+  never a wait without end.
+* **Every sample accounted for once.** A member whose uid belongs to a group already judged or
+  expired in this worker (more than ``n`` samples share the uid, or one came late) fails at once
+  with status ``error`` and the reason; so does a second arrival of a session already waiting (a
+  duplicate: verl's v1 agent loop numbers a group's sessions, ``session_id``); a member without a
+  ``uid`` fails ``invalid``. Where the batch carries no ``session_id`` (verl's own reward loop, our
+  pipelined manager), members are counted: two members with the same text are two members.
+* **All or nothing.** The call's failure (timeout, HTTP error, an unreadable reply, members that
+  disagree on the question or the reference) fails every member with that status and reason.
+* **Cost once.** The member that arrived first carries what the call spent and its attempts; the
+  others carry nothing and ``judge_shared`` (so the step's sums are what the judge billed).
+
+A member cancelled while it waits leaves the group (it no longer counts); a call whose members are
+all cancelled is cancelled too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from async_reward.config import JudgeConfig
+from async_reward.cost import JudgePricing, spent_extras, unspent_extras
+from async_reward.criteria import CriteriaError
+from async_reward.group_judging import group_messages, read_group, shown_order
+from async_reward.http import MalformedResponseError
+from async_reward.judge import JudgeTemplate, block, normalize_score
+from async_reward.limits import Priority
+from async_reward.managers.judge_reply import judge_reply
+from async_reward.result import RewardResult, RewardSample, Status
+from async_reward.verdict import VerdictError, VerdictRules, strip_think
+
+__all__ = ["GROUP_EXTRA_DEFAULTS", "GroupJudge", "GroupRendezvous", "group_extra_defaults"]
+
+#: Extras every sample carries in group mode: where the judge saw it (1 = listed first; 0: never
+#: shown, e.g. its group expired), how many members its call listed (0: none), the judge's reason.
+GROUP_EXTRA_DEFAULTS: dict[str, Any] = {
+    "judge_group_position": 0,
+    "judge_group_size": 0,
+    "judge_group_reason": "",
+}
+#: How many judged or expired uids a worker remembers, to refuse a member that comes after its group.
+_REMEMBERED = 65_536
+_DEFAULT_WAIT_S = 600.0
+
+
+class GroupJudge(Protocol):
+    """What group judging needs of ``llm_judge`` (a protocol: no import of the manager)."""
+
+    judge: JudgeConfig
+    template: JudgeTemplate
+    rules: VerdictRules
+    pricing: JudgePricing | None
+
+    def prompt_refusal(self, messages: list[dict[str, str]]) -> str | None: ...
+
+    def guard(self, scoring: Awaitable[RewardResult]) -> Awaitable[RewardResult]: ...
+
+    async def post_reply(
+        self, messages: list[dict[str, str]], priority: Priority = 0.0
+    ) -> tuple[Any, int]: ...
+
+
+@dataclass
+class _Group:
+    """Members of one uid waiting in this worker, and the deadline of their wait."""
+
+    uid: str
+    members: list[tuple[RewardSample, asyncio.Future[RewardResult]]] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+    call: asyncio.Future[None] | None = None
+    waiting: int = 0
+
+
+class GroupRendezvous:
+    """Where the members of each group wait for each other, in one manager instance (one worker)."""
+
+    def __init__(self, manager: GroupJudge, size: int) -> None:
+        self.manager = manager
+        self.size = size
+        judge = manager.judge
+        self.wait_s = _DEFAULT_WAIT_S if judge.group_wait_s is None else float(judge.group_wait_s)
+        self.shuffle = True if judge.group_shuffle is None else bool(judge.group_shuffle)
+        self.seed = 0 if judge.group_seed is None else int(judge.group_seed)
+        self._open: dict[str, _Group] = {}
+        #: uid -> why a member of it can no longer join (judged, or expired).
+        self._closed: OrderedDict[str, str] = OrderedDict()
+        self._calls: set[asyncio.Future[None]] = set()
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Group calls started and not yet done (a cancelled one counts until it has unwound)."""
+        return len(self._calls)
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        """``sample``'s result from its group's one call, once every member arrived."""
+        uid = sample.uid
+        if uid is None:
+            return RewardResult.failure(
+                Status.INVALID,
+                "judge.mode=group needs each sample's uid (verl's GRPO group id); this sample has none",
+                attempts=0,
+            )
+        closed = self._closed.get(uid)
+        if closed is not None:
+            return RewardResult.failure(Status.ERROR, f"group {uid}: {closed}", attempts=0)
+        loop = asyncio.get_running_loop()
+        group = self._open.get(uid)
+        if group is None:
+            group = self._open[uid] = _Group(uid)
+            group.timer = loop.call_later(self.wait_s, self._expire, group)
+        if sample.session_id is not None and any(s.session_id == sample.session_id for s, _ in group.members):
+            return RewardResult.failure(
+                Status.ERROR,
+                f"group {uid}: session {sample.session_id} arrived twice (a duplicate member); the first "
+                "arrival stays in the group",
+                attempts=0,
+            )
+        member: asyncio.Future[RewardResult] = loop.create_future()
+        group.members.append((sample, member))
+        group.waiting += 1
+        if len(group.members) == self.size:
+            self._close(
+                group,
+                f"a member arrived after its group's {self.size} members were judged "
+                f"(more than actor_rollout_ref.rollout.n={self.size} samples share this uid)",
+            )
+            group.call = asyncio.ensure_future(self._judge(group))
+            self._calls.add(group.call)
+            group.call.add_done_callback(self._calls.discard)
+        try:
+            return await asyncio.shield(member)
+        except asyncio.CancelledError:
+            group.waiting -= 1
+            if group.call is None:  # still gathering: the member leaves, and no longer counts
+                group.members = [(s, f) for s, f in group.members if f is not member]
+                if not group.members:
+                    self._discard(group)
+            elif group.waiting <= 0:  # nobody waits for the call any more: stop paying for it
+                group.call.cancel()
+            raise
+
+    def _close(self, group: _Group, why: str) -> None:
+        """Stop ``group`` taking members; a later member of its uid fails with ``why``."""
+        if group.timer is not None:
+            group.timer.cancel()
+        self._open.pop(group.uid, None)
+        self._closed[group.uid] = why
+        while len(self._closed) > _REMEMBERED:
+            self._closed.popitem(last=False)
+
+    def _discard(self, group: _Group) -> None:
+        if group.timer is not None:
+            group.timer.cancel()
+        if self._open.get(group.uid) is group:
+            del self._open[group.uid]
+
+    def _expire(self, group: _Group) -> None:
+        """The deadline passed before the group was whole: fail every member that arrived."""
+        if self._open.get(group.uid) is not group:
+            return
+        arrived = len(group.members)
+        reason = (
+            f"group {group.uid}: {arrived} of {self.size} members arrived within {self.wait_s:g} s "
+            "(judge.group_wait_s); judge.mode=group needs a whole group in one reward worker"
+        )
+        self._close(
+            group,
+            f"a member arrived after its group expired ({arrived} of {self.size} "
+            f"arrived within judge.group_wait_s={self.wait_s:g} s)",
+        )
+        for _sample, member in group.members:
+            if not member.done():
+                extras = {**unspent_extras(self.manager.pricing), "judge_shared": False}
+                member.set_result(RewardResult.failure(Status.TIMEOUT, reason, attempts=0, extras=extras))
+
+    async def _judge(self, group: _Group) -> None:
+        """The group's one call, and every member's result from it; a fault of this code fails
+        every member with it (none may wait for a result that never comes)."""
+        try:
+            await self._judge_members(group)
+        except Exception as exc:
+            for _sample, member in group.members:
+                reason = f"group {group.uid}: group judging failed: {exc!r}"
+                _settle(member, RewardResult.failure(Status.ERROR, reason, attempts=0))
+
+    async def _judge_members(self, group: _Group) -> None:
+        samples = [sample for sample, _ in group.members]
+        order = shown_order(len(samples), seed=self.seed, uid=group.uid, shuffle=self.shuffle)
+        result = await self.manager.guard(self._call(group.uid, samples, order))
+        verdicts: dict[int, Any] = result.extras.pop("_verdicts", {})
+        spent = dict(result.extras)
+        position_of = {arrived: shown for shown, arrived in enumerate(order, start=1)}
+        judge = self.manager.judge
+        for arrived, (_sample, member) in enumerate(group.members):
+            leader = arrived == 0
+            cost = spent if leader else unspent_extras(self.manager.pricing)
+            attempts = result.attempts if leader else 0
+            if not result.ok:
+                failed = RewardResult.failure(
+                    result.status,
+                    f"group {group.uid}: {result.failure_reason}",
+                    attempts=attempts,
+                    extras={**spent_extras(None, self.manager.pricing), **cost, "judge_shared": not leader},
+                )
+                _settle(member, failed)
+                continue
+            position = position_of[arrived]
+            verdict = verdicts[position]
+            score = normalize_score(
+                verdict.value,
+                min_score=judge.min_score,
+                max_score=judge.max_score,
+                normalize_to=judge.normalize_to,
+            )
+            extras = {
+                "judge_verdict": verdict.value,
+                "judge_group_position": position,
+                "judge_group_size": len(samples),
+                "judge_group_reason": verdict.reason,
+                **cost,
+                "judge_shared": not leader,
+            }
+            _settle(member, RewardResult(score=score, attempts=attempts, extras=extras))
+
+    async def _call(self, uid: str, samples: list[RewardSample], order: list[int]) -> RewardResult:
+        """One call grading ``samples`` shown in ``order``: an ok result whose ``_verdicts`` extra maps
+        each shown label to its verdict, or the failure every member gets."""
+        first = samples[0]
+        if any(s.prompt_text != first.prompt_text or s.ground_truth != first.ground_truth for s in samples):
+            return RewardResult.failure(
+                Status.INVALID,
+                "the members carry different prompts or references: not one GRPO group",
+                attempts=0,
+                extras=spent_extras(None, self.manager.pricing),
+            )
+        judge = self.manager.judge
+        reference = None if first.ground_truth is None else block("reference", str(first.ground_truth))
+        messages = group_messages(
+            [samples[arrived].response for arrived in order],
+            question=block("question", first.prompt_text),
+            reference=reference,
+            system=self.manager.template.system if judge.system_prompt is None else judge.system_prompt,
+            min_score=judge.min_score,
+            max_score=judge.max_score,
+        )
+        too_long = self.manager.prompt_refusal(messages)
+        if too_long is not None:
+            return RewardResult.failure(
+                Status.INVALID, too_long, attempts=0, extras=spent_extras(None, self.manager.pricing)
+            )
+        priority = min(sample.admission_priority for sample in samples)
+        reply, attempts = await self.manager.post_reply(messages, priority)
+        usage = reply.get("usage") if isinstance(reply, Mapping) else None
+        spent = spent_extras(usage, self.manager.pricing)
+        try:
+            answer = judge_reply(reply)
+            think = "none" if answer.reasoning_apart else self.manager.rules.think
+            visible = strip_think(answer.content, think)
+            verdicts = read_group(visible, len(samples), min_score=judge.min_score, max_score=judge.max_score)
+        except (MalformedResponseError, VerdictError, CriteriaError) as exc:
+            return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
+        return RewardResult(score=0.0, attempts=attempts, extras={**spent, "_verdicts": verdicts})
+
+
+def _settle(member: asyncio.Future[RewardResult], result: RewardResult) -> None:
+    if not member.done():
+        member.set_result(result)
+
+
+def group_extra_defaults() -> dict[str, Any]:
+    """The extras every sample carries in group mode (a failed one: these neutral values)."""
+    return {**GROUP_EXTRA_DEFAULTS, "judge_verdict": math.nan}
