@@ -14,7 +14,9 @@ the reference), ``both`` (``trainer_mode=pipelined``, mini-batch + one-step off-
 ``both_is`` (``both`` with verl's rollout correction: token-level truncated importance weights,
 ``algorithm.rollout_correction.rollout_is=token``, capped at ``rollout_is_threshold``,
 :attr:`V1ParityConfig.is_threshold`), and ``both_fill`` (``both`` at staleness 2:
-``fill_rollout_tail_at=0.5``; not in the default modes, ask for it with ``--modes``).
+``fill_rollout_tail_at=0.5``; not in the default modes, ask for it with ``--modes``), and
+``sync_group`` / ``both_group`` (``sync`` / ``both`` with the judge grading each GRPO group in one
+call, ``judge.mode=group``: issue 29's learning with group judging against pointwise; ask for them).
 Every mode of a seed starts from the same policy and trains on the same prompts in the same order.
 
 Accuracy (greedy, every problem, the judge's rule applied locally) is measured before the first step
@@ -70,6 +72,13 @@ MODES: dict[str, tuple[str, ...]] = {
         "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
     ),
 }
+#: Group judging (issue 29): the judge grades each GRPO group in one call; ``sync`` and ``both``
+#: otherwise. Our agent loop routes a group's sessions to one reward worker by ``uid``.
+GROUP_JUDGING = ("+reward.async_reward.judge.mode=group", "+reward.async_reward.judge.group_wait_s=120")
+MODES["sync_group"] = (*MODES["sync"], *GROUP_JUDGING)
+MODES["both_group"] = (*MODES["both"], *GROUP_JUDGING)
+#: Modes on verl's own ``sync`` trainer (with our v1 lines), the others on our pipelined mode.
+SYNC_MODES = ("sync", "sync_group")
 
 
 @dataclass
@@ -170,7 +179,7 @@ def _overrides(cfg: V1ParityConfig, mode: str, model_dir: Path, dataset: str, ur
         "trainer.n_gpus_per_node=1",
         "trainer.logger=[file]",
     ]
-    if mode == "sync":
+    if mode in SYNC_MODES:
         return [*common, *V1_OVERRIDES, *MODES[mode]]
     return [
         *common,
@@ -359,6 +368,8 @@ def run_one(
         "staleness": [m.get("off_policy/staleness", 0.0) for m in steps],
         "reward_blocked_s": float(sum(m.get("timing_s/reward_blocked", 0.0) for m in steps)),
         "is_weights_mean": [m.get("rollout_corr/rollout_is_mean", float("nan")) for m in steps],
+        # members listed per judge call (group judging: the group size; 0 when not logged: pointwise)
+        "judge_group_size": [m.get("reward/extra/judge_group_size/mean", 0.0) for m in steps],
         "total_time_s": total,
         "step_time_s": total / cfg.steps,
         "actor_s": actor.update_s,
