@@ -472,14 +472,7 @@ class JudgeConfig:
             ),
             ("cache", self.cache, "rubric verdicts are not cached (nor shared in flight) yet"),
         ]
-        for key, conflicting, why in conflicts:
-            if conflicting:
-                raise bad_value(
-                    f"{path}.{key}",
-                    getattr(self, key),
-                    f"does not apply with judge.criteria: {why}",
-                    f"remove judge.{key}, or judge.criteria",
-                )
+        self._refuse_conflicts(path, conflicts, "judge.criteria", "judge.criteria")
 
     def _validate_group(self, path: str) -> None:
         """The settings group judging cannot work with (``mode: group``), and group keys without it."""
@@ -504,13 +497,20 @@ class JudgeConfig:
             ("on_conflict", self.on_conflict != "refuse", "a disagreeing member verdict is always refused"),
             ("cache", self.cache, "group verdicts are not cached"),
         ]
+        self._refuse_conflicts(path, conflicts, "judge.mode=group", "set judge.mode=pointwise")
+
+    def _refuse_conflicts(
+        self, path: str, conflicts: list[tuple[str, bool, str]], feature: str, turn_off: str
+    ) -> None:
+        """Refuse the first ``(key, conflicting, why)`` that conflicts with ``feature``, naming the key
+        and the two ways out (remove the key, or ``turn_off`` the feature)."""
         for key, conflicting, why in conflicts:
             if conflicting:
                 raise bad_value(
                     f"{path}.{key}",
                     getattr(self, key),
-                    f"does not apply with judge.mode=group: {why}",
-                    f"remove judge.{key}, or set judge.mode=pointwise",
+                    f"does not apply with {feature}: {why}",
+                    f"remove judge.{key}, or {turn_off}",
                 )
 
     @staticmethod

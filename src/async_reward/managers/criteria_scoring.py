@@ -29,7 +29,8 @@ __all__ = ["CriteriaJudge", "criteria_extra_defaults", "score_criteria"]
 
 
 class CriteriaJudge(Protocol):
-    """What rubric scoring needs of ``llm_judge`` (kept as a protocol: no import of the manager)."""
+    """What rubric scoring and group judging (``managers.group_scoring``) need of ``llm_judge``: its
+    settings and one guarded judge call (kept as a protocol: no import of the manager)."""
 
     judge: JudgeConfig
     template: JudgeTemplate

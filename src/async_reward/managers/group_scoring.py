@@ -29,20 +29,19 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from async_reward.config import JudgeConfig
-from async_reward.cost import JudgePricing, spent_extras, unspent_extras
+from async_reward.cost import spent_extras, unspent_extras
 from async_reward.criteria import CriteriaError
 from async_reward.group_judging import group_messages, read_group, shown_order
 from async_reward.http import MalformedResponseError
-from async_reward.judge import JudgeTemplate, block, normalize_score
-from async_reward.limits import Priority
+from async_reward.judge import block, normalize_score
+from async_reward.managers.criteria_scoring import CriteriaJudge
 from async_reward.managers.judge_reply import judge_reply
 from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.verdict import VerdictError, VerdictRules, strip_think
+from async_reward.verdict import VerdictError, strip_think
 
 __all__ = ["GROUP_EXTRA_DEFAULTS", "GroupJudge", "GroupRendezvous", "group_extra_defaults"]
 
@@ -58,21 +57,8 @@ _REMEMBERED = 65_536
 _DEFAULT_WAIT_S = 600.0
 
 
-class GroupJudge(Protocol):
-    """What group judging needs of ``llm_judge`` (a protocol: no import of the manager)."""
-
-    judge: JudgeConfig
-    template: JudgeTemplate
-    rules: VerdictRules
-    pricing: JudgePricing | None
-
-    def prompt_refusal(self, messages: list[dict[str, str]]) -> str | None: ...
-
-    def guard(self, scoring: Awaitable[RewardResult]) -> Awaitable[RewardResult]: ...
-
-    async def post_reply(
-        self, messages: list[dict[str, str]], priority: Priority = 0.0
-    ) -> tuple[Any, int]: ...
+#: What group judging needs of ``llm_judge``: the same as rubric scoring (one guarded call).
+GroupJudge = CriteriaJudge
 
 
 @dataclass
