@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.first_import_probe import report_each_in_a_fork, run_probe
+from tests.first_import_probe import preload_third_party, report_each_in_a_fork, run_probe
 
 VERL_V1 = "verl.trainer.ppo.v1"
 OURS = {
@@ -68,6 +68,8 @@ def probe_every_module() -> None:
 
     setup_worker()
     assert VERL_V1 not in sys.modules  # the hook itself does not pay for verl's v1 trainer
+    preload_third_party()  # once here, not in every child (none of it imports verl's trainer)
+    assert VERL_V1 not in sys.modules
     names = [info.name for info in pkgutil.walk_packages(async_reward.__path__, "async_reward.")]
     report_each_in_a_fork([VERL_V1, *(n for n in names if n not in sys.modules)], _first_import_through)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import ray
 
-from tests.first_import_probe import report_each_in_a_fork, run_probe
+from tests.first_import_probe import THIRD_PARTY_PRELOADED, report_each_in_a_fork, run_probe
 
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``, spelled out: reading that name in
 #: a worker would import the managers before verl's registry could).
@@ -79,11 +79,10 @@ def test_a_worker_that_never_loads_verl_imports_none_of_it_and_verls_registry_ha
     }
 
 
-#: Imported by the probe's parent before it forks: torch, transformers, verl's data layer and configs.
+#: Imported by the probe's parent before it forks: the third-party packages (torch, transformers,
+#: pandas, datasets, the web stack), then verl's data layer and configs.
 PRELOADED = (
-    "torch",
-    "tensordict",
-    "transformers",
+    *THIRD_PARTY_PRELOADED,
     "verl.protocol",
     "verl.utils.model",
     "verl.workers.config",
