@@ -6,15 +6,19 @@ workers as small handle stand-ins). The prompt ledger: tests/test_v1_decoupled_l
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from async_reward.config import ConfigError
 from async_reward.v1.decoupled_agent_loop import DecoupledAgentLoopWorker, _GroupProgress
 from async_reward.v1.decoupled_config import (
     DecoupledModeConfig,
+    DecoupledWindows,
     derive_windows,
     is_decoupled_mode,
     load_decoupled_mode_config,
@@ -24,9 +28,11 @@ from async_reward.v1.decoupled_window import (
     WindowState,
     dispatch_blocker,
     groups_to_wait_for,
+    reward_room,
     top_up_count,
 )
 from async_reward.v1.reward_failover import LOST_WORKERS_KEY
+from tests.hostile_text import PROPERTY
 from tests.test_v1_reward_failover import DyingRewardWorker
 from tests.test_v1_reward_routing import RecordingRewardWorker, session
 
@@ -175,10 +181,53 @@ def test_top_up_fills_the_window_and_pauses_on_a_full_backlog_or_the_outstanding
     assert top_up_count(empty, windows) == 4
     scoring = WindowState(1, 3, 3, 0, frozenset("abcd"))  # three groups released at generation
     assert top_up_count(scoring, windows) == 3
-    full_backlog = WindowState(1, 8, 3, 0, frozenset("abcd"))
-    assert top_up_count(full_backlog, windows) == 0
+    # The reward pipeline's bound is R + G x n = 16 sessions: a backlog of 14 and a group generating
+    # (2 sessions) fill it; a backlog at R leaves the window's free places; between, a group a place.
+    full_pipeline = WindowState(1, 14, 7, 0, frozenset("abcdefgh"))
+    assert top_up_count(full_pipeline, windows) == 0
+    assert dispatch_blocker(full_pipeline, windows) == "backpressure"
+    assert top_up_count(WindowState(1, 8, 4, 0, frozenset("abcde")), windows) == 3  # at R: the window
+    assert top_up_count(WindowState(1, 11, 6, 0, frozenset("abcdefg")), windows) == 1  # (16-11)//2 - 1
     at_cap = WindowState(0, 0, 0, 3, frozenset("abcdefghijk"))
     assert top_up_count(at_cap, windows) == 1
+
+
+@PROPERTY
+@given(
+    window=st.integers(1, 12),
+    backlog_cap=st.integers(1, 40),
+    n=st.integers(1, 8),
+    generating=st.integers(0, 12),
+    backlog=st.integers(0, 150),
+)
+def test_property_dispatch_keeps_the_reward_pipeline_within_its_bound_and_follows_the_judge(
+    window, backlog_cap, n, generating, backlog
+):
+    """Whatever the state: a top-up never takes the backlog plus the sessions generating past
+    ``R + G x n`` (when it dispatches), fills the window while the backlog is at most R, and once the
+    pipeline is full, the judge scoring k groups' worth of sessions frees exactly k places (a window
+    with room: the rollout follows the judge, no burst of the whole window)."""
+    generating = min(generating, window)
+    windows = DecoupledWindows(window, backlog_cap, sampleable_buffer=10**6, train_batch_size=1, rollout_n=n)
+    in_flight = frozenset(str(i) for i in range(generating + -(-backlog // n)))
+    state = WindowState(generating, backlog, -(-backlog // n), 0, in_flight)
+    count = top_up_count(state, windows)
+    bound = backlog_cap + window * n
+    assert 0 <= count <= window - generating
+    if count:
+        assert backlog + (generating + count) * n <= bound
+    if backlog <= backlog_cap:
+        assert count == min(window - generating, windows.outstanding_cap - state.outstanding)
+    elif backlog + (generating + 1) * n > bound:
+        assert count == 0
+        assert dispatch_blocker(state, windows) == ("window_full" if generating == window else "backpressure")
+    # a pipeline exactly full above R, then the judge scores k groups' worth of sessions: k places
+    if generating < window and backlog > backlog_cap and reward_room(state, windows) == 0:
+        for k in range(1, window - generating + 1):
+            scored = replace(state, backlog=backlog - k * n)
+            if scored.backlog <= backlog_cap:
+                break
+            assert top_up_count(scored, windows) == min(k, windows.outstanding_cap - scored.outstanding)
 
 
 def test_top_up_pauses_while_the_sampleable_buffer_is_full_and_more_groups_are_on_their_way():

@@ -89,11 +89,13 @@ class DecoupledModeConfig:
     .num_warmup_batches + 1) x data.train_batch_size``."""
 
     reward_backlog: int | None = None
-    """Sessions generated and not yet scored. At the bound the trainer stops dispatching prompts
-    (backpressure); sessions already generating still finish and queue, so the backlog peaks at
-    ``reward_backlog + generation_window x rollout.n`` (counting them against the bound capped the
-    rollout at ``reward_backlog`` sessions: measured slower, see docs/benchmarks.md). Nothing is
-    ever dropped. None: ``2 x
+    """Sessions generated and not yet scored. Below it dispatch fills the generation window; above it
+    the backlog plus the sessions generating are kept within ``reward_backlog + generation_window x
+    rollout.n`` (backpressure: a group is dispatched for each group's worth of sessions scored, so the
+    rollout follows the judge instead of idling while the backlog drains and then dispatching the
+    whole window), and that is where the backlog peaks (counting the sessions generating against
+    ``reward_backlog`` alone capped the rollout at ``reward_backlog`` sessions: measured slower, see
+    docs/benchmarks.md). Nothing is ever dropped. None: ``2 x
     limits.max_concurrency x reward.num_workers``, clamped to ``[ppo_mini_batch_size x rollout.n,
     the largest value the staleness bound allows]``."""
 

@@ -14,8 +14,9 @@ standalone rollout runs dry. Here the window counts only groups still *generatin
 (:mod:`async_reward.v1.decoupled_window`, from the progress our agent-loop worker writes on each
 prompt tag, :mod:`async_reward.v1.decoupled_agent_loop`) and is topped up continuously: at each
 step's start, at every poll of the sampler while the trainer waits, after each sample and before
-each GPU stage. Dispatch pauses (backpressure, never a drop) while the reward backlog is at its
-bound, or the groups outstanding at theirs (the staleness bound). Windows: :mod:`async_reward.v1.
+each GPU stage. Above its bound the reward backlog paces dispatch: a group goes out as the judge
+finishes a group's worth of sessions (backpressure, never a drop); dispatch also pauses while the
+groups outstanding are at their cap (the staleness bound). Windows: :mod:`async_reward.v1.
 decoupled_config`.
 
 Every dispatched prompt is accounted for by a :class:`~async_reward.v1.decoupled_window.PromptLedger`
@@ -171,7 +172,7 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
     def _account_time(self, state: WindowState) -> None:
         """Charge the time since the last look to what the pipeline was doing then: no group
         generating (``rollout_idle_s``); and why dispatch stopped (:func:`dispatch_blocker`): the
-        window full (``window_full_s``), the reward backlog at its bound while the window had room
+        window full (``window_full_s``), the reward pipeline at its bound while the window had room
         (``backpressure_s``), the sampleable buffer full (``sampleable_full_s``), or the groups
         outstanding at their cap (``outstanding_full_s``: the trainer is the bottleneck)."""
         now = time.monotonic()

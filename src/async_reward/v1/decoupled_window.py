@@ -35,6 +35,7 @@ __all__ = [
     "WindowState",
     "dispatch_blocker",
     "groups_to_wait_for",
+    "reward_room",
     "top_up_count",
 ]
 
@@ -90,7 +91,9 @@ def dispatch_blocker(state: WindowState, windows: DecoupledWindows) -> str | Non
     """Why no prompt may be dispatched now (the ``decoupled/<reason>_s`` timer charged), or None.
 
     * ``window_full``: G groups generating.
-    * ``backpressure``: the reward backlog at its bound R (dispatch pauses, nothing is dropped).
+    * ``backpressure``: the reward pipeline at its bound: no group's sessions fit in ``R + G x n``
+      beside the backlog and the groups generating (:func:`reward_room`; dispatch pauses, nothing is
+      dropped).
     * ``sampleable_full``: S scored groups wait for the trainer and more are on their way (groups
       generating or scoring). With none on their way the window refills, so a sampler that needs
       more than S groups for one sample never waits for ever.
@@ -98,7 +101,7 @@ def dispatch_blocker(state: WindowState, windows: DecoupledWindows) -> str | Non
     """
     if state.generating >= windows.generation_window:
         return "window_full"
-    if state.backlog >= windows.reward_backlog:
+    if reward_room(state, windows) <= 0:
         return "backpressure"
     if state.sampleable >= windows.sampleable_buffer and (state.generating or state.pending_groups):
         return "sampleable_full"
@@ -107,22 +110,37 @@ def dispatch_blocker(state: WindowState, windows: DecoupledWindows) -> str | Non
     return None
 
 
-def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
-    """Prompts to dispatch now: fill the generation window unless :func:`dispatch_blocker` says why
-    not.
+def reward_room(state: WindowState, windows: DecoupledWindows) -> int:
+    """Groups that may still enter the reward pipeline: its bound is ``R + G x n`` sessions, the
+    backlog plus the sessions of the groups generating (``n`` each, at most), so
+    ``floor((R + G x n - backlog) / n) - generating``.
 
-    Not capped by the reward backlog's room: counting the sessions still generating against it
-    capped the rollout at ``reward_backlog`` sessions (steps at 1.2-2.1x their bound in the five
-    regimes of ``docs/benchmarks.md``), and capping each top-up by ``ceil((R - backlog) / n)`` did
-    not remove the bursts under a slow judge (each look sees the backlog below R while the previous
-    look's groups still generate) and made the reward-bound regime slower; so the backlog can exceed
-    R by the sessions generating when dispatch paused (at most ``R + G x n``).
+    While the backlog is at most R this is at least the window's free places (dispatch is as the
+    window allows); above R each ``n`` sessions of backlog take one group's place, so dispatch follows
+    the judge: a group goes out as the judge finishes a group's worth of sessions. A hard stop at R
+    (the rule before) let the backlog swing between R and ``R + G x n``: the rollout idle while it
+    drained, then the whole window at once, and a judge faster than one generation starved at the
+    bottom of each swing (balanced regime: service busy 93-95 %, steps alternating between about
+    2.5x and 1x the bound in the reward-bound one).
+    """
+    n = windows.rollout_n
+    return (windows.reward_backlog + windows.generation_window * n - state.backlog) // n - state.generating
+
+
+def top_up_count(state: WindowState, windows: DecoupledWindows) -> int:
+    """Prompts to dispatch now: fill the generation window, as far as :func:`reward_room` and the
+    outstanding cap allow, unless :func:`dispatch_blocker` says why not.
+
+    Counting the sessions still generating against R alone capped the rollout at ``reward_backlog``
+    sessions (steps at 1.2-2.1x their bound in the five regimes of ``docs/benchmarks.md``), and capping
+    each top-up by ``ceil((R - backlog) / n)`` made the reward-bound regime slower; the bound of the
+    reward pipeline is ``R + G x n`` (the backlog never exceeds it).
     """
     if dispatch_blocker(state, windows) is not None:
         return 0
     free = windows.generation_window - state.generating
     room = windows.outstanding_cap - state.outstanding
-    return max(0, min(free, room))
+    return max(0, min(free, room, reward_room(state, windows)))
 
 
 def groups_to_wait_for(
