@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import ray
 
-from tests.first_import_probe import THIRD_PARTY_PRELOADED, report_each_in_a_fork, run_probe
+from tests.first_import_probe import preload_third_party, report_each_in_a_fork, run_probe
 
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``, spelled out: reading that name in
 #: a worker would import the managers before verl's registry could).
@@ -79,10 +79,9 @@ def test_a_worker_that_never_loads_verl_imports_none_of_it_and_verls_registry_ha
     }
 
 
-#: Imported by the probe's parent before it forks: the third-party packages (torch, transformers,
-#: pandas, datasets, the web stack), then verl's data layer and configs.
-PRELOADED = (
-    *THIRD_PARTY_PRELOADED,
+#: Imported by the probe's parent before it forks, after the third-party packages
+#: (:func:`tests.first_import_probe.preload_third_party`): verl's data layer and configs.
+VERL_PRELOADED = (
     "verl.protocol",
     "verl.utils.model",
     "verl.workers.config",
@@ -128,7 +127,8 @@ def probe_every_module_as_a_ray_worker() -> None:
     # What every child would import anyway, once here (a child then costs a fraction of a second, not
     # the five CPU-seconds of torch and verl): nothing of verl's Reward Loop, whose first importer is
     # what each child varies.
-    for heavy in PRELOADED:
+    preload_third_party()
+    for heavy in VERL_PRELOADED:
         importlib.import_module(heavy)
     fresh = ("verl.experimental", "async_reward.managers")
     assert not [name for name in sys.modules if name.startswith(fresh)]
