@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class _Counts:
         self.subprocesses: Counter[str] = Counter()
         self.seen_workers = 0
         self.current_file = ""
+        self.file_starts: list[tuple[str, float]] = []
+        """Each file this process started and when (``time.time()``), in order."""
         self.clusters_seen: set[str] = set()
 
     def charge_workers(self, path: str) -> None:
@@ -97,6 +100,9 @@ class _Counts:
                 "workers": dict(self.workers),
                 "actor_classes": dict(self.actor_classes),
                 "subprocesses": dict(self.subprocesses),
+                "finished_at": time.time(),
+                "last_file": self.current_file,
+                "file_starts": self.file_starts,
             }
         )
 
@@ -133,10 +139,18 @@ class Budget:
         self.workers: Counter[str] = Counter()
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
+        self.started_at = time.time()
+        self.processes_done: list[tuple[float, str]] = []
+        self.timelines: list[list[tuple[str, float]]] = []
+        """Each pytest process's end (seconds after the session started) and its last file: a process
+        that ends long after the others is a run's tail, one file running alone."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        _COUNTS.current_file = nodeid.split("::")[0]
+        path = nodeid.split("::")[0]
+        if path != _COUNTS.current_file:
+            _COUNTS.file_starts.append((path, time.time()))
+        _COUNTS.current_file = path
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -157,8 +171,8 @@ class Budget:
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:  # an xdist process: the controller adds it up
             workeroutput["budget"] = _COUNTS.as_json()
-        else:
-            self._add(_COUNTS.as_json())
+        else:  # one process, or the xdist controller (its counts: the processes it started)
+            self._add(_COUNTS.as_json(), ended=not session.config.pluginmanager.has_plugin("dsession"))
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: one process's counts, as it ends."""
@@ -166,11 +180,14 @@ class Budget:
         if "budget" in output:
             self._add(output["budget"])
 
-    def _add(self, payload: str) -> None:
+    def _add(self, payload: str, ended: bool = True) -> None:
         counts = json.loads(payload)
         self.workers.update(counts["workers"])
         self.actor_classes.update(counts["actor_classes"])
         self.subprocesses.update(counts["subprocesses"])
+        if ended:
+            self.processes_done.append((counts["finished_at"] - self.started_at, counts["last_file"]))
+            self.timelines.append([(path, at - self.started_at) for path, at in counts["file_starts"]])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.seconds:
@@ -187,6 +204,14 @@ class Budget:
                 "Ray actors by class: "
                 + ", ".join(f"{name} {count}" for name, count in self.actor_classes.most_common())
             )
+        if len(self.processes_done) > 1:
+            write(
+                "pytest processes ended at (s after the start, last file): "
+                + ", ".join(f"{at:.0f} s {last}" for at, last in sorted(self.processes_done))
+            )
+        if os.environ.get("ASYNC_REWARD_BUDGET_TIMELINE"):
+            for number, timeline in enumerate(self.timelines):
+                write(f"process {number}: " + ", ".join(f"{at:.0f} {path}" for path, at in timeline))
         write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
         for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
             write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")

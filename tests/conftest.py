@@ -66,22 +66,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-#: The test files that took longest in a full run (wall time, 2-core machine, `make test` from a fresh
-#: clone on 2026-11-27, the budget printed at its end), longest first.
+#: The test files that took longest in a full run (test time summed over a file's tests in `make test`,
+#: 2-core machine, the budget printed at the end of a run on 2026-11-28), longest first.
 LONGEST_FILES = [
-    "test_entry_point.py",
-    "test_judge_in_job.py",
     "test_v1_pipelined_entry.py",
+    "test_judge_in_job.py",
+    "test_bench.py",
+    "test_entry_point.py",
     "test_legacy_keys.py",
-    "test_toy_v1_parity.py",
     "test_v1_pipelined_edges.py",
     "test_v1_pipelined.py",
-    "test_v1.py",
-    "test_bench.py",
+    "test_toy_v1_parity.py",
     "test_v1_decoupled.py",
+    "test_group_judging_v1.py",
     "test_warm_actors.py",
+    "test_exclude.py",
+    "test_v1.py",
+    "test_config_validation.py",
+    "test_trainer.py",
     "test_worker_imports.py",
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the order :func:`pytest_collection_modifyitems` gives the files under ``--dist loadfile``:
+    pytest-xdist reorders files by their count of tests unless told not to, which started the long Ray
+    files last (a run's processes ended at 552, 572 and 611 s, the last one running
+    test_v1_pipelined_entry.py, 173 s of it, alone)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _starts_python(args: Any) -> bool:
