@@ -200,12 +200,59 @@ def compose_verl_config(overrides: list[str] | None = None) -> DictConfig:
 
 @functools.cache
 def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    """Value overrides (``key=v``, ``+key=v``, ``++key=v``, ``~key``) are applied to a copy of the config
+    composed without overrides, by hydra's own ``_apply_overrides_to_config``, the step its compose
+    takes for them after loading the defaults; anything else (a config group, a hydra key, a sweep)
+    goes through hydra's whole compose. Why: composing parses verl's YAML tree again each time (~0.4
+    CPU-seconds), and the tests compose a few hundred distinct override lists (a third of
+    ``tests/test_v1_pipelined.py``'s CPU time, py-spy 2026-11-28). ``ASYNC_REWARD_CHECK_COMPOSE=1``
+    composes each list both ways and fails on any difference; ``tests/test_verl_settings.py`` checks
+    a sample of every override form."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    value_overrides = _value_overrides(overrides) if overrides else None
+    if value_overrides is None:
+        return _hydra_compose(overrides)
+    config = copy.deepcopy(_composed(()))
+    ConfigLoaderImpl._apply_overrides_to_config(value_overrides, config)
+    if os.environ.get("ASYNC_REWARD_CHECK_COMPOSE"):
+        assert_same_config(config, _hydra_compose(overrides), overrides)
+    return config
+
+
+def _hydra_compose(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
         return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def _value_overrides(overrides: tuple[str, ...]) -> list[Any] | None:
+    """hydra's parsed ``overrides`` if every one sets, adds or deletes a value (no config group of verl's
+    tree, no ``hydra`` key, no sweep, no package ``@``); else None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    for override in parsed:
+        key = override.key_or_group
+        group_path = Path(VERL_CONFIG_DIR, *key.replace(".", "/").split("/"))
+        if (
+            override.is_sweep_override()
+            or override.package is not None
+            or key.split(".")[0].split("/")[0] == "hydra"
+            or group_path.is_dir()
+            or group_path.with_suffix(".yaml").is_file()
+        ):
+            return None
+    return parsed
+
+
+def assert_same_config(fast: DictConfig, composed: DictConfig, overrides: tuple[str, ...]) -> None:
+    """The two configs are the same: values, interpolations (unresolved) and the struct flag."""
+    assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(composed), overrides
+    assert OmegaConf.is_struct(fast) == OmegaConf.is_struct(composed), overrides
 
 
 @pytest.fixture(scope="session")
