@@ -141,9 +141,10 @@ class Budget:
         self.subprocesses: Counter[str] = Counter()
         self.started_at = time.time()
         self.processes_done: list[tuple[float, str]] = []
-        self.timelines: list[list[tuple[str, float]]] = []
         """Each pytest process's end (seconds after the session started) and its last file: a process
         that ends long after the others is a run's tail, one file running alone."""
+        self.timelines: list[list[tuple[str, float]]] = []
+        """Each pytest process's files with the second each started (``ASYNC_REWARD_BUDGET_TIMELINE``)."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:

@@ -206,8 +206,8 @@ def _composed(overrides: tuple[str, ...]) -> DictConfig:
     goes through hydra's whole compose. Why: composing parses verl's YAML tree again each time (~0.4
     CPU-seconds), and the tests compose a few hundred distinct override lists (a third of
     ``tests/test_v1_pipelined.py``'s CPU time, py-spy 2026-11-28). ``ASYNC_REWARD_CHECK_COMPOSE=1``
-    composes each list both ways and fails on any difference; ``tests/test_verl_settings.py`` checks
-    a sample of every override form."""
+    composes each list both ways and fails on any difference; ``tests/test_compose_fast_path.py``
+    checks a sample of every override form."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     value_overrides = _value_overrides(overrides) if overrides else None
