@@ -101,7 +101,6 @@ class _Counts:
                 "actor_classes": dict(self.actor_classes),
                 "subprocesses": dict(self.subprocesses),
                 "finished_at": time.time(),
-                "last_file": self.current_file,
                 "file_starts": self.file_starts,
             }
         )
@@ -140,11 +139,10 @@ class Budget:
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
         self.started_at = time.time()
-        self.processes_done: list[tuple[float, str]] = []
-        """Each pytest process's end (seconds after the session started) and its last file: a process
-        that ends long after the others is a run's tail, one file running alone."""
-        self.timelines: list[list[tuple[str, float]]] = []
-        """Each pytest process's files with the second each started (``ASYNC_REWARD_BUDGET_TIMELINE``)."""
+        self.processes: list[tuple[float, list[tuple[str, float]]]] = []
+        """Each pytest process's end and its files with the second each started (seconds after the
+        session started): a process that ends long after the others is a run's tail, its last file
+        running alone."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
@@ -187,8 +185,8 @@ class Budget:
         self.actor_classes.update(counts["actor_classes"])
         self.subprocesses.update(counts["subprocesses"])
         if ended:
-            self.processes_done.append((counts["finished_at"] - self.started_at, counts["last_file"]))
-            self.timelines.append([(path, at - self.started_at) for path, at in counts["file_starts"]])
+            files = [(path, at - self.started_at) for path, at in counts["file_starts"]]
+            self.processes.append((counts["finished_at"] - self.started_at, files))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.seconds:
@@ -205,14 +203,17 @@ class Budget:
                 "Ray actors by class: "
                 + ", ".join(f"{name} {count}" for name, count in self.actor_classes.most_common())
             )
-        if len(self.processes_done) > 1:
+        if len(self.processes) > 1:
             write(
                 "pytest processes ended at (s after the start, last file): "
-                + ", ".join(f"{at:.0f} s {last}" for at, last in sorted(self.processes_done))
+                + ", ".join(
+                    f"{ended:.0f} s {files[-1][0] if files else '-'}"
+                    for ended, files in sorted(self.processes)
+                )
             )
         if os.environ.get("ASYNC_REWARD_BUDGET_TIMELINE"):
-            for number, timeline in enumerate(self.timelines):
-                write(f"process {number}: " + ", ".join(f"{at:.0f} {path}" for path, at in timeline))
+            for number, (_, files) in enumerate(self.processes):
+                write(f"process {number}: " + ", ".join(f"{at:.0f} {path}" for path, at in files))
         write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
         for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
             write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")

@@ -236,12 +236,12 @@ def _value_overrides(overrides: tuple[str, ...]) -> list[Any] | None:
 
     parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     for override in parsed:
-        key = override.key_or_group
-        group_path = Path(VERL_CONFIG_DIR, *key.replace(".", "/").split("/"))
+        parts = override.key_or_group.replace(".", "/").split("/")
+        group_path = Path(VERL_CONFIG_DIR, *parts)
         if (
             override.is_sweep_override()
             or override.package is not None
-            or key.split(".")[0].split("/")[0] == "hydra"
+            or parts[0] == "hydra"
             or group_path.is_dir()
             or group_path.with_suffix(".yaml").is_file()
         ):

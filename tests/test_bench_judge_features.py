@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.script_module import load_script
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "judge_features.py"
 
 
 def test_the_judge_features_benchmark_counts_calls_tokens_and_ties(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("judge_features", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, "judge_features")
     out = tmp_path / "figures.json"
     assert module.main(["--prompts", "6", "--group", "4", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())

@@ -7,13 +7,14 @@ needs a GPU (``examples/gpu_smoke/run.sh``).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+from tests.script_module import load_script
 
 SCRIPT = Path(__file__).parents[1] / "examples" / "gpu_smoke" / "summarize.py"
 OUR_START = (
@@ -24,11 +25,7 @@ OUR_START = (
 
 @pytest.fixture(scope="module")
 def summarize() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_smoke_summarize", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "gpu_smoke_summarize")
 
 
 def step_line(step: int, **metrics: float) -> str:

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "install_venv.py"
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("install_venv", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-install_venv = load_script()
+install_venv = load_script(SCRIPT, "install_venv")
 
 #: ``pip config list`` on the development machine (a file and ``PIP_*`` variables).
 MACHINE_CONFIG = """\
