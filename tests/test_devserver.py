@@ -574,6 +574,33 @@ async def test_admin_stats_and_reset(server: DevServer, session: aiohttp.ClientS
         assert resp.status == 500  # marker counts were reset too
 
 
+async def test_a_request_from_before_a_reset_is_not_counted_after_it(
+    server: DevServer, session: aiohttp.ClientSession
+) -> None:
+    """A reset between a request's arrival and its answer (the test before was still being served):
+    the counters after the reset count neither its arrival nor its outcome, so they agree with each
+    other and with what the clients since the reset spent."""
+    server.update_config(hold=True)
+    bodies = [chat_body("\\boxed{42}"), chat_body("x", extra=" @@fault:500@@")]
+    early = [asyncio.ensure_future(session.post(server.url + CHAT, json=body)) for body in bodies]
+    await _wait_until(lambda: server.stats["held"] == 2)
+    server.reset()
+    server.update_config(hold=False)
+    responses = await asyncio.gather(*early)
+    assert [response.status for response in responses] == [200, 500]  # they were still answered
+    for response in responses:
+        response.release()
+    stats = server.stats
+    assert stats["requests_total"] == 0 and stats["tokens_total"] == 0
+    assert stats["responses_by_status"] == {} and stats["faults_injected"] == {}
+    # A request after the reset counts in full, its tokens those its client was told.
+    async with session.post(server.url + CHAT, json=bodies[0]) as resp:
+        usage = (await resp.json())["usage"]
+    stats = server.stats
+    assert stats["requests_total"] == 1 and stats["responses_by_status"] == {"200": 1}
+    assert stats["tokens_total"] == usage["total_tokens"] > 0
+
+
 async def test_health(server: DevServer, session: aiohttp.ClientSession) -> None:
     async with session.get(server.url + "/health") as resp:
         assert await resp.json() == {"status": "ok"}

@@ -228,10 +228,16 @@ class ServerStats:
         self.in_flight = 0  # holding a capacity slot: what tests compare with ``capacity``
         self.in_flight_total = 0  # every service request inside the server: queued, served, hanging
         self.held = 0  # service requests waiting for ``hold`` to let them be answered
+        self.epoch = 0  # how many resets so far: a request's outcome counts in its arrival's epoch only
         self.reset()
 
     def reset(self) -> None:
-        """Zero the counters; requests still inside keep counting, so the maxima restart from them."""
+        """Zero the counters; requests still inside keep counting, so the maxima restart from them.
+
+        What such a request goes on to do (its response status, injected fault, tokens) is not counted:
+        its arrival was counted before the reset, so counting its outcome after would make the counters
+        disagree (a test's ``tokens_total`` including a reply to the test before it)."""
+        self.epoch += 1
         self.requests_by_path: Counter[str] = Counter()
         self.responses_by_status: Counter[str] = Counter()
         self.faults_injected: Counter[str] = Counter()

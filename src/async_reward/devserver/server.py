@@ -36,6 +36,7 @@ import re
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from aiohttp import web
@@ -68,6 +69,8 @@ __all__ = ["DevServer"]
 _MARKER = re.compile(rb"@@fault:([A-Za-z0-9_]+)(?::(\d+))?@@")
 # How often a hanging request checks whether its client gave up.
 _HANG_POLL_S = 0.05
+# The stats epoch a request arrived in (set by its handler, read where its outcome is counted).
+_ARRIVAL_EPOCH: ContextVar[int] = ContextVar("arrival_epoch", default=-1)
 
 
 def _error(status: int, message: str, kind: str, **headers: str) -> web.Response:
@@ -251,6 +254,7 @@ class DevServer:
             assert task is not None
             self._tasks.add(task)
             stats = self._stats
+            _ARRIVAL_EPOCH.set(stats.epoch)
             stats.requests_by_path[request.path] += 1
             stats.request_times.append(time.time())
             stats.in_flight_total += 1
@@ -263,7 +267,8 @@ class DevServer:
             if response is None:
                 # Dropped or abandoned: the connection is gone, and aiohttp quietly fails to write this.
                 return web.Response(status=499)
-            stats.responses_by_status[str(response.status)] += 1
+            if self._arrived_since_reset():
+                stats.responses_by_status[str(response.status)] += 1
             return response
 
         return handle
@@ -281,12 +286,12 @@ class DevServer:
             return _error(400, str(exc), "invalid_request_error")
         if fault == "hang":
             # Hanging without a capacity slot: a hang test must not starve the requests around it.
-            self._stats.faults_injected[fault] += 1
+            self._stats.faults_injected[fault] += 1  # at once: no reset can come in between
             await self._hang(request)
             return None
         slots = self._slots
         if slots is not None and self.config.overflow == "reject" and slots.locked():
-            self._stats.overflow_rejected += 1
+            self._stats.overflow_rejected += 1  # at once, as the hang above
             return self._too_many("over capacity")
         async with slots if slots is not None else contextlib.nullcontext():
             with self._holding_slot():
@@ -295,12 +300,17 @@ class DevServer:
                     return None
                 if fault is not None:
                     # Faults are served like any request (slot and latency), as a failing backend is.
-                    self._stats.faults_injected[fault] += 1
+                    if self._arrived_since_reset():
+                        self._stats.faults_injected[fault] += 1
                     return self._fault(fault, request)
                 try:
                     return await answer(body)
                 except _BadRequest as exc:
                     return _error(400, str(exc), "invalid_request_error")
+
+    def _arrived_since_reset(self) -> bool:
+        """Whether the request being served arrived after the last ``reset``, so its outcome counts."""
+        return _ARRIVAL_EPOCH.get() == self._stats.epoch
 
     @contextlib.contextmanager
     def _holding_slot(self) -> Iterator[None]:
@@ -448,7 +458,8 @@ class DevServer:
             message["reasoning_content"] = reply.reasoning
         prompt_tokens = sum(word_count(message_text(m)) for m in messages)
         completion_tokens = (word_count(reply.content) + word_count(reply.reasoning or "")) * n
-        self._stats.tokens_total += prompt_tokens + completion_tokens
+        if self._arrived_since_reset():
+            self._stats.tokens_total += prompt_tokens + completion_tokens
         choice: dict[str, Any] = {"message": message, "finish_reason": finish_reason}
         if self._wants_logprobs(payload) and cfg.logprobs == "honour":
             top = payload.get("top_logprobs") or 0
