@@ -85,6 +85,46 @@ def test_a_key_passed_only_to_the_workers_is_never_echoed(
     assert WORKER_KEY not in message and "<hidden>" in message
 
 
+#: ``ray_kwargs`` nodes of every shape a config may hand the workers' secrets in (or none), and whether
+#: the whole config converted finds a secret there.
+RAY_KWARGS_SHAPES: list[tuple[Any, bool]] = [
+    (None, False),  # no ray_kwargs at all
+    ({}, False),
+    ({"ray_init": {"runtime_env": {}}}, False),
+    ({"ray_init": {"runtime_env": {"env_vars": None}}}, False),
+    ({"ray_init": {"runtime_env": {"env_vars": {}}}}, False),
+    ({"ray_init": {"runtime_env": {"env_vars": {"HF_TOKEN": WORKER_KEY}}}}, True),
+    ({"ray_init": {"runtime_env": {"env_vars": {"JUDGE_CRED": WORKER_KEY}}}}, True),  # named by api_key_env
+    ({"ray_init": {"runtime_env": {"env_vars": {"PLAIN": WORKER_KEY}}}}, False),  # neither
+    ({"ray_init": {"runtime_env": {"env_vars": {"HF_TOKEN": "${trainer.project_name}-0123456789"}}}}, True),
+    ({"ray_init": {"runtime_env": {"env_vars": "${oc.create:{HF_TOKEN: sk-by-a-resolver-0123}}"}}}, True),
+    # unresolvable: the config is read as written, so the text of the value is what is hidden
+    ({"ray_init": {"runtime_env": {"env_vars": {"HF_TOKEN": "${no.such.key}"}}}}, True),
+    ({"ray_init": {"runtime_env": {"env_vars": "${no.such.node}"}}}, False),
+    ({"ray_init": {"runtime_env": "not a mapping"}}, False),
+]
+
+
+@pytest.mark.parametrize(("ray_kwargs", "finds"), RAY_KWARGS_SHAPES)
+def test_the_workers_secrets_are_found_as_the_whole_config_converted_finds_them(
+    verl_config_factory, ray_kwargs, finds
+):
+    """``config_secret_values`` answers a config without ``env_vars`` from that node alone (the cost
+    of every start-up check); it must find what converting the whole config finds, in every shape."""
+    from async_reward.redaction import _MIN_SECRET_CHARS, _plain, _worker_secrets, config_secret_values
+
+    judge = {"base_url": "http://x/v1", "api_key_env": "JUDGE_CRED"}
+    config = verl_config_factory("llm_judge", {"judge": judge})
+    with open_dict(config):
+        if ray_kwargs is None:
+            config.pop("ray_kwargs", None)
+        else:
+            config.ray_kwargs = ray_kwargs
+    whole = {v for v in _worker_secrets(_plain(config)).values() if len(v) >= _MIN_SECRET_CHARS}
+    assert config_secret_values(config) == whole
+    assert bool(whole) == finds, whole  # each shape holds what it says
+
+
 def test_redact_config_hides_keys_headers_and_their_copies(verl_config_factory, monkeypatch):
     monkeypatch.setenv("LOCAL_SECRET_KEY", "local-secret-value-1")
     config = verl_config_factory(
