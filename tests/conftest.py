@@ -29,6 +29,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # other processes. Measured on test_toy.py: 207 s against 65 s at a load of 12-17; 27 s either way on
 # a quiet machine, so it costs nothing there.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ray's log monitor (one per cluster) globs the session's log directory for new worker logs on every
+# pass, ten a second, until there are 1000 files; the suite starts ~35 workers a cluster. At 0 it looks
+# for new files every 0.5 s (LOG_NAME_UPDATE_INTERVAL_S) and still reads the open ones every pass.
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
 VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "config")
 
