@@ -26,12 +26,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-#: pip settings that change nothing about what is installed, or that uv takes from the environment.
+#: pip settings that change nothing about what is installed (``cert`` and the timeouts are passed to
+#: uv by :func:`uv_options` instead).
 HARMLESS_PIP_SETTINGS = frozenset(
     {
-        "cert",
-        "default-timeout",
-        "timeout",
         "disable-pip-version-check",
         "quiet",
         "verbose",

@@ -60,7 +60,7 @@ def test_a_key_missing_without_plus_fails_as_in_hydra():
     assert "trainer.no_such_key" in str(fast.value)
 
 
-def test_a_test_changing_its_config_changes_no_other(monkeypatch):
+def test_a_test_changing_its_config_changes_no_other():
     overrides = ("data.train_batch_size=7",)
     first = conftest.compose_verl_config(list(overrides))
     OmegaConf.set_struct(first, False)
