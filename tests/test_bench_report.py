@@ -151,6 +151,8 @@ def test_scheduled_staleness_and_the_fewest_steps_it_needs():
         1,
         2,
     ]
+    assert [scheduled_staleness(f"v1_pipelined_both_stale{s}") for s in (2, 3)] == [2, 3]
+    assert min_steady_steps(3) == 8
     assert scheduled_staleness("v1_colocate_async") == scheduled_staleness("v1_separate_async") == 1
     assert [min_steady_steps(s) for s in range(5)] == [4, 4, 6, 8, 10]
 

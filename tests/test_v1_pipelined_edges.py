@@ -98,6 +98,11 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any], str]] = [
     ("fill_rollout_tail_at", 0, {"one_step_off_policy": True}, "(0, 1]"),
     ("fill_rollout_tail_at", 1.5, {"one_step_off_policy": True}, "(0, 1]"),
     ("fill_rollout_tail_at", 0.5, {}, "one_step_off_policy=true"),
+    ("max_staleness", 0, {"one_step_off_policy": True}, "from 1 to 7"),
+    ("max_staleness", 8, {"one_step_off_policy": True}, "from 1 to 7"),
+    ("max_staleness", 2.5, {"one_step_off_policy": True}, "not an integer"),
+    ("max_staleness", 2, {}, "one_step_off_policy=true"),
+    ("max_staleness", 1, {"one_step_off_policy": True, "fill_rollout_tail_at": 0.5}, "max_staleness=2"),
     ("typo", True, {}, "unknown key"),
 ]
 

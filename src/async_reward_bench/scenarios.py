@@ -34,13 +34,16 @@ OUR_STRATEGIES: dict[str, str] = {
     "recipe_style": "both",
 }
 #: Our verl v1 trainer mode (``trainer.v1.trainer_mode=pipelined``) per schedule -> its
-#: ``trainer.v1.pipelined`` settings. ``_fill``: the next-but-one batch starts generating once the next
-#: is half generated (``fill_rollout_tail_at=0.5``, staleness up to 2).
+#: ``trainer.v1.pipelined`` settings. ``_stale2`` / ``_stale3``: the batches of the next 2 / 3 steps
+#: generate together and steps take groups across them (``max_staleness=2`` / ``3``); ``_fill``: the same, the
+#: batch after next starting once the next is half gathered (``fill_rollout_tail_at=0.5``).
 V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | float]] = {
     "v1_pipelined_baseline": {"mini_batch": False, "one_step_off_policy": False},
     "v1_pipelined_mini_batch": {"mini_batch": True, "one_step_off_policy": False},
     "v1_pipelined_one_step_off": {"mini_batch": False, "one_step_off_policy": True},
     "v1_pipelined_both": {"mini_batch": True, "one_step_off_policy": True},
+    "v1_pipelined_both_stale2": {"mini_batch": True, "one_step_off_policy": True, "max_staleness": 2},
+    "v1_pipelined_both_stale3": {"mini_batch": True, "one_step_off_policy": True, "max_staleness": 3},
     "v1_pipelined_both_fill": {"mini_batch": True, "one_step_off_policy": True, "fill_rollout_tail_at": 0.5},
 }
 #: verl's v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them): verl's own

@@ -37,13 +37,15 @@ _V1_WARMUP_STALENESS = 1
 
 
 def scheduled_staleness(strategy: str) -> int:
-    """The staleness ``strategy``'s schedule is set up to reach: 0 on-policy, 1 one step off, 2 for
-    ``fill_rollout_tail_at`` (the batch after next starts while the next one generates). A run can
-    reach more (verl's separate mode); ``report.summarize`` then follows what it reached."""
+    """The staleness ``strategy``'s schedule is set up to reach: 0 on-policy, 1 one step off, s for
+    ``max_staleness=s``, 2 for ``fill_rollout_tail_at`` (the batch after next generates with the next
+    one). A run can reach more (verl's separate mode); ``report.summarize`` then follows what it reached."""
     if strategy in OUR_STRATEGIES:
         return 1 if OUR_STRATEGIES[strategy] in ("one_step_off", "both") else 0
     flags = V1_PIPELINED_SCHEDULES.get(strategy)
     if flags is not None:
+        if "max_staleness" in flags:
+            return int(flags["max_staleness"])
         if "fill_rollout_tail_at" in flags:
             return 2
         return 1 if flags.get("one_step_off_policy") else 0

@@ -47,6 +47,7 @@ from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
 from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync
 
 from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+from async_reward.result import DISPATCH_ORDER_KEY
 from async_reward.v1.decoupled_trainer import PPOTrainerDecoupled
 from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
 from async_reward_bench.calibration import StageMedians
@@ -215,6 +216,10 @@ class _CalibratedStages:
 
     def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
         uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
+        # verl stamps each prompt with the step that dispatched it; the reward managers admit the
+        # oldest step's samples first (``RewardSample.admission_priority``).
+        steps = np.full(len(batch.data), self.global_steps, dtype=object)
+        batch.data.non_tensor_batch["global_steps"] = steps
         tag = {"is_prompt": True, "status": "pending", "global_steps": self.global_steps}
         self.bench.store.kv_batch_put(keys=uids, partition_id=PARTITION, tags=[dict(tag) for _ in uids])
         self.bench.agent_loop.submit(batch.data, batch.durations, self.global_steps)
@@ -298,8 +303,13 @@ class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
     announce = False
 
     def _submit_batch_to_rollout(self, batch: _PromptBatch) -> int:
-        uids = list(dict.fromkeys(str(u) for u in batch.data.non_tensor_batch["uid"]))
+        rows = [str(u) for u in batch.data.non_tensor_batch["uid"]]
+        uids = list(dict.fromkeys(rows))
         self._note_submitted(uids, [int(self.config.actor_rollout_ref.rollout.n)] * len(uids))
+        # the mode's dispatch numbers (``number_dispatches``, one per prompt), on each session's row
+        order = {uid: self._next_dispatch + i for i, uid in enumerate(uids)}
+        self._next_dispatch += len(uids)
+        batch.data.non_tensor_batch[DISPATCH_ORDER_KEY] = np.array([order[uid] for uid in rows], dtype=object)
         return super()._submit_batch_to_rollout(batch)
 
     def _loss_tokens(self, meta: Any) -> list[int]:

@@ -56,12 +56,37 @@ class PipelinedModeConfig(PipelineConfig):
             "write e.g. 0.5, or null to keep staleness 1",
         ),
     )
-    """With ``one_step_off_policy``: once the batch generating for the next step is this share
-    generated (0 < x <= 1), the batch after it starts generating too, filling the engine while the
-    long responses of a long-tailed rollout finish (verl's partial rollout: its sequences are aborted
-    for training and resumed with the new weights). Batches then span up to 2 policy versions
-    (``off_policy/staleness`` <= 2). None (default): staleness 1, the next batch starts once the
-    previous one is generated."""
+    """An override of when the batch after next starts (staleness 2, ``max_staleness`` below): once
+    this share (0 < x <= 1) of the next step's batch is generated, instead of at once. Its sequences
+    are aborted for training and resumed with the new weights (verl's partial rollout). None
+    (default): at ``max_staleness`` >= 2 the batches ahead are dispatched as soon as the next one is."""
+
+    max_staleness: int | None = field(
+        default=None,
+        metadata=rule(
+            lambda v: isinstance(v, int) and 1 <= v <= 7,
+            "must be an integer from 1 to 7, or null",
+            "write 1 (the next batch generates during a step), or 2 or more (batches further ahead too)",
+        ),
+    )
+    """With ``one_step_off_policy``: the most policy versions a trained group may lag the policy it
+    updates (``off_policy/staleness``). 1: the next step's batch generates while this one trains on
+    the batch before it, as the legacy trainer's schedule. s >= 2: the batches of the next s steps
+    generate together, and each step trains the first ``train_batch_size`` groups to be generated,
+    oldest dispatch first, across the batches in flight (:mod:`async_reward.v1.pipelined_pool`), so
+    the slowest groups of a long-tailed rollout go on generating (partial rollout) into later steps
+    instead of holding this one; a group is never trained more than s versions late (the step waits
+    for it). At most 7: verl's ``max_off_policy_threshold`` defaults to 8 versions. None (default):
+    2 with ``fill_rollout_tail_at``, else 1."""
+
+    @property
+    def staleness_limit(self) -> int:
+        """The resolved ``max_staleness``: 0 without ``one_step_off_policy``."""
+        if not self.one_step_off_policy:
+            return 0
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 2 if self.fill_rollout_tail_at is not None else 1
 
     def validate(self, path: str = PIPELINED_MODE_PATH) -> None:
         """Each field's value rule and the rules between fields, naming ``path.<field>``."""
@@ -73,6 +98,21 @@ class PipelinedModeConfig(PipelineConfig):
                 fill,
                 "starts the batch after next early, which only the one-step off-policy schedule has",
                 f"set {path}.one_step_off_policy=true too, or leave it null",
+            )
+        if self.max_staleness is not None and not self.one_step_off_policy:
+            raise bad_value(
+                f"{path}.max_staleness",
+                self.max_staleness,
+                "bounds how far ahead batches generate, which only the one-step off-policy schedule does",
+                f"set {path}.one_step_off_policy=true too, or leave it null",
+            )
+        if fill is not None and self.max_staleness == 1:
+            raise bad_value(
+                f"{path}.max_staleness",
+                self.max_staleness,
+                f"is 1, but {path}.fill_rollout_tail_at={fill} starts the batch after next, which is "
+                "trained 2 versions late",
+                f"set {path}.max_staleness=2 (or leave it null), or unset fill_rollout_tail_at",
             )
 
 
@@ -142,11 +182,12 @@ def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: 
             fix="unset it, or use another trainer_mode",
         )
     threshold = select("trainer.v1.sampler.max_off_policy_threshold")
-    span = 1 + int(config.one_step_off_policy) + int(config.fill_rollout_tail_at is not None)
+    span = 1 + config.staleness_limit
     if threshold is not None and int(threshold) < span:
         raise ConfigError(
             f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but the schedule trains batches "
-            f"spanning {span} model versions (one_step_off_policy: 2, with fill_rollout_tail_at: 3)",
+            f"spanning {span} model versions (one_step_off_policy: 2, fill_rollout_tail_at: 3, "
+            "max_staleness=s: s + 1)",
             key="trainer.v1.sampler.max_off_policy_threshold",
             fix=f"set it to {span} or more (verl's default is 8), or change the schedule",
         )

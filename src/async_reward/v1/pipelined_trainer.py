@@ -25,8 +25,10 @@ optimizer updates are, so none of verl's updates trains on nothing. A step left 
 train (every group failed, or no loss token in any chunk) is logged as such
 (``pipeline/untrained_step``) and the run goes on, for at most
 ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` such steps in a row (the v1 lines' bound).
-``fill_rollout_tail_at`` starts the batch after next in the next one's tail (partial rollout,
-staleness <= 2). No batch is generated past the step ``fit`` trains last. Every step logs
+``max_staleness`` s >= 2 keeps the batches of the next s steps generating together and trains each
+step on the first groups generated across them (:mod:`async_reward.v1.pipelined_pool`; partial
+rollout, staleness <= s); ``fill_rollout_tail_at`` delays the batch after next to the next one's
+tail. No batch is generated past the step ``fit`` trains last. Every step logs
 ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
 """
 
@@ -49,6 +51,7 @@ from verl.utils.debug import marked_timer
 from async_reward.checks import apply_legacy_and_check
 from async_reward.pipeline.exclusion import rows_for_update
 from async_reward.reward_metrics import extras_metrics
+from async_reward.v1.decoupled_agent_loop import number_dispatches
 from async_reward.v1.pipelined_agent_loop import (
     DRY_RUN_AGENT_LOOP_MANAGER,
     DryRunAgentLoopManager,
@@ -59,6 +62,7 @@ from async_reward.v1.pipelined_config import (
     PIPELINED_MODE,
     load_pipelined_mode_config,
 )
+from async_reward.v1.pipelined_pool import GroupPool
 from async_reward.v1.pipelined_untrained import (
     UntrainedSteps,
     is_untrained_step,
@@ -105,8 +109,15 @@ class PPOTrainerPipelined(PPOTrainer):
         apply_legacy_and_check(config)  # legacy reward keys, every reward setting, before any worker
         super().__init__(config)
         self._in_flight: deque[InFlightBatch] = deque()
-        """Batches submitted and not yet trained on, oldest first."""
+        """Batches submitted and not yet trained on, oldest first (at ``max_staleness`` >= 2: the batch
+        chosen for the next step from the pool, if any)."""
+        self._pool = GroupPool()
+        """At ``max_staleness`` >= 2: groups dispatched and not yet chosen for a step."""
+        self._dispatched_through = 0
+        """At ``max_staleness`` >= 2: the last step whose batch has been dispatched."""
         self._submitted: dict[int, dict[str, int]] = {}
+        self._next_dispatch = 0
+        """The dispatch number of the next prompt sent to generation (``DISPATCH_ORDER_KEY``)."""
         self._counted_deaths: set[str] = set()
         """Reward workers counted in an earlier step's ``reward/worker_deaths``."""
         self._watchdog: AgentLoopWatchdog | None = None
@@ -122,6 +133,11 @@ class PPOTrainerPipelined(PPOTrainer):
             f"one_step_off_policy={flags.one_step_off_policy})"
         )
 
+    @property
+    def _lookahead(self) -> bool:
+        """``max_staleness`` >= 2: batches beyond the next one generate, steps take groups across them."""
+        return self.pipeline_config.staleness_limit >= 2
+
     # -- dry run: everything up to the workers, then stop ------------------------------------------
 
     def init(self) -> None:
@@ -134,9 +150,9 @@ class PPOTrainerPipelined(PPOTrainer):
     def get_llm_client(self) -> Any:
         if self.pipeline_config.dry_run:
             return None
-        if self.pipeline_config.fill_rollout_tail_at is not None:
-            # sequences of the batch after next are aborted for training and resumed after it
-            # (partial rollout), as verl's colocate_async does
+        if self._lookahead:
+            # sequences still generating are aborted for training and resumed after it (partial
+            # rollout), as verl's colocate_async does
             from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
             return self.llm_server_manager.get_client(client_cls=FullyAsyncLLMServerClient)
@@ -167,12 +183,12 @@ class PPOTrainerPipelined(PPOTrainer):
     def on_step_end(self) -> None:
         with marked_timer("update_weights", self.timing_raw, color="red"):
             self.checkpoint_manager.update_weights(self.global_steps)
-            if self.pipeline_config.fill_rollout_tail_at is not None:
+            if self._lookahead:
                 self.checkpoint_manager.resume_generation_replicas()
 
     def on_sample_end(self) -> None:
-        if self.pipeline_config.fill_rollout_tail_at is not None:
-            self.checkpoint_manager.abort_replicas()  # the batch after next, partly generated
+        if self._lookahead:
+            self.checkpoint_manager.abort_replicas()  # groups still generating, resumed after training
         self.checkpoint_manager.sleep_replicas()
 
     def on_train_begin(self) -> None:
@@ -196,9 +212,18 @@ class PPOTrainerPipelined(PPOTrainer):
                 if tag.get("is_prompt", False)
             ),
         )
+        if self._lookahead:
+            self._dispatched_through = self.global_steps - 1
         if not prompts:
             return
         n, size = int(self.config.actor_rollout_ref.rollout.n), int(self.config.data.train_batch_size)
+        if self._lookahead:  # into the pool, one dispatch per step that dispatched them, oldest first
+            for dispatched in sorted({step for step, _ in prompts}):
+                keys = [key for step, key in prompts if step == dispatched]
+                self._pool.add(dict.fromkeys(keys, n), version=dispatched - 1)
+            self._dispatched_through += -(-len(prompts) // size)
+            logger.info("resumed with %d prompt group(s) in flight: trained first", len(prompts))
+            return
         for start in range(0, len(prompts), size):
             part = prompts[start : start + size]
             self._in_flight.append(
@@ -219,6 +244,8 @@ class PPOTrainerPipelined(PPOTrainer):
                 len(self._in_flight),
                 [batch.step for batch in self._in_flight],
             )
+        if self._pool:
+            logger.error("training ended with %d group(s) in flight that no step trains", len(self._pool))
 
     def _last_step(self) -> int:
         """The step ``fit`` trains last: ``total_training_steps``, or the last step of the last epoch
@@ -235,6 +262,10 @@ class PPOTrainerPipelined(PPOTrainer):
         uids = [str(uid) for uid in batch["uid"]]
         given = list(batch["__rollout_n__"]) if "__rollout_n__" in batch.keys() else None  # noqa: SIM118
         self._note_submitted(uids, given if given is not None else [default_n] * len(uids))
+        # Numbered, so each reward worker admits the earliest-dispatched group first among samples of
+        # one policy version: at max_staleness >= 2 the batches of several steps are dispatched by the
+        # same step, and the next step's groups must not queue at the judge behind later ones.
+        self._next_dispatch = number_dispatches(batch, self._next_dispatch)
         return super()._submit_batch_to_rollout(batch)
 
     def _note_submitted(self, uids: list[str], sizes: list[int]) -> None:
@@ -253,34 +284,11 @@ class PPOTrainerPipelined(PPOTrainer):
         )
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        flags = self.pipeline_config
-        last = self._last_step()
         self.on_sample_begin()
-        if not self._in_flight:
-            self._in_flight.append(self._submit_step_batch())
-        current = self._in_flight.popleft()
-        with marked_timer("gen", timing_raw, color="red"):
-            groups = self._wait(current, current.generated, "generated")
-        if flags.one_step_off_policy and self.global_steps + 1 <= last:
-            # Batch k+1, generated by the pre-update policy while batch k's rewards are in flight.
-            if not self._in_flight:
-                self._in_flight.append(self._submit_step_batch())
-            upcoming = self._in_flight[0]
-
-            def generated_and_tail_filled(groups: dict[str, GroupState]) -> bool:
-                # fill_rollout_tail_at: once batch k+1 is that far generated, batch k+2 starts too
-                fill = flags.fill_rollout_tail_at
-                if (
-                    fill is not None
-                    and len(self._in_flight) == 1
-                    and self.global_steps + 2 <= last
-                    and upcoming.generated_share(groups) >= fill
-                ):
-                    self._in_flight.append(self._submit_step_batch())
-                return upcoming.generated(groups)
-
-            with marked_timer("gen_next", timing_raw, color="red"):
-                self._wait(upcoming, generated_and_tail_filled, "generated")
+        if self._lookahead:
+            current, groups = self._gather_across_batches(timing_raw)
+        else:
+            current, groups = self._gather_batch_by_batch(timing_raw)
         self.on_sample_end()
         with marked_timer("prepare", timing_raw, color="blue"):
             prepared = self._prepare(_meta(groups, current.uids), metrics, timing_raw)
@@ -307,6 +315,81 @@ class PPOTrainerPipelined(PPOTrainer):
         self._untrained.trained()
         metrics["pipeline/untrained_steps_in_a_row"] = 0.0
         return trained
+
+    def _gather_batch_by_batch(self, timing_raw: dict) -> tuple[InFlightBatch, dict[str, GroupState]]:
+        """Staleness 0 or 1: this step's batch once generated, then (one-step off-policy) the next
+        step's batch, dispatched now and waited for until generated, while this one is scored."""
+        if not self._in_flight:
+            self._in_flight.append(self._submit_step_batch())
+        current = self._in_flight.popleft()
+        with marked_timer("gen", timing_raw, color="red"):
+            groups = self._wait(current, current.generated, "generated")
+        if self.pipeline_config.one_step_off_policy and self.global_steps + 1 <= self._last_step():
+            # Batch k+1, generated by the pre-update policy while batch k's rewards are in flight.
+            if not self._in_flight:
+                self._in_flight.append(self._submit_step_batch())
+            upcoming = self._in_flight[0]
+            with marked_timer("gen_next", timing_raw, color="red"):
+                self._wait(upcoming, upcoming.generated, "generated")
+        return current, groups
+
+    def _gather_across_batches(self, timing_raw: dict) -> tuple[InFlightBatch, dict[str, GroupState]]:
+        """``max_staleness`` s >= 2 (:mod:`~async_reward.v1.pipelined_pool`): this step's batch, chosen
+        in the step before (or now, at the first step and after a resume); then, with the batches of
+        the next s steps dispatched, the next step's batch: the first ``train_batch_size`` groups
+        generated, oldest dispatch first, those that cannot wait longer always among them."""
+        step, last = self.global_steps, self._last_step()
+        with marked_timer("gen", timing_raw, color="red"):
+            if not self._in_flight:
+                self._dispatch_through(step)
+                self._in_flight.append(self._choose_from_pool(step, lookahead_through=step))
+            current = self._in_flight.popleft()
+            groups = self._wait(current, current.generated, "generated")  # chosen generated: one read
+        if step + 1 <= last:
+            self._dispatch_through(step + 1)
+            lookahead = min(last, step + self.pipeline_config.staleness_limit)
+            with marked_timer("gen_next", timing_raw, color="red"):
+                self._in_flight.append(self._choose_from_pool(step + 1, lookahead_through=lookahead))
+        return current, groups
+
+    def _dispatch_through(self, step: int) -> None:
+        """Dispatch the batches of every step up to ``step`` (never past the last step trained)."""
+        while self._dispatched_through < min(step, self._last_step()):
+            self._dispatch_to_pool()
+
+    def _dispatch_to_pool(self) -> None:
+        batch = self._submit_step_batch()
+        self._pool.add(batch.sizes, version=batch.version)
+        self._dispatched_through += 1
+
+    def _choose_from_pool(self, train_step: int, lookahead_through: int) -> InFlightBatch:
+        """Wait until the pool can form the batch trained at ``train_step`` and take it. Meanwhile the
+        batches up to step ``lookahead_through`` are dispatched: at once, or with
+        ``fill_rollout_tail_at`` once the batch being formed is that share gathered."""
+        flags = self.pipeline_config
+        size = int(self.config.data.train_batch_size)
+        chosen: list[str] = []
+        while True:
+            dispatched = False
+
+            def ready(groups: dict[str, GroupState]) -> bool:
+                nonlocal dispatched
+                fill = flags.fill_rollout_tail_at
+                if self._dispatched_through < lookahead_through and (
+                    fill is None or self._pool.generated_share(groups, size) >= fill
+                ):
+                    self._dispatch_to_pool()
+                    dispatched = True
+                    return True  # read again, its groups included
+                picked = self._pool.choose(groups, train_step, size, flags.staleness_limit)
+                if picked is None:
+                    return False
+                chosen.extend(picked)
+                return True
+
+            self._wait(self._pool.watched(self.global_steps), ready, "generated")
+            if not dispatched:
+                return self._pool.take(chosen, train_step)
 
     def _compute_metrics(
         self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int, epoch: int

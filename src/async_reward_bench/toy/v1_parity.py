@@ -13,8 +13,9 @@ Modes (:data:`MODES`): ``sync`` (verl's v1 ``sync`` trainer with our agent loop 
 the reference), ``both`` (``trainer_mode=pipelined``, mini-batch + one-step off-policy) and
 ``both_is`` (``both`` with verl's rollout correction: token-level truncated importance weights,
 ``algorithm.rollout_correction.rollout_is=token``, capped at ``rollout_is_threshold``,
-:attr:`V1ParityConfig.is_threshold`), and ``both_fill`` (``both`` at staleness 2:
-``fill_rollout_tail_at=0.5``; not in the default modes, ask for it with ``--modes``), and
+:attr:`V1ParityConfig.is_threshold`), ``both_stale2`` (``both`` at ``max_staleness=2``) and
+``both_fill`` (the same with ``fill_rollout_tail_at=0.5``; neither in the default modes, ask for them
+with ``--modes``), and
 ``sync_group`` / ``both_group`` (``sync`` / ``both`` with the judge grading each GRPO group in one
 call, ``judge.mode=group``: issue 29's learning with group judging against pointwise; ask for them).
 Every mode of a seed starts from the same policy and trains on the same prompts in the same order.
@@ -63,8 +64,15 @@ MODES: dict[str, tuple[str, ...]] = {
         "+trainer.v1.pipelined.one_step_off_policy=true",
         "algorithm.rollout_correction.rollout_is=token",
     ),
-    # Staleness 2 (issue 28, item 6): the batch after next starts generating once the next one is
-    # half generated, so a batch may be sampled two policy versions behind the one it trains.
+    # Staleness 2 (issue 28, item 6): the batches of the next two steps generate together and each
+    # step trains the first groups generated across them, at most two policy versions behind.
+    "both_stale2": (
+        "trainer.v1.trainer_mode=pipelined",
+        "+trainer.v1.pipelined.mini_batch=true",
+        "+trainer.v1.pipelined.one_step_off_policy=true",
+        "+trainer.v1.pipelined.max_staleness=2",
+    ),
+    # The same, the batch after next starting once the next one is half gathered.
     "both_fill": (
         "trainer.v1.trainer_mode=pipelined",
         "+trainer.v1.pipelined.mini_batch=true",
