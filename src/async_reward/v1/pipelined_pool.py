@@ -51,11 +51,6 @@ class GroupPool:
     def __bool__(self) -> bool:
         return bool(self._groups)
 
-    @property
-    def dispatches(self) -> int:
-        """Dispatches added so far (resumed ones included)."""
-        return self._dispatches
-
     def add(self, sizes: Mapping[str, int], version: int) -> None:
         """One dispatch: its groups with their session counts, started by policy ``version``."""
         order = self._dispatches
