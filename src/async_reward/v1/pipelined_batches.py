@@ -59,6 +59,10 @@ class GroupState:
     def failed(self) -> bool:
         return self.status == "failure"
 
+    def generated(self, size: int) -> bool:
+        """All ``size`` sessions are written, or the group has already ended (its tag is terminal)."""
+        return self.scored or len(self.sessions) >= size
+
 
 def read_groups(listing: Mapping[str, Mapping[str, Any]], uids: set[str]) -> dict[str, GroupState]:
     """The state of each group in ``uids`` from one ``tq.kv_list(partition)[partition]`` listing."""
@@ -101,17 +105,11 @@ class InFlightBatch:
 
     def generated(self, groups: Mapping[str, GroupState]) -> bool:
         """Every group has all its sessions written, or has already ended."""
-        return all(
-            groups[uid].scored or len(groups[uid].sessions) >= size for uid, size in self.sizes.items()
-        )
+        return all(groups[uid].generated(size) for uid, size in self.sizes.items())
 
     def ungenerated(self, groups: Mapping[str, GroupState]) -> list[str]:
         """Groups with a session still to write (and not ended): what a wait for generation waits on."""
-        return sorted(
-            uid
-            for uid, size in self.sizes.items()
-            if not groups[uid].scored and len(groups[uid].sessions) < size
-        )
+        return sorted(uid for uid, size in self.sizes.items() if not groups[uid].generated(size))
 
     def unscored(self, groups: Mapping[str, GroupState]) -> list[str]:
         """Groups whose prompt tag is not terminal yet: what a wait for scores waits on."""

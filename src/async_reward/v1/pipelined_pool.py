@@ -86,7 +86,7 @@ class GroupPool:
         step while a group of a newer dispatch is taken.
         """
         ranked = sorted(self._groups, key=self._rank)  # by deadline: versions grow with dispatches
-        ended = {uid for uid in ranked if _generated(groups[uid], self._groups[uid].size)}
+        ended = {uid for uid in ranked if groups[uid].generated(self._groups[uid].size)}
         if len(ended) < min(size, len(ranked)):
             return None
         chosen: list[str] = []
@@ -125,9 +125,5 @@ class GroupPool:
 
     def generated_share(self, groups: Mapping[str, GroupState], size: int) -> float:
         """How far the next batch is gathered: pooled groups that have ended generating, over ``size``."""
-        ended = sum(_generated(groups[uid], group.size) for uid, group in self._groups.items())
+        ended = sum(groups[uid].generated(group.size) for uid, group in self._groups.items())
         return min(1.0, ended / size) if size else 1.0
-
-
-def _generated(state: GroupState, size: int) -> bool:
-    return state.scored or len(state.sessions) >= size

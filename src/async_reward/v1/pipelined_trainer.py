@@ -366,30 +366,30 @@ class PPOTrainerPipelined(PPOTrainer):
         """Wait until the pool can form the batch trained at ``train_step`` and take it. Meanwhile the
         batches up to step ``lookahead_through`` are dispatched: at once, or with
         ``fill_rollout_tail_at`` once the batch being formed is that share gathered."""
+        while True:
+            picked = self._wait_on_pool(train_step, self._dispatched_through < lookahead_through)
+            if picked is not None:
+                return self._pool.take(picked, train_step)
+            self._dispatch_to_pool()  # then wait again, its groups watched too
+
+    def _wait_on_pool(self, train_step: int, dispatch_pending: bool) -> list[str] | None:
+        """The groups of the batch trained at ``train_step`` once the pool can form it; None once a
+        pending dispatch is due instead (at once, or at ``fill_rollout_tail_at``)."""
         flags = self.pipeline_config
         size = int(self.config.data.train_batch_size)
-        chosen: list[str] = []
-        while True:
-            dispatched = False
+        fill = flags.fill_rollout_tail_at
+        picked: list[list[str]] = []
 
-            def ready(groups: dict[str, GroupState]) -> bool:
-                nonlocal dispatched
-                fill = flags.fill_rollout_tail_at
-                if self._dispatched_through < lookahead_through and (
-                    fill is None or self._pool.generated_share(groups, size) >= fill
-                ):
-                    self._dispatch_to_pool()
-                    dispatched = True
-                    return True  # read again, its groups included
-                picked = self._pool.choose(groups, train_step, size, flags.staleness_limit)
-                if picked is None:
-                    return False
-                chosen.extend(picked)
+        def ready(groups: dict[str, GroupState]) -> bool:
+            if dispatch_pending and (fill is None or self._pool.generated_share(groups, size) >= fill):
                 return True
+            batch = self._pool.choose(groups, train_step, size, flags.staleness_limit)
+            if batch is not None:
+                picked.append(batch)
+            return batch is not None
 
-            self._wait(self._pool.watched(self.global_steps), ready, "generated")
-            if not dispatched:
-                return self._pool.take(chosen, train_step)
+        self._wait(self._pool.watched(self.global_steps), ready, "generated")
+        return picked[0] if picked else None
 
     def _compute_metrics(
         self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int, epoch: int
