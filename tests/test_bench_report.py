@@ -219,3 +219,37 @@ def test_repeats_need_one_seed_per_run():
 
     with pytest.raises(ValueError, match="one run per seed"):
         combine_repeats([figure(400.0, [0], [0])], [0, 1])
+
+
+def test_colocate_async_held_to_staleness_2_is_verls_own_replay_buffer_at_3_versions_dropless(
+    tokenizer_dir, tokenizer
+):
+    """``v1_colocate_async_stale2`` is verl's ``colocate_async`` with verl's own settings (a trajectory
+    spans at most 3 versions; ``wait``: a prompt at the limit is waited for, never dropped), read by
+    verl's replay buffer as built by verl's trainer, not a setting of the harness's."""
+    import numpy as np
+
+    from async_reward_bench.backend import BatchFactory
+    from async_reward_bench.environment import _v1_trainer_config
+    from async_reward_bench.settings import BenchConfig
+    from async_reward_bench.tag_store import TagStore
+    from async_reward_bench.v1_trainer import V1Harness, build_v1_trainer
+
+    cfg = BenchConfig(prompts=4, group_size=2, mini_batches=2)
+    harness = V1Harness(
+        stages=None,
+        factory=BatchFactory(tokenizer, cfg.prompts, cfg.group_size),
+        durations=lambda number, samples: np.zeros(samples),
+        agent_loop=None,
+        store=TagStore(),
+        reward_loop_manager=None,
+        time_scale=1.0,
+    )
+    buffers = {}
+    for strategy in ("v1_colocate_async", "v1_colocate_async_stale2"):
+        config = _v1_trainer_config(cfg, tokenizer_dir, "http://127.0.0.1:9", strategy)
+        assert config.trainer.v1.trainer_mode == "colocate_async"
+        buffers[strategy] = build_v1_trainer(config, harness, strategy).replay_buffer
+    limited = buffers["v1_colocate_async_stale2"]
+    assert (limited.max_off_policy_threshold, limited.max_off_policy_strategy) == (3, "wait")
+    assert buffers["v1_colocate_async"].max_off_policy_threshold == 8  # verl's default: up to staleness 7

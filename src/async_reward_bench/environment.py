@@ -98,10 +98,10 @@ def _v1_trainer_config(
     parameter_sync_step x ppo_mini_batch_size`` demands) and ``gen_batch_size=1`` (what verl's
     ``_setup`` forces in async modes, so refills fetch exact prompt counts)."""
     from async_reward_bench.gpu_split import SEPARATE_MODES
-    from async_reward_bench.scenarios import V1_PIPELINED_SCHEDULES
+    from async_reward_bench.scenarios import V1_PIPELINED_SCHEDULES, V1_VERL_OVERRIDES
 
     mode = V1_STRATEGIES[strategy]
-    flags: list[str] = []
+    flags: list[str] = list(V1_VERL_OVERRIDES.get(strategy, ()))
     for key, value in V1_PIPELINED_SCHEDULES.get(strategy, {}).items():
         flags.append(f"+trainer.v1.pipelined.{key}={str(value).lower()}")
     if mode in SEPARATE_MODES:

@@ -33,7 +33,7 @@ _GPU_STAGES = ("rollout", "prepare", "update", "judge")  # judge: one on the tra
 _TRAINING_STAGES = ("prepare", "update")
 #: A trainer mode's own per-step metrics kept in the summary (our decoupled mode's window, reward
 #: queue and prompt ledger).
-_MODE_METRICS = ("decoupled/", "ledger/", "reward_queue/")
+_MODE_METRICS = ("decoupled/", "ledger/", "reward_queue/", "pipeline/judge_", "pipeline/next_batch")
 
 
 def busy_time(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:

@@ -18,6 +18,7 @@ __all__ = [
     "STRATEGIES",
     "V1_PIPELINED_SCHEDULES",
     "V1_STRATEGIES",
+    "V1_VERL_OVERRIDES",
     "Regime",
     "regime_latency",
     "regime_stages",
@@ -53,9 +54,22 @@ V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | float]] = {
 V1_STRATEGIES: dict[str, str] = {
     "v1_sync": "sync",
     "v1_colocate_async": "colocate_async",
+    "v1_colocate_async_stale2": "colocate_async",
     **dict.fromkeys(V1_PIPELINED_SCHEDULES, "pipelined"),
     "v1_separate_async": "separate_async",
     "v1_decoupled": "decoupled",
+}
+#: verl's own settings per v1 strategy, beyond its mode. ``v1_colocate_async_stale2``: verl's
+#: ``colocate_async`` held to staleness 2 as our ``max_staleness=2`` is (a trajectory spans at most 3
+#: model versions) with verl's dropless rule (``wait``: sampling blocks while a prompt in flight has
+#: reached the limit, so it finishes and trains). verl's default (8 versions) lets it run further
+#: ahead; ``drop`` would train only the groups that finish in time, so fewer of the longest responses
+#: than the other strategies train, which is not the same work.
+V1_VERL_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "v1_colocate_async_stale2": (
+        "trainer.v1.sampler.max_off_policy_threshold=3",
+        "trainer.v1.sampler.max_off_policy_strategy=wait",
+    ),
 }
 STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
 #: The strategies on standalone rollout GPUs and trainer GPUs (``gpu_split.SEPARATE_MODES``).

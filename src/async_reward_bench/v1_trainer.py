@@ -55,15 +55,8 @@ from async_reward_bench.gpu_split import SEPARATE_MODES
 from async_reward_bench.tag_store import TagStore
 from async_reward_bench.v1_agent_loop import PARTITION, V1AgentLoop
 
-__all__ = ["V1_MODES", "V1Harness", "build_v1_trainer", "run_v1_steps"]
+__all__ = ["V1Harness", "build_v1_trainer", "run_v1_steps"]
 
-#: Benchmark strategy -> verl v1 ``trainer.v1.trainer_mode``.
-V1_MODES: dict[str, str] = {
-    "v1_sync": "sync",
-    "v1_colocate_async": "colocate_async",
-    "v1_separate_async": "separate_async",
-    "v1_decoupled": "decoupled",
-}
 #: Least time between two polls of our v1 mode's trainer, in scaled (recipe) seconds: at most about
 #: 200 tag listings a second of wall time at the default time scale, each about 1 ms of CPU.
 POLL_GAP_S = 0.5
