@@ -119,7 +119,8 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     of this test). Hydra sweeps keys as a product, so each job is one value of ``trainer.v1`` (merged
     into verl's node with ``++``) holding the mode and its keys. The two pipelined runs set the two
     schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped or
-    read from the other would name the wrong schedule in one run. Hydra runs every job of the sweep
+    read from the other would name the wrong schedule in one run; the one-step-off run also sets
+    ``max_staleness=2``, which its start line must show. Hydra runs every job of the sweep
     before it raises the first failure, so the refused job (last) fails the command after the others
     printed their lines. Every schedule's training is tested in-process in tests/test_v1_pipelined.py,
     the decoupled mode's in tests/test_v1_decoupled.py.
@@ -138,7 +139,8 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "++trainer.v1="
             "{trainer_mode:pipelined,pipelined:{mini_batch:true,one_step_off_policy:false,dry_run:true}},"
-            "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,dry_run:true}},"
+            "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,max_staleness:2,"
+            "dry_run:true}},"
             f"{DECOUPLED_JOB},"
             f"{REFUSED_JOB}",
             *STANDALONE_ROLLOUT,
@@ -157,6 +159,7 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     assert sorted(s["schedule"] for s in started) == sorted(SWEPT), output[-6000:]
     assert sorted(b["schedule"] for b in built) == sorted(SWEPT), output[-6000:]
     assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
+    assert output.count("max_staleness=2: steps take groups across the batches in flight, each chosen") == 1
     assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
     decoupled_started = [m.groupdict() for m in DECOUPLED_START_LINE.finditer(output)]
     decoupled_built = [m.groupdict() for m in DECOUPLED_DRY_RUN_LINE.finditer(output)]

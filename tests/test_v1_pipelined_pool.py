@@ -30,12 +30,20 @@ def states(pool_sizes: dict[str, int], generated: set[str], failed: frozenset[st
 
 
 def simulate(
-    durations: list[int], batch: int, steps: int, max_staleness: int
+    durations: list[int],
+    batch: int,
+    steps: int,
+    max_staleness: int,
+    own_rollout: tuple[bool, ...] = (False,),
 ) -> tuple[list[list[str]], dict[str, int], dict[str, int]]:
     """Run the trainer's dispatch-and-choose loop over ``steps``: returns each step's chosen groups,
     each group's dispatch version and its dispatch number. Group ``i`` (dispatch ``i // batch``)
-    needs ``durations[i]`` polls of generation. Each choice is checked as it is made: only generated
-    groups, and no generated group of an older dispatch left out for one of a newer dispatch."""
+    needs ``durations[i]`` polls of generation. After step k's batch is known, the next one is chosen
+    ahead (in step k's rollout) or, where ``own_rollout[k - 1]`` (cycled) says so, in its own
+    rollout with the batches of the next s steps dispatched first, as the trainer does when the
+    judge caught up (``async_reward.v1.pipelined_choice``). Each choice is checked as it is made:
+    only generated groups, and no generated group of an older dispatch left out for one of a newer
+    dispatch."""
     pool = GroupPool()
     left: dict[str, int] = {}
     version: dict[str, int] = {}
@@ -69,14 +77,17 @@ def simulate(
         raise AssertionError("the batch was never formed")
 
     upcoming: list[str] | None = None
+    own = False
     for step in range(1, steps + 1):
         if upcoming is None:
-            while dispatched < step:
+            horizon = min(steps, step + max_staleness) if own else step
+            while dispatched < max(step, horizon):
                 dispatch(step)
             upcoming = choose(step)
         chosen_per_step.append(upcoming)
         upcoming = None
-        if step + 1 <= steps:
+        own = own_rollout[(step - 1) % len(own_rollout)]
+        if step + 1 <= steps and not own:
             while dispatched < min(steps, step + max_staleness):
                 dispatch(step)
             upcoming = choose(step + 1)
@@ -90,11 +101,13 @@ def simulate(
     batch=st.integers(1, 5),
     steps=st.integers(1, 8),
     max_staleness=st.integers(2, 4),
+    own_rollout=st.lists(st.booleans(), min_size=1, max_size=8).map(tuple),
 )
 def test_every_group_is_trained_once_within_the_staleness_limit_oldest_dispatch_first(
-    durations: list[int], batch: int, steps: int, max_staleness: int
+    durations: list[int], batch: int, steps: int, max_staleness: int, own_rollout: tuple[bool, ...]
 ) -> None:
-    chosen, version, order = simulate(durations, batch, steps, max_staleness)
+    """Whatever the durations, and whenever each batch is chosen (ahead or in its own rollout)."""
+    chosen, version, order = simulate(durations, batch, steps, max_staleness, own_rollout)
     trained = [uid for step in chosen for uid in step]
     assert len(trained) == len(set(trained)) == steps * batch  # each once, none left in the pool
     assert all(len(step) == batch for step in chosen)  # every step a whole batch

@@ -27,8 +27,9 @@ train (every group failed, or no loss token in any chunk) is logged as such
 ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` such steps in a row (the v1 lines' bound).
 ``max_staleness`` s >= 2 keeps the batches of the next s steps generating together and trains each
 step on the first groups generated across them (:mod:`async_reward.v1.pipelined_pool`; partial
-rollout, staleness <= s); ``fill_rollout_tail_at`` delays the batch after next to the next one's
-tail. No batch is generated past the step ``fit`` trains last. Every step logs
+rollout, staleness <= s), each batch chosen ahead or at the end of its own rollout as the judge's
+pace says (:mod:`async_reward.v1.pipelined_choice`); ``fill_rollout_tail_at`` delays the batch after
+next to the next one's tail. No batch is generated past the step ``fit`` trains last. Every step logs
 ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
 """
 
@@ -57,7 +58,8 @@ from async_reward.v1.pipelined_agent_loop import (
     DryRunAgentLoopManager,
     use_pipelined_agent_loop,
 )
-from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, check_prepared
+from async_reward.v1.pipelined_batches import GroupState, InFlightBatch, check_prepared, read_groups
+from async_reward.v1.pipelined_choice import JudgeCatchUp
 from async_reward.v1.pipelined_config import (
     PIPELINED_MODE,
     load_pipelined_mode_config,
@@ -115,6 +117,12 @@ class PPOTrainerPipelined(PPOTrainer):
         """At ``max_staleness`` >= 2: groups dispatched and not yet chosen for a step."""
         self._dispatched_through = 0
         """At ``max_staleness`` >= 2: the last step whose batch has been dispatched."""
+        self._catch_up = JudgeCatchUp()
+        """At ``max_staleness`` >= 2: whether the judge scored what each rollout left unscored by the
+        end of the step's prepare stage (:mod:`~async_reward.v1.pipelined_choice`)."""
+        self._choose_in_own_rollout = False
+        """At ``max_staleness`` >= 2: this step's batch is chosen at the end of its own rollout, not
+        in the step before (decided at the end of each rollout)."""
         self._submitted: dict[int, dict[str, int]] = {}
         self._next_dispatch = 0
         """The dispatch number of the next prompt sent to generation (``DISPATCH_ORDER_KEY``)."""
@@ -125,12 +133,23 @@ class PPOTrainerPipelined(PPOTrainer):
             print(f"async_reward: {self.start_line()}", flush=True)
 
     def start_line(self) -> str:
-        """``trainer <module.Class> (verl v1 trainer_mode=pipelined), schedule <mode> (...)``."""
+        """``trainer <module.Class> (verl v1 trainer_mode=pipelined), schedule <mode> (...)``, with the
+        staleness and how batches are chosen when ``max_staleness`` >= 2."""
         cls, flags = type(self), self.pipeline_config
+        staleness = ""
+        if flags.staleness_limit >= 2:
+            staleness = f", max_staleness={flags.staleness_limit}: steps take groups across the batches"
+            staleness += " in flight"
+            fill = flags.fill_rollout_tail_at
+            staleness += (
+                ", each chosen ahead or in its own rollout as the judge keeps up"
+                if fill is None
+                else f", the batch after next starting at fill_rollout_tail_at={fill}"
+            )
         return (
             f"trainer {cls.__module__}.{cls.__qualname__} (verl v1 trainer_mode={PIPELINED_MODE}), "
             f"schedule {flags.mode} (mini_batch={flags.mini_batch}, "
-            f"one_step_off_policy={flags.one_step_off_policy})"
+            f"one_step_off_policy={flags.one_step_off_policy}{staleness})"
         )
 
     @property
@@ -292,6 +311,11 @@ class PPOTrainerPipelined(PPOTrainer):
         self.on_sample_end()
         with marked_timer("prepare", timing_raw, color="blue"):
             prepared = self._prepare(_meta(groups, current.uids), metrics, timing_raw)
+        if self._lookahead:
+            caught_up = self._catch_up.prepare_ended(self._read_groups(set(self._catch_up.backlog)))
+            metrics["pipeline/judge_caught_up"] = float(caught_up)
+            metrics["pipeline/judge_backlog_groups"] = float(len(self._catch_up.backlog))
+            metrics["pipeline/next_batch_chosen_ahead"] = float(bool(self._in_flight))
         trained, counts = self._train(current, prepared, metrics, timing_raw)
         staleness = (self.global_steps - 1) - current.version
         metrics.update(
@@ -335,21 +359,34 @@ class PPOTrainerPipelined(PPOTrainer):
 
     def _gather_across_batches(self, timing_raw: dict) -> tuple[InFlightBatch, dict[str, GroupState]]:
         """``max_staleness`` s >= 2 (:mod:`~async_reward.v1.pipelined_pool`): this step's batch, chosen
-        in the step before (or now, at the first step and after a resume); then, with the batches of
-        the next s steps dispatched, the next step's batch: the first ``train_batch_size`` groups
-        generated, oldest dispatch first, those that cannot wait longer always among them."""
+        in the step before, or now (the first step, after a resume, or when the judge caught up in
+        the last step: :mod:`~async_reward.v1.pipelined_choice`); then, unless the judge caught up,
+        with the batches of the next s steps dispatched, the next step's batch: the first
+        ``train_batch_size`` groups generated, oldest dispatch first, those that cannot wait longer
+        always among them. Last, the groups this rollout leaves unscored are noted."""
         step, last = self.global_steps, self._last_step()
+        limit = self.pipeline_config.staleness_limit
         with marked_timer("gen", timing_raw, color="red"):
             if not self._in_flight:
+                # chosen in its own rollout, the batches of the next s steps generating meanwhile
+                horizon = min(last, step + limit) if self._choose_in_own_rollout else step
                 self._dispatch_through(step)
-                self._in_flight.append(self._choose_from_pool(step, lookahead_through=step))
+                self._in_flight.append(self._choose_from_pool(step, lookahead_through=horizon))
             current = self._in_flight.popleft()
             groups = self._wait(current, current.generated, "generated")  # chosen generated: one read
-        if step + 1 <= last:
+        # fill_rollout_tail_at's rule is about the batch after next starting in the next one's rollout
+        self._choose_in_own_rollout = (
+            self.pipeline_config.fill_rollout_tail_at is None and self._catch_up.choose_in_own_rollout()
+        )
+        if step + 1 <= last and not self._choose_in_own_rollout:
             self._dispatch_through(step + 1)
-            lookahead = min(last, step + self.pipeline_config.staleness_limit)
+            lookahead = min(last, step + limit)
             with marked_timer("gen_next", timing_raw, color="red"):
                 self._in_flight.append(self._choose_from_pool(step + 1, lookahead_through=lookahead))
+        sizes = {**self._pool.watched(step).sizes, **current.sizes}
+        for batch in self._in_flight:
+            sizes.update(batch.sizes)
+        self._catch_up.rollout_ended(self._read_groups(set(sizes)), sizes)
         return current, groups
 
     def _dispatch_through(self, step: int) -> None:
@@ -558,6 +595,10 @@ class PPOTrainerPipelined(PPOTrainer):
             pause=self._pause_between_polls,
             step=self.global_steps,
         )
+
+    def _read_groups(self, uids: set[str]) -> dict[str, GroupState]:
+        """The state of ``uids`` in one listing of TransferQueue's tags, read now."""
+        return read_groups((self._tq.kv_list(PARTITION) or {}).get(PARTITION, {}), uids)
 
     def _pause_between_polls(self) -> None:
         """Sleep ``poll_interval_s`` (TransferQueue has no change notification to wait on). The
