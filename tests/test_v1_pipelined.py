@@ -594,7 +594,7 @@ class SlowPrepareActor(StandInActor):
 def test_a_judge_that_catches_up_lets_a_batch_be_chosen_in_its_own_rollout(
     tmp_path, model_dir, rollout, transfer_queue, server
 ) -> None:
-    """``max_staleness=2``, a judge answering at once and a 1 s prepare stage: the judge scores all a
+    """``max_staleness=2``, a judge answering at once and log-prob passes of 1 s: the judge scores all a
     rollout leaves unscored before training needs it, so from step 2 on the mode chooses each batch
     at the end of its own rollout, not ahead. Row 4 (batch 2) is answered only by policy version 2,
     i.e. in step 3's own rollout, and must be trained by step 3 (it was started by version 0): so
