@@ -9,6 +9,7 @@ trains that policy with verl's policy loss (``async_reward_bench.toy.v1_policy``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,6 +126,9 @@ def test_the_policy_learns_through_v1_fit_on_each_sample_once_at_the_configured_
     assert run["trained_rows"] == run["distinct_trained_rows"] == CFG.steps * samples
     assert run["optimizer_steps"] == CFG.steps * CFG.mini_batches
     assert run["synced_versions"] == list(range(CFG.steps + 1))
+    # only max_staleness >= 2 chooses when each batch is chosen: NaN in every step of these modes
+    assert len(run["next_batch_chosen_ahead"]) == CFG.steps
+    assert all(math.isnan(v) for v in run["next_batch_chosen_ahead"])
     if mode == "sync":
         assert run["staleness"] == [0.0] * CFG.steps
         assert run["sampled_by_version"] == {str(v): samples for v in range(CFG.steps)}

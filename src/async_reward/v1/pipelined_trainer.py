@@ -315,7 +315,8 @@ class PPOTrainerPipelined(PPOTrainer):
             caught_up = self._catch_up.prepare_ended(self._read_groups(set(self._catch_up.backlog)))
             metrics["pipeline/judge_caught_up"] = float(caught_up)
             metrics["pipeline/judge_backlog_groups"] = float(len(self._catch_up.backlog))
-            metrics["pipeline/next_batch_chosen_ahead"] = float(bool(self._in_flight))
+            if self.global_steps < self._last_step():  # the last step has no next batch to choose
+                metrics["pipeline/next_batch_chosen_ahead"] = float(bool(self._in_flight))
         trained, counts = self._train(current, prepared, metrics, timing_raw)
         staleness = (self.global_steps - 1) - current.version
         metrics.update(

@@ -375,6 +375,9 @@ def run_one(
         "train_score": [m.get("critic/score/mean", float("nan")) for m in steps],
         "staleness": [m.get("off_policy/staleness", 0.0) for m in steps],
         "reward_blocked_s": float(sum(m.get("timing_s/reward_blocked", 0.0) for m in steps)),
+        # at max_staleness >= 2: 1 where the next batch was chosen ahead, 0 in its own rollout
+        # (async_reward.v1.pipelined_choice); NaN in the modes that do not choose and on the last step
+        "next_batch_chosen_ahead": [m.get("pipeline/next_batch_chosen_ahead", float("nan")) for m in steps],
         "is_weights_mean": [m.get("rollout_corr/rollout_is_mean", float("nan")) for m in steps],
         # members listed per judge call (group judging: the group size; 0 when not logged: pointwise)
         "judge_group_size": [m.get("reward/extra/judge_group_size/mean", 0.0) for m in steps],
