@@ -535,6 +535,36 @@ def assert_three_steps_trained_every_session_once(run: TrainingRun) -> None:
     assert all(m["reward/status_ok"] == 8.0 for m in logs)
 
 
+def train_at_staleness_two_with_row_4_answered_at(
+    version: int,
+    tmp_path: Path,
+    model_dir: Path,
+    rollout: ScriptedRollout,
+    server: Any,
+    actor: StandInActor | None = None,
+) -> TrainingRun:
+    """Three steps of schedule ``both`` at ``max_staleness=2``, row 4's sessions (batch 2) answered
+    only once the policy reaches ``version``."""
+    script = dict(SCRIPT)
+    script[QUESTIONS[4]] = [f"@@version:{version}@@{text}" for text in SCRIPT[QUESTIONS[4]]]
+    return train_pipelined(
+        tmp_path,
+        model_dir,
+        rollout,
+        server,
+        "both",
+        ["+trainer.v1.pipelined.max_staleness=2"],
+        steps=3,
+        actor=actor,
+        script=script,
+    )
+
+
+def rows_per_step(run: TrainingRun) -> list[list[int]]:
+    """The dataset rows each of the three steps trained (two updates a step), one per session."""
+    return [[row.index for update in run.updates[i : i + 2] for row in sessions(update)] for i in (0, 2, 4)]
+
+
 @pytest.mark.timeout(600)
 def test_staleness_two_trains_a_slow_group_a_step_later_in_place_of_a_generated_one(
     tmp_path, model_dir, rollout, transfer_queue, server
@@ -549,24 +579,11 @@ def test_staleness_two_trains_a_slow_group_a_step_later_in_place_of_a_generated_
     answers in 2 s, far slower than the stand-in's prepare stage, so it never catches up and the
     mode chooses each next batch ahead (:mod:`async_reward.v1.pipelined_choice`), visibly."""
     server.update_config(latency_ms=[2000.0, 2000.0])
-    script = dict(SCRIPT)
-    script[QUESTIONS[4]] = [f"@@version:1@@{text}" for text in SCRIPT[QUESTIONS[4]]]
-    run = train_pipelined(
-        tmp_path,
-        model_dir,
-        rollout,
-        server,
-        "both",
-        ["+trainer.v1.pipelined.max_staleness=2"],
-        steps=3,
-        script=script,
-    )
+    run = train_at_staleness_two_with_row_4_answered_at(1, tmp_path, model_dir, rollout, server)
     assert_three_steps_trained_every_session_once(run)
     for update in run.updates:  # whole groups: both sessions of a row in the same update
         assert all(count == 2 for count in Counter(row.uid for row in sessions(update)).values())
-    per_step = [
-        [row.index for update in run.updates[i : i + 2] for row in sessions(update)] for i in (0, 2, 4)
-    ]
+    per_step = rows_per_step(run)
     assert sorted(per_step[0]) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert 4 not in per_step[1] and {5, 6, 7} <= set(per_step[1])  # row 4 left generating
     [borrowed] = set(per_step[1]) - {5, 6, 7}  # one group of batch 3 in its place
@@ -602,27 +619,15 @@ def test_a_judge_that_catches_up_lets_a_batch_be_chosen_in_its_own_rollout(
     this run ends only because step 3's batch is chosen in step 3's rollout. Chosen ahead, in step
     2's rollout (version 1), it could not be formed without row 4, and step 2 could not train
     without it (the slow-judge run above is the batch-ahead case). Every sample trained once."""
-    script = dict(SCRIPT)
-    script[QUESTIONS[4]] = [f"@@version:2@@{text}" for text in SCRIPT[QUESTIONS[4]]]
-    run = train_pipelined(
-        tmp_path,
-        model_dir,
-        rollout,
-        server,
-        "both",
-        ["+trainer.v1.pipelined.max_staleness=2"],
-        steps=3,
-        actor=SlowPrepareActor(1.0),
-        script=script,
+    run = train_at_staleness_two_with_row_4_answered_at(
+        2, tmp_path, model_dir, rollout, server, actor=SlowPrepareActor(1.0)
     )
     assert_three_steps_trained_every_session_once(run)
     logs = step_logs(run)
     assert [m["pipeline/judge_caught_up"] for m in logs[:2]] == [1.0, 1.0]
     # step 1 has no measure yet (ahead); then each batch in its own rollout
     assert [m.get("pipeline/next_batch_chosen_ahead") for m in logs] == [1.0, 0.0, None]
-    per_step = [
-        [row.index for update in run.updates[i : i + 2] for row in sessions(update)] for i in (0, 2, 4)
-    ]
+    per_step = rows_per_step(run)
     assert 4 not in per_step[1] and 4 in per_step[2]  # row 4: generated only in step 3's rollout
 
 

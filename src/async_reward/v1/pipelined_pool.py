@@ -60,12 +60,15 @@ class GroupPool:
                 raise ValueError(f"group {uid} is dispatched twice")
             self._groups[uid] = PooledGroup(size=int(size), version=int(version), order=order)
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Each pooled group's session count, by ``uid``."""
+        return {uid: group.size for uid, group in self._groups.items()}
+
     def watched(self, step: int) -> InFlightBatch:
         """All pooled groups as one batch, to read their states from a tag listing."""
         version = min((group.version for group in self._groups.values()), default=step - 1)
-        return InFlightBatch(
-            step=step, version=version, sizes={uid: group.size for uid, group in self._groups.items()}
-        )
+        return InFlightBatch(step=step, version=version, sizes=self.sizes)
 
     def choose(
         self,

@@ -138,14 +138,14 @@ class PPOTrainerPipelined(PPOTrainer):
         cls, flags = type(self), self.pipeline_config
         staleness = ""
         if flags.staleness_limit >= 2:
-            staleness = f", max_staleness={flags.staleness_limit}: steps take groups across the batches"
-            staleness += " in flight"
             fill = flags.fill_rollout_tail_at
-            staleness += (
-                ", each chosen ahead or in its own rollout as the judge keeps up"
+            rule = (
+                "each chosen ahead or in its own rollout as the judge keeps up"
                 if fill is None
-                else f", the batch after next starting at fill_rollout_tail_at={fill}"
+                else f"the batch after next starting at fill_rollout_tail_at={fill}"
             )
+            across = "steps take groups across the batches in flight"
+            staleness = f", max_staleness={flags.staleness_limit}: {across}, {rule}"
         return (
             f"trainer {cls.__module__}.{cls.__qualname__} (verl v1 trainer_mode={PIPELINED_MODE}), "
             f"schedule {flags.mode} (mini_batch={flags.mini_batch}, "
@@ -220,7 +220,7 @@ class PPOTrainerPipelined(PPOTrainer):
         manager = getattr(self, "agent_loop_manager", None)
         workers = getattr(manager, "agent_loop_workers", None)
         self._watchdog = AgentLoopWatchdog(workers) if workers else None
-        listing = (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+        listing = self._listing()
         markers = untrained_step_markers(listing)
         if markers:
             self._tq.kv_clear(keys=markers, partition_id=PARTITION)
@@ -384,7 +384,7 @@ class PPOTrainerPipelined(PPOTrainer):
             lookahead = min(last, step + limit)
             with marked_timer("gen_next", timing_raw, color="red"):
                 self._in_flight.append(self._choose_from_pool(step + 1, lookahead_through=lookahead))
-        sizes = {**self._pool.watched(step).sizes, **current.sizes}
+        sizes = {**self._pool.sizes, **current.sizes}
         for batch in self._in_flight:
             sizes.update(batch.sizes)
         self._catch_up.rollout_ended(self._read_groups(set(sizes)), sizes)
@@ -587,7 +587,7 @@ class PPOTrainerPipelined(PPOTrainer):
         (:func:`~async_reward.v1.pipelined_waits.wait_for_groups`): a wait for scores bounded by
         ``chunk_timeout_s``, every wait by the death of an agent-loop worker."""
         return wait_for_groups(
-            lambda: (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {}),
+            self._listing,
             batch,
             done,
             what,
@@ -597,9 +597,13 @@ class PPOTrainerPipelined(PPOTrainer):
             step=self.global_steps,
         )
 
+    def _listing(self) -> dict[str, dict[str, Any]]:
+        """TransferQueue's tags of the ``train`` partition, key -> tag, read now."""
+        return (self._tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+
     def _read_groups(self, uids: set[str]) -> dict[str, GroupState]:
         """The state of ``uids`` in one listing of TransferQueue's tags, read now."""
-        return read_groups((self._tq.kv_list(PARTITION) or {}).get(PARTITION, {}), uids)
+        return read_groups(self._listing(), uids)
 
     def _pause_between_polls(self) -> None:
         """Sleep ``poll_interval_s`` (TransferQueue has no change notification to wait on). The
