@@ -164,7 +164,10 @@ def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_p
     # By causality, not timing: baseline updates only after its last chunk, so after its last reward.
     assert max(strategies["baseline"]["update_lead_s"]) < 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0].startswith(f"async-reward bench: {verdict['outcome']}")  # the verdict line first
+    # the v1 mode (the schedule to use) first, against legacy "both" of this run, then the verdict
+    assert out[0].startswith("async-reward bench: v1 mode (trainer.v1.trainer_mode=pipelined")
+    assert "the legacy trainer's both (same run)" in out[0]
+    assert out[1].startswith(f"async-reward bench: {verdict['outcome']}")
     assert any("v1_colocate_async" in line for line in out) and out[-1].startswith("wall time")
 
 
@@ -421,3 +424,19 @@ def test_repeats_need_a_judge_this_process_can_reseed(tmp_path, capsys):
     assert speedup.main(argv) == 2
     assert "--server thread" in capsys.readouterr().err
     assert speedup.main(["--repeats", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_make_bench_opens_with_the_v1_mode_against_legacy_both_of_the_same_run():
+    """``make bench`` (``--quick``) runs the v1 mode's "both" beside the legacy strategies, and its
+    first line is the v1 mode: the schedule the README says to use, against the bound and legacy "both"."""
+    from async_reward_bench.settings import QUICK
+
+    assert "v1_pipelined_both" in QUICK["strategies"] and "both" in QUICK["strategies"]
+    strategies = {"both": {"step_s": 420.0, "ratio_to_bound": 1.0244}, "v1_pipelined_both": {}}
+    strategies["v1_pipelined_both"] = {"step_s": 424.2, "ratio_to_bound": 1.0346}
+    line = speedup.v1_mode_headline(strategies)
+    assert line.startswith("v1 mode (trainer.v1.trainer_mode=pipelined")
+    assert "1.035x the critical-path bound" in line and "1.010x the legacy trainer's both" in line
+    del strategies["both"]
+    assert "legacy" not in speedup.v1_mode_headline(strategies)
+    assert speedup.v1_mode_headline({"both": {"step_s": 1.0, "ratio_to_bound": 1.0}}) == ""

@@ -3,6 +3,7 @@ the TransferQueue tag store served to verl's own, unchanged v1 replay buffers.""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -250,3 +251,31 @@ def test_agent_loop_scores_each_sample_when_its_generation_ends(
         loop.close()
         for worker in rewards.reward_loop_worker_handles:
             ray.kill(worker)
+
+
+def test_the_v1_modes_harness_poll_sees_a_write_after_a_quiet_spell_at_once_and_never_polls_finer():
+    """``_BenchPipelined._pause_between_polls``: at least ``POLL_GAP_S`` scaled seconds between two
+    polls (never finer than the mode's real poll), and only what is left of that gap is slept, so a
+    write that comes after a quiet spell is seen at once. Bounds are generous: the gap here is 2 s."""
+    from types import SimpleNamespace
+
+    from async_reward_bench.v1_trainer import POLL_GAP_S, _BenchPipelined
+
+    store = TagStore()
+    gap = 2.0
+    trainer = SimpleNamespace(
+        bench=SimpleNamespace(store=store, time_scale=gap / POLL_GAP_S),
+        pipeline_config=SimpleNamespace(poll_interval_s=5.0),
+        _writes_seen=0,
+        _last_poll_at=-math.inf,
+    )
+    pause = _BenchPipelined._pause_between_polls
+    store.kv_put("a", "train", tag={"status": "running"})
+    started = time.perf_counter()
+    pause(trainer)  # a write waiting, no poll before: at once
+    assert time.perf_counter() - started < gap * 0.75
+    store.kv_put("b", "train", tag={"status": "running"})
+    started = time.perf_counter()
+    pause(trainer)  # a write waiting, but the last poll was just now: the rest of the gap
+    assert time.perf_counter() - started >= gap * 0.95
+    assert trainer._writes_seen == 2

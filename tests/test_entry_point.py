@@ -183,6 +183,10 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(pyth
         assert report["cls"] == OURS  # verl's RayPPOTrainer before the fix
         assert int(report["pid"]) != python_m_sweep.pid  # built in the actor's process, not the driver's
     assert len({b["actor"] for b in built}) == 4  # one task-runner actor per run
+    from async_reward.pipeline.main_ppo import DEPRECATION
+
+    assert output.count(DEPRECATION) == 1  # deprecated, said once for the four runs of the process
+    assert "trainer.v1.trainer_mode=pipelined" in DEPRECATION  # and the line to use instead
     # What the task-runner actors printed (hydra itself echoes the command line it was given).
     printed = "\n".join(line for line in output.splitlines() if "(PipelinedTaskRunner pid=" in line)
     assert "'JUDGE_TOKEN': '<hidden>'" in printed  # the config was printed, redacted

@@ -229,6 +229,23 @@ def test_the_readme_lines_compose_into_verls_config_and_enable_everything():
     assert v1_integration_problem(config) is None
 
 
+def test_the_readme_quick_start_runs_our_schedule_as_a_v1_mode_with_every_line_honoured():
+    """The quick start is the schedule to use (issue 28, item 7): its block, word for word, composes
+    into verl's config as the ``pipelined`` mode with both schedules, our replay-buffer lines accepted."""
+    from async_reward.v1.pipelined_config import check_pipelined_mode_against_verl, load_pipelined_mode_config
+
+    section = README.read_text().split("## Quick start", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    words = block.replace("\\\n", " ").split()
+    overrides = [w for w in words if "=" in w and not w.startswith(("JUDGE_API_KEY", "#"))]
+    assert all(line in overrides for line in V1_OVERRIDES)
+    config = compose_verl_config(overrides)
+    assert config.trainer.use_v1 is True and config.trainer.v1.trainer_mode == "pipelined"
+    mode = load_pipelined_mode_config(config)
+    assert mode.mini_batch and mode.one_step_off_policy and mode.mode == "both"
+    check_pipelined_mode_against_verl(mode, config)  # raises ConfigError for a line the mode would not honour
+
+
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [

@@ -68,7 +68,33 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
             env["v1_config"] = lambda strategy, split=None: _v1_trainer_config(
                 cfg, directory, server.url, strategy, split
             )
+        env["actors"] = _reward_actors(env)
+        env["pids"] = _harness_pids(env)
         yield env
+
+
+def _reward_actors(env: dict[str, Any]) -> dict[str, Any]:
+    """Every reward worker actor of the environment, by name: ours, and verl's for the v1 strategies."""
+    actors = {f"reward worker {i}": h for i, h in enumerate(env["manager"].worker_handles)}
+    if "v1_rewards" in env:
+        v1 = env["v1_rewards"].reward_loop_worker_handles
+        actors |= {f"v1 reward worker {i}": h for i, h in enumerate(v1)}
+    return actors
+
+
+def _harness_pids(env: dict[str, Any]) -> dict[str, int]:
+    """The processes whose CPU the benchmark reports (``cpu_use``): this one (trainer, v1 agent loop,
+    a threaded judge), the judge server's when it has its own, and every reward worker."""
+    import ray
+
+    pids = {"benchmark": os.getpid()}
+    server_pid = getattr(env["server"], "pid", None)
+    if server_pid is not None:
+        pids["judge server"] = int(server_pid)
+    handles = env["actors"]
+    names = list(handles)
+    found = ray.get([handles[n].__ray_call__.remote(lambda _self: os.getpid()) for n in names], timeout=60)
+    return pids | {name: int(pid) for name, pid in zip(names, found, strict=True)}
 
 
 def _v1_reward_workers(

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.pipeline.schedule import StepRecord
+from async_reward_bench.cpu_use import CPU_SATURATED_SHARE, PROCESS_SATURATED_SHARE
 from async_reward_bench.repeats import add_spread
 from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
@@ -278,6 +279,7 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         "GPU busy",
         "rollout idle",
         "service busy",
+        "CPU busy, busiest",
         "stale",
     ]
     repeated = any(int(s.get("repeats", 1)) > 1 for s in regime["strategies"].values())
@@ -302,6 +304,7 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             f"{s['gpu_busy_fraction'] * 100:.0f}%",
             f"{s.get('rollout_idle_fraction', math.nan) * 100:.0f}%",
             f"{s['service_busy_fraction'] * 100:.0f}%",
+            _cpu_cell(s),
             str(max(s.get("staleness") or [0])),
         ]
         if repeated:
@@ -329,15 +332,45 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
         )
         for r in rows
     ]
-    notes = [
-        f"  ! {name}: {s['below_bound_reason']}"
-        for name, s in regime["strategies"].items()
-        if s.get("below_bound")
-    ] + [
-        f"  ~ {name}: steps {s['measured_steps'][0]}..{s['measured_steps'][-1]} are short of a steady "
-        f"window for staleness {s['window_staleness']} (needs --steps "
-        f"{min_steady_steps(s['window_staleness'])} or more)"
-        for name, s in regime["strategies"].items()
-        if not s.get("steady_state", True)
-    ]
+    notes = (
+        [
+            f"  ! {name}: {s['below_bound_reason']}"
+            for name, s in regime["strategies"].items()
+            if s.get("below_bound")
+        ]
+        + [
+            f"  ~ {name}: steps {s['measured_steps'][0]}..{s['measured_steps'][-1]} are short of a steady "
+            f"window for staleness {s['window_staleness']} (needs --steps "
+            f"{min_steady_steps(s['window_staleness'])} or more)"
+            for name, s in regime["strategies"].items()
+            if not s.get("steady_state", True)
+        ]
+        + [
+            f"  * {name}: {_saturation(s)}: the harness's own CPU cost, 1/time-scale times heavier in "
+            "recipe seconds than in a real run, may be in this figure; rerun with a larger --time-scale"
+            for name, s in regime["strategies"].items()
+            if _saturation(s)
+        ]
+    )
     return "\n".join([head, *lines, *notes])
+
+
+def _cpu_cell(summary: dict[str, Any]) -> str:
+    """The machine's CPU busy share and the busiest process's share of one core, ``*`` if saturated."""
+    machine, busiest = summary.get("cpu_busy_fraction"), summary.get("busiest_process_cpu")
+    cells = [f"{x * 100:.0f}%" if x is not None else "-" for x in (machine, busiest)]
+    return " ".join(cells) + ("*" if _saturation(summary) else "")
+
+
+def _saturation(summary: dict[str, Any]) -> str:
+    """Why a run's CPUs count as saturated (:mod:`~async_reward_bench.cpu_use`), or ``""``."""
+    machine, busiest = summary.get("cpu_busy_fraction"), summary.get("busiest_process_cpu")
+    why = []
+    if machine is not None and machine > CPU_SATURATED_SHARE:
+        why.append(f"the CPUs were {machine * 100:.0f} % busy (over {CPU_SATURATED_SHARE * 100:.0f} %)")
+    if busiest is not None and busiest > PROCESS_SATURATED_SHARE:
+        why.append(
+            f"{summary.get('busiest_process', 'one process')} used {busiest * 100:.0f} % of a core (over "
+            f"{PROCESS_SATURATED_SHARE * 100:.0f} %)"
+        )
+    return " and ".join(why)

@@ -67,6 +67,7 @@ __all__ = [
     "main",
     "run",
     "run_benchmark",
+    "v1_mode_headline",
 ]
 
 
@@ -132,6 +133,9 @@ def _run_summary(
         # Colocated: the GPUs that generate also train; they idle when doing neither.
         result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
     result["load_average_1min"] = os.getloadavg()[0]
+    for key in ("cpu_busy_fraction", "busiest_process", "busiest_process_cpu"):
+        if run.get(key) is not None:
+            result[key] = run[key]
     if "scored_during_rollout" in run:
         result["scored_during_rollout"] = run["scored_during_rollout"]
     return result
@@ -186,7 +190,9 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
     from async_reward.progress import progress_bar
     from async_reward_bench.backend import CalibratedBackend
+    from async_reward_bench.cpu_use import CpuTimes, ProcessCpu, busy_share
     from async_reward_bench.environment import bench_environment
+    from async_reward_bench.gc_pauses import no_full_collections
     from async_reward_bench.repeats import combine_repeats, reseed_judge
     from async_reward_bench.report import STEADY_STATE_RULE, add_relative
     from async_reward_bench.timeline import plot_timeline
@@ -242,16 +248,25 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                         reseed_judge(env["server"], seed)
                     env["factory"].seed = seed
                     run_cfg = dataclasses.replace(cfg, seed=seed)
-                    if strategy in V1_STRATEGIES:
-                        from async_reward_bench.v1_run import run_v1_strategy
+                    with no_full_collections(list(env["actors"].values())):
+                        cpu_before = CpuTimes.now()
+                        processes_before = ProcessCpu.now(env["pids"], time.perf_counter())
+                        if strategy in V1_STRATEGIES:
+                            from async_reward_bench.v1_run import run_v1_strategy
 
-                        on = split if strategy in SEPARATE_STRATEGIES else None  # standalone rollout GPUs
-                        run_stages = on.stages(calibrated) if on is not None else regime_stage
-                        run = run_v1_strategy(
-                            env, run_cfg, regime, run_stages.scaled(scale), strategy, next(tags), bar, on
-                        )
-                    else:
-                        run = _run_one(env, backend, run_cfg, strategy, next(tags), bar)
+                            on = split if strategy in SEPARATE_STRATEGIES else None  # standalone rollout GPUs
+                            run_stages = on.stages(calibrated) if on is not None else regime_stage
+                            run = run_v1_strategy(
+                                env, run_cfg, regime, run_stages.scaled(scale), strategy, next(tags), bar, on
+                            )
+                        else:
+                            run = _run_one(env, backend, run_cfg, strategy, next(tags), bar)
+                    run["cpu_busy_fraction"] = busy_share(cpu_before, CpuTimes.now())
+                    busiest = processes_before.busiest(
+                        ProcessCpu.now(env["pids"], time.perf_counter()), os.sysconf("SC_CLK_TCK")
+                    )
+                    if busiest is not None:
+                        run["busiest_process"], run["busiest_process_cpu"] = busiest
                     runs.append(_run_summary(run, run_cfg, strategy, split, summary))
                     if cfg.plots and seed == cfg.seed:  # the first run's timeline
                         path = cfg.out_dir / f"timeline_{regime_name}_{strategy}.png"
@@ -405,6 +420,22 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return dataclass_from_flags(BenchConfig, args, QUICK if args.quick else None)
 
 
+def v1_mode_headline(strategies: dict[str, dict[str, Any]]) -> str:
+    """The line ``make bench`` opens with: the schedule to use (our v1 mode, both) against the bound and
+    against legacy "both" measured in the same run; ``""`` when it did not run."""
+    v1 = strategies.get("v1_pipelined_both")
+    if v1 is None:
+        return ""
+    line = (
+        f"v1 mode (trainer.v1.trainer_mode=pipelined, mini_batch + one_step_off_policy) at "
+        f"{v1['ratio_to_bound']:.3f}x the critical-path bound"
+    )
+    legacy = strategies.get("both")
+    if legacy is not None:
+        line += f", {v1['step_s'] / legacy['step_s']:.3f}x the legacy trainer's both (same run)"
+    return line
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark from parsed arguments; prints the verdict line, then the tables and checks.
 
@@ -424,6 +455,9 @@ def run(args: argparse.Namespace) -> int:
     results = run_benchmark(cfg)
     verdict = results["regimes"].get("recipe", {}).get("verdict")
     print()
+    v1_line = v1_mode_headline(results["regimes"].get("recipe", {}).get("strategies", {}))
+    if v1_line:
+        print(f"async-reward bench: {v1_line}")
     if verdict is not None:
         print(f"async-reward bench: {summary_line(verdict)}")
     else:

@@ -46,6 +46,11 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"the dev server did not report its URL within {self._start_timeout_s} s")
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before :meth:`start`)."""
+        return self._process.pid if self._process is not None else None
+
     def _request(self, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST")
