@@ -5,9 +5,9 @@ only the waits: every bit of CPU the harness spends (verl's one-sample ``compute
 tag writes, the trainer's polls, Ray calls, the judge server) counts 1/time-scale times heavier in
 recipe seconds than it would in a real run. Where the CPUs are saturated, samples wait for a core
 and a schedule that spends more CPU per sample (verl's v1 path scores each sample by itself) loses
-steps to the harness, not to its schedule: on the 2-core machine, the v1 mode's default against
-legacy ``both`` in the balanced regime was 1.111x / 1.025x with one reward worker at 0.01, 1.015x
-at 0.02 and 0.998x at 0.03 (see ``docs/benchmarks.md``).
+steps to the harness, not to its schedule. (The v1 mode's 2-4 % gap to legacy ``both`` that first
+raised this was not saturation, which these readings ruled out at 45-55 % busy, but the garbage
+collector's pauses: :mod:`~async_reward_bench.gc_pauses`, ``docs/benchmarks.md``.)
 
 Two readings, from ``/proc`` (None where there is none): the whole machine's busy share
 (``/proc/stat``), and the busiest single process of the harness (``/proc/<pid>/stat``: the benchmark's
