@@ -248,6 +248,16 @@ def test_the_served_judges_name_capacity_and_retry_defaults_follow_verls_keys(mo
             ).limits.max_concurrency
             == value
         )
+    # One queue for the whole job: all of the replicas' capacity, not a worker's share of it.
+    job_wide = judge_config(
+        model_dir,
+        judge_dir,
+        "reward.num_workers=3",
+        "reward.reward_model.n_gpus_per_node=8",
+        "reward.reward_model.rollout.max_num_seqs=100",
+        "+reward.async_reward.limits.admission=job",
+    )
+    assert LLMJudgeRewardManager.check_settings(job_wide).limits.max_concurrency == 800
     written = judge_config(model_dir, judge_dir, "+reward.async_reward.retry.max_attempts=5")
     assert LLMJudgeRewardManager.check_settings(written).retry.max_attempts == 5
 
@@ -277,6 +287,12 @@ def test_llm_judge_on_the_served_judge_says_so_at_start_up(model_dir, judge_dir,
     check_reward(judge_config(model_dir, judge_dir, standalone=False))
     (colocated,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]
     assert "colocated on the training GPUs" in colocated
+    check_reward(judge_config(model_dir, judge_dir, "+reward.async_reward.limits.admission=job"))
+    (job_wide,) = [line for line in capsys.readouterr().out.splitlines() if "llm_judge scores" in line]
+    assert (
+        "admission 512 in the whole job, one queue for its 1 reward worker(s) (limits.admission=job; the "
+        "replicas' capacity)" in job_wide
+    )
 
 
 def discriminative_dir(tmp_path: Path) -> Path:

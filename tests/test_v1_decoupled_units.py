@@ -78,6 +78,9 @@ def test_defaults_follow_verl_settings_and_the_service_capacity():
     assert (windows.generation_window, windows.reward_backlog, windows.sampleable_buffer) == (256, 1024, 128)
     assert windows.outstanding_cap == 589 and windows.staleness_bound == 6
     assert is_decoupled_mode(config)
+    # One queue for the whole job: max_concurrency already counts every worker's calls.
+    job_wide = verl_config(concurrency=256, reward={"async_reward": {"limits": {"admission": "job"}}})
+    assert derive_windows(load_decoupled_mode_config(job_wide), job_wide).reward_backlog == 512
 
 
 def test_default_backlog_is_clamped_to_one_mini_batch_and_to_the_staleness_bound():

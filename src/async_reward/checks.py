@@ -160,6 +160,11 @@ def check_reward(verl_config: Any) -> None:
             from async_reward.judge_in_job.checks import announce_in_job_judge
 
             announce_in_job_judge(verl_config, settings)
+        elif settings.limits.job_wide:
+            from async_reward.job_admission import job_admission_line
+            from async_reward.start_lines import say_once
+
+            say_once(job_admission_line(settings.limits, settings.worker_count))
 
 
 def _v1_problem(verl_config: Any) -> str | None:

@@ -111,12 +111,24 @@ def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) 
     )
 
 
+#: Values of ``limits.admission``: where the limits are enforced.
+ADMISSION_SCOPES = ("worker", "job")
+
+
 @dataclass
 class LimitsConfig:
     """Admission limits for outbound calls. RPM and TPM are budgets of the whole job."""
 
     max_concurrency: int = field(default=64, metadata=at_least(1, "allow at least one call in flight"))
-    """Most calls in flight at once in one reward worker process (a slot is held for the call only)."""
+    """Most calls in flight at once in one reward worker process (a slot is held for the call only);
+    with ``admission: job``, in the whole job (all reward workers together)."""
+    admission: str = "worker"
+    """Where the limits are enforced. ``worker``: each reward worker process on its own, with its
+    ``max_concurrency`` and an equal share of RPM / TPM (no round trip, but a slot or a share of the
+    budget can idle at one worker while calls wait at another). ``job``: one queue for the whole job,
+    held by a Ray actor (``async_reward.job_admission``): ``max_concurrency`` calls in flight across all
+    workers, the whole RPM / TPM, the oldest training step first wherever its calls wait; costs two actor
+    calls per attempt (``benchmarks/job_admission.py`` measures them)."""
     requests_per_minute: float | None = field(
         default=None, metadata=greater_than(0, "write a positive budget, or null for no request limit")
     )
@@ -131,8 +143,17 @@ class LimitsConfig:
     """Tokens reserved from the TPM budget before a call; corrected by the usage the response reports."""
 
     def validate(self, num_workers: int, path: str = f"{CONFIG_PATH}.limits") -> None:
-        """Check every value, and that each of ``num_workers`` processes gets a usable share."""
+        """Check every value, and that each of ``num_workers`` processes gets a usable share (with
+        ``admission: job`` there are no shares: the job's one queue holds the whole budgets)."""
         validate_fields(self, path)
+        if self.admission not in ADMISSION_SCOPES:
+            raise bad_value(
+                f"{path}.admission",
+                self.admission,
+                "is not an admission scope",
+                "use worker (each reward worker its own limits) or job (one queue for the whole job)",
+            )
+        num_workers = self.sharing_workers(num_workers)
         if self.requests_per_minute is not None and self.requests_per_minute / num_workers < 1:
             raise bad_value(
                 f"{path}.requests_per_minute",
@@ -158,6 +179,15 @@ class LimitsConfig:
                 f"{num_workers} workers = {share}): no request could ever be admitted",
                 "lower it, raise tokens_per_minute, or lower reward.num_workers",
             )
+
+    @property
+    def job_wide(self) -> bool:
+        """One admission queue for the whole job (``admission: job``)."""
+        return self.admission == "job"
+
+    def sharing_workers(self, num_workers: int) -> int:
+        """Processes that split the budgets: ``num_workers`` per worker, 1 when the job's queue holds them."""
+        return 1 if self.job_wide else num_workers
 
 
 @dataclass

@@ -15,7 +15,9 @@ defaults that follow from the served judge, where the user wrote nothing:
   another replica) bound a sample at 6 replica attempts instead of 12, and no retry storm hits a
   replica that is restarting;
 * ``limits.max_concurrency``: the replicas' capacity split over the reward workers
-  (:func:`~async_reward.judge_in_job.settings.judge_capacity`).
+  (:func:`~async_reward.judge_in_job.settings.judge_capacity`), or all of it with
+  ``limits.admission: job`` (one queue for the whole job: no replica slot idles at one worker while
+  requests wait at another).
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ def apply_in_job_judge(config: Any, settings: AsyncRewardConfig) -> AsyncRewardC
     if not (
         was_set(config, f"{CONFIG_PATH}.limits.max_concurrency") or was_set(config, "reward.max_concurrent")
     ):
-        limits = replace(limits, max_concurrency=judge_capacity(config).per_worker)
+        capacity = judge_capacity(config)
+        limits = replace(limits, max_concurrency=capacity.total if limits.job_wide else capacity.per_worker)
     return replace(settings, judge=replace(judge, model=served), retry=retry, limits=limits)
 
 
@@ -144,11 +147,18 @@ def in_job_judge_line(config: Any, settings: AsyncRewardConfig) -> str:
     yours = was_set(config, f"{CONFIG_PATH}.limits.max_concurrency") or was_set(
         config, "reward.max_concurrent"
     )
-    admission = (
-        f"{limit} per reward worker (yours)"
-        if yours
-        else f"{limit} per reward worker (the replicas' share over {capacity.workers} worker(s))"
-    )
+    if settings.limits.job_wide:
+        whose = "yours" if yours else "the replicas' capacity"
+        admission = (
+            f"{limit} in the whole job, one queue for its {capacity.workers} reward worker(s) "
+            f"(limits.admission=job; {whose})"
+        )
+    else:
+        admission = (
+            f"{limit} per reward worker (yours)"
+            if yours
+            else f"{limit} per reward worker (the replicas' share over {capacity.workers} worker(s))"
+        )
     context = judge_context(config)
     prompts = (
         f"judge prompts over {context.tokens - settings.judge.max_tokens} tokens (context {context.tokens}, "

@@ -29,7 +29,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from async_reward._config_rules import names_config_errors
 from async_reward.checks import check_on_failure
-from async_reward.config import AsyncRewardConfig, load_config
+from async_reward.config import AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
@@ -41,6 +41,7 @@ from async_reward.deadline import (
     run_with_deadline,
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
+from async_reward.job_admission import HOLD_MARGIN_S, JobAdmission, broker_name
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, Priority, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
@@ -115,8 +116,8 @@ class AsyncRewardManager(RewardManagerBase):
         self.settings: AsyncRewardConfig = type(self).check_settings(config)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
-            limits = type(limits)(max_concurrency=limits.max_concurrency)
-        self.admission = Admission(limits, worker_count=self.settings.worker_count)
+            limits = type(limits)(max_concurrency=limits.max_concurrency, admission=limits.admission)
+        self.admission: Admission | JobAdmission = self._make_admission(limits, reward_router_address)
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
         # Keys seen in user extras, with a neutral value per key, so a failed sample carries the same
@@ -129,6 +130,29 @@ class AsyncRewardManager(RewardManagerBase):
         # own reward loop: verl's trainer is training and ignoring them (issue 8). Refuse to score.
         trainer_node: Any = (config.get("async_reward") if hasattr(config, "get") else None) or {}
         self._pipeline_configured = hasattr(trainer_node, "get") and trainer_node.get("pipeline") is not None
+
+    def _make_admission(self, limits: LimitsConfig, router_address: str | None) -> Admission | JobAdmission:
+        """This worker's admission: its own (``limits.admission: worker``), or the job's queue.
+
+        Outside Ray (the ``score`` command, a script) this process is the whole job, so its own
+        admission over the whole budgets is the job's."""
+        if not limits.job_wide:
+            return Admission(limits, worker_count=self.settings.worker_count)
+        import ray
+
+        if not ray.is_initialized():
+            return Admission(limits, worker_count=1)
+        endpoint = "|".join(
+            [
+                type(self).__name__,
+                router_address or "",
+                self.settings.judge.base_url or "",
+                self.settings.remote.url or "",
+            ]
+        )
+        return JobAdmission(
+            limits, broker_name(limits, endpoint), hold_limit_s=self.settings.timeout_s + HOLD_MARGIN_S
+        )
 
     @classmethod
     @names_config_errors("reward")

@@ -24,7 +24,8 @@ And three things about scoring itself (:mod:`async_reward.v1.reward_failover`):
   random; ours goes to the live one with the fewest of this worker's sessions in flight. Each
   reward worker admits at most its share of the job-wide limits (``limits.max_concurrency`` per
   worker process), so a random draw leaves one worker's slots idle while another has a queue, and
-  its oldest-first admission only orders what reached it. The choice is per task (a context
+  its oldest-first admission only orders what reached it (``limits.admission: job`` removes the
+  split: one queue for the whole job, :mod:`async_reward.job_admission`). The choice is per task (a context
   variable read by the ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs
   in that task), so concurrent sessions of the worker never see each other's choice.
 * **failover**: verl never restarts a reward worker; when one dies, a session whose call to it fails

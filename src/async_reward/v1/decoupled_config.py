@@ -11,7 +11,8 @@ the pipeline, each derived from verl's own settings and the reward service's cap
   generating ones count;
 * ``reward_backlog`` R (sessions generated and not yet scored), default ``2 x
   limits.max_concurrency x reward.num_workers`` (the service's concurrency as our admission knows
-  it, once in service and once queued behind it), clamped to at least one mini-batch of sessions and
+  it, once in service and once queued behind it; ``2 x limits.max_concurrency`` with
+  ``limits.admission: job``), clamped to at least one mini-batch of sessions and
   at most what the staleness bound allows;
 * ``sampleable_buffer`` S (scored groups waiting for the trainer), default ``train_batch_size``.
 
@@ -96,8 +97,9 @@ class DecoupledModeConfig:
     whole window), and that is where the backlog peaks (counting the sessions generating against
     ``reward_backlog`` alone capped the rollout at ``reward_backlog`` sessions: measured slower, see
     docs/benchmarks.md). Nothing is ever dropped. None: ``2 x
-    limits.max_concurrency x reward.num_workers``, clamped to ``[ppo_mini_batch_size x rollout.n,
-    the largest value the staleness bound allows]``."""
+    limits.max_concurrency x reward.num_workers`` (``2 x limits.max_concurrency`` with
+    ``limits.admission: job``, where it counts the whole job's calls), clamped to
+    ``[ppo_mini_batch_size x rollout.n, the largest value the staleness bound allows]``."""
 
     sampleable_buffer: int | None = None
     """Scored groups waiting for the trainer before dispatch pauses (while more groups are generating
@@ -261,6 +263,8 @@ def derive_windows(config: DecoupledModeConfig, verl_config: Any) -> DecoupledWi
         concurrency = int(_select(verl_config, "reward.async_reward.limits.max_concurrency", None) or 0)
         concurrency = concurrency or LimitsConfig.max_concurrency
         workers = int(_select(verl_config, "reward.num_workers", 1) or 1)
+        if _select(verl_config, "reward.async_reward.limits.admission", "worker") == "job":
+            workers = 1  # max_concurrency is already the whole job's
         backlog = max(2 * concurrency * workers, floor)
         if room is not None:
             largest = (room - window - sampleable) * n
