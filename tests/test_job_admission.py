@@ -308,3 +308,29 @@ def test_llm_judge_through_verls_reward_loop_shares_one_queue_between_its_worker
     stats = ray.get(ray.get_actor(names[0]).stats.remote())
     assert stats["max_concurrency"] == 3 and stats["max_in_flight"] <= 3
     assert stats["granted"] >= len(rows) and stats["in_flight"] == 0
+
+
+def test_the_score_command_outside_ray_is_the_whole_job(server, tmp_path):
+    """``async-reward score`` starts no Ray: with ``admission: job`` its own process is the job, so its
+    own admission over the whole limits is the job's (no actor, no cluster started for it)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_cli_score import make_rows, read_output, write_jsonl
+
+    server.update_config(latency_ms=(50.0, 50.0))
+    src = write_jsonl(tmp_path / "in.jsonl", make_rows(8))
+    out = tmp_path / "out.jsonl"
+    argv = ["score", "--input", str(src), "--output", str(out), "--manager", "llm_judge", "--no-progress"]
+    argv += ["--set", f"judge.base_url={server.url}/v1", "limits.admission=job", "limits.max_concurrency=2"]
+    probe = (
+        "import sys, ray, async_reward_cli; code = async_reward_cli.main(sys.argv[1:]); "
+        "print('RAY_STARTED' if ray.is_initialized() else 'NO_RAY'); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "NO_RAY" in done.stdout
+    assert [row["status"] for row in read_output(out)] == ["ok"] * 8
+    assert server.stats()["max_in_flight_total"] <= 2
+    assert json.dumps(read_output(out))  # every row written once, readable

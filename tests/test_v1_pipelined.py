@@ -76,9 +76,6 @@ def test_group_states_and_finishing_order_from_tags() -> None:
     listing["c"] = {"is_prompt": True, "status": "finished"}
     assert batch.take_scored(read_groups(listing, batch.uids)) == (["c"], [])
     assert batch.settled and batch.handed_out == ["b", "c"] and batch.failed == ["a"]
-    assert batch.generated_share(read_groups(listing, batch.uids)) == 1.0
-    half = InFlightBatch(step=2, version=1, sizes={"x": 4})
-    assert half.generated_share(read_groups({"x_0_0": {"seq_len": 3}, "x_2_0": {"seq_len": 3}}, {"x"})) == 0.5
     assert session_of("3f2a-9_12_0") == ("3f2a-9", "12") and session_of("3f2a") is None
 
 

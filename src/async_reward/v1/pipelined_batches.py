@@ -115,15 +115,6 @@ class InFlightBatch:
         """Groups whose prompt tag is not terminal yet: what a wait for scores waits on."""
         return sorted(uid for uid in self.sizes if not groups[uid].scored)
 
-    def generated_share(self, groups: Mapping[str, GroupState]) -> float:
-        """Share of the batch's sessions written (an ended group counts whole)."""
-        total = sum(self.sizes.values())
-        done = sum(
-            size if groups[uid].scored else min(size, len(groups[uid].sessions))
-            for uid, size in self.sizes.items()
-        )
-        return done / total if total else 1.0
-
     def take_scored(self, groups: Mapping[str, GroupState]) -> tuple[list[str], list[str]]:
         """Groups newly scored since the last call: ``(finished, failed)``, each handed out once."""
         seen = set(self.handed_out) | set(self.failed)
