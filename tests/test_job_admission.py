@@ -3,6 +3,8 @@
 Reward workers here are real Ray actor processes, each with its own ``JobAdmission`` (as each of
 verl's reward workers builds one in its manager), meeting at one broker actor found by name; and
 verl's own ``RewardLoopManager`` with two reward workers scoring through ``llm_judge`` over loopback.
+Admitted calls wait on gates the test opens, never on a sleep: which call holds what is a fact the
+test controls, not a race against a loaded machine's clock.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import pytest
 
 from async_reward.config import LimitsConfig, load_config
 from async_reward.errors import ConfigError
-from async_reward.job_admission import JobAdmission, broker_name
+from async_reward.job_admission import SILENT_HEARTBEATS, broker_name
 from tests.test_verl_integration import assert_statuses
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+HEARTBEAT_S = 0.5
+"""The workers' heartbeat here: a dead one is found after SILENT_HEARTBEATS of them (3 s)."""
 
 
 @pytest.fixture
@@ -35,46 +40,69 @@ def make_limits(**fields: Any) -> LimitsConfig:
 def _worker_class() -> Any:
     import ray
 
+    from async_reward.job_admission import JobAdmission
+
     @ray.remote(num_cpus=0)
     class Worker:
-        """One reward worker process's admission: calls that hold a slot for a while."""
+        """One reward worker process's admission: calls that, once admitted, wait on a named gate."""
 
-        def __init__(self, limits: dict[str, Any], name: str, hold_limit_s: float = 60.0) -> None:
-            self.admission = JobAdmission(LimitsConfig(**limits), name, hold_limit_s)
-            self.log: list[tuple[str, float]] = []
+        def __init__(self, limits: dict[str, Any], name: str) -> None:
+            self.admission = JobAdmission(LimitsConfig(**limits), name, HEARTBEAT_S)
+            self.log: list[tuple[float, str]] = []
+            self.gates: dict[str, asyncio.Event] = {}
 
-        async def call(self, label: str, hold_s: float, priority: Any = 0.0, tokens: int = 0) -> str:
-            async with self.admission.admit(tokens, priority) as reservation:
-                self.log.append((label, time.monotonic()))
-                await asyncio.sleep(hold_s)
-                if tokens:
-                    reservation.settle(tokens * 10)
-            return label
+        def _gate(self, name: str) -> asyncio.Event:
+            return self.gates.setdefault(name, asyncio.Event())
 
-        async def call_with_deadline(self, hold_s: float, wait_s: float) -> str:
+        async def call(
+            self,
+            label: str,
+            priority: Any = 0.0,
+            tokens: int = 0,
+            gate: str | None = None,
+            give_up_s: float | None = None,
+        ) -> str:
+            """Admit one call (giving up after ``give_up_s`` of waiting), log it, hold it until ``gate``."""
+            context = self.admission.admit(tokens, priority)
             try:
-                async with asyncio.timeout(wait_s):
-                    async with self.admission.admit(0):
-                        await asyncio.sleep(hold_s)
-                return "admitted"
+                async with asyncio.timeout(give_up_s):
+                    reservation = await context.__aenter__()
             except TimeoutError:
                 return "gave up"
+            try:
+                self.log.append((time.monotonic(), label))  # one clock for every process here
+                if gate is not None:
+                    await self._gate(gate).wait()
+                if tokens:
+                    reservation.settle(tokens * 10)
+            finally:
+                await context.__aexit__(None, None, None)
+            return label
 
-        def order(self) -> list[str]:
-            return [label for label, _ in self.log]
+        def open(self, gate: str) -> None:
+            self._gate(gate).set()
 
-        def stats(self) -> Any:
-            return self.admission.broker().stats.remote()
+        def order(self) -> list[tuple[float, str]]:
+            return list(self.log)
 
     return Worker
 
 
-def broker_stats(limits: LimitsConfig, name: str) -> dict[str, int]:
-    """The counters of the broker the workers started (found by name: a handle made here and dropped
-    would be a broker of its own, collected at once)."""
+def start_workers(limits: LimitsConfig, name: str, count: int) -> list[Any]:
     import ray
 
-    deadline = time.monotonic() + 30
+    worker = _worker_class()
+    workers = [worker.remote(dataclasses.asdict(limits), name) for _ in range(count)]
+    ray.get([w.order.remote() for w in workers])  # started
+    return workers
+
+
+def broker_stats(name: str) -> dict[str, int]:
+    """The counters of the broker the workers started (found by name: a handle made here would be a
+    broker of this process, collected when it is dropped)."""
+    import ray
+
+    deadline = time.monotonic() + 60
     while True:
         try:
             return ray.get(ray.get_actor(name).stats.remote())
@@ -83,36 +111,31 @@ def broker_stats(limits: LimitsConfig, name: str) -> dict[str, int]:
             time.sleep(0.02)
 
 
-def wait_for(limits: LimitsConfig, name: str, **counts: int) -> None:
-    """Until the broker's counters read ``counts`` (a worker's call has reached the queue)."""
-    deadline = time.monotonic() + 30
-    while any(broker_stats(limits, name)[key] != value for key, value in counts.items()):
-        assert time.monotonic() < deadline, (counts, broker_stats(limits, name))
+def wait_for(name: str, **counts: int) -> dict[str, int]:
+    """Until the broker's counters read ``counts`` (generous: a loaded machine only makes it slower)."""
+    deadline = time.monotonic() + 60
+    while any((stats := broker_stats(name))[key] != value for key, value in counts.items()):
+        assert time.monotonic() < deadline, (counts, stats)
         time.sleep(0.02)
+    return stats
 
 
 def test_the_job_queue_caps_calls_across_workers_and_lends_a_slot_wherever_a_call_waits(unique):
-    """Two workers, two slots for the job: never more than two calls in flight in all, and a worker
-    with nothing to do leaves both slots to the other (per worker, each would get one)."""
+    """Two workers, two slots for the job: a worker with nothing to do leaves both slots to the other
+    (per worker, each would get one), and together they never have more than two in flight."""
     import ray
 
-    limits = make_limits(max_concurrency=2)
-    worker = _worker_class()
-    busy, idle = (
-        worker.remote(dataclasses.asdict(limits), unique),
-        worker.remote(dataclasses.asdict(limits), unique),
-    )
-    ray.get(idle.order.remote())  # started, holding nothing
-    ray.get([busy.call.remote(f"b{i}", 0.3) for i in range(4)])
-    stats = broker_stats(limits, unique)
+    busy, idle = start_workers(make_limits(max_concurrency=2), unique, 2)
+    calls = [busy.call.remote(f"b{i}", gate="go") for i in range(3)]
+    stats = wait_for(unique, in_flight=2, waiting=1)  # both slots at the busy worker, one call queued
     assert stats["max_in_flight"] == 2
-    assert (stats["granted"], stats["in_flight"], stats["waiting"]) == (4, 0, 0)
-    starts = [t for _, t in ray.get(busy.__ray_call__.remote(lambda w: w.log))]
-    # Two at once (the idle worker's slot lent), then two more once those finish.
-    assert starts[1] - starts[0] < 0.25 and starts[2] - starts[0] >= 0.25
-    # Both workers together: still two at once at most.
-    ray.get([busy.call.remote("x", 0.1), idle.call.remote("y", 0.1), idle.call.remote("z", 0.1)])
-    assert broker_stats(limits, unique)["max_in_flight"] == 2
+    ray.get(busy.open.remote("go"))
+    assert sorted(ray.get(calls)) == ["b0", "b1", "b2"]
+    both = [idle.call.remote(f"i{i}", gate="go") for i in range(2)] + [busy.call.remote("b3", gate="later")]
+    wait_for(unique, in_flight=2, waiting=1)
+    ray.get([idle.open.remote("go"), busy.open.remote("later")])
+    ray.get(both)
+    assert wait_for(unique, in_flight=0, waiting=0)["max_in_flight"] == 2
 
 
 def test_the_oldest_step_goes_first_wherever_its_call_waits(unique):
@@ -120,43 +143,35 @@ def test_the_oldest_step_goes_first_wherever_its_call_waits(unique):
     it at another: the job's queue orders by priority (training step), not by worker or arrival."""
     import ray
 
-    limits = make_limits(max_concurrency=1)
-    worker = _worker_class()
-    first, second = (
-        worker.remote(dataclasses.asdict(limits), unique),
-        worker.remote(dataclasses.asdict(limits), unique),
-    )
-    ray.get([first.order.remote(), second.order.remote()])  # both started
-    holding = first.call.remote("holder", 1.0, (0,))
-    wait_for(limits, unique, in_flight=1)
-    late_step = second.call.remote("step 5", 0.0, (5,))
-    wait_for(limits, unique, waiting=1)
-    early_step = first.call.remote("step 1", 0.0, (1,))
-    wait_for(limits, unique, waiting=2)
+    first, second = start_workers(make_limits(max_concurrency=1), unique, 2)
+    holding = first.call.remote("holder", (0,), gate="go")
+    wait_for(unique, in_flight=1)
+    late_step = second.call.remote("step 5", (5,))
+    wait_for(unique, waiting=1)
+    early_step = first.call.remote("step 1", (1,))
+    wait_for(unique, waiting=2)
+    ray.get(first.open.remote("go"))
     ray.get([holding, late_step, early_step])
-    log = ray.get(first.__ray_call__.remote(lambda w: w.log)) + ray.get(
-        second.__ray_call__.remote(lambda w: w.log)
-    )
-    assert [label for label, _ in sorted(log, key=lambda entry: entry[1])] == ["holder", "step 1", "step 5"]
+    # One slot: each call was admitted only after the one before had left, so the admission stamps
+    # (CLOCK_MONOTONIC, shared by the processes of this machine) give the queue's order.
+    admitted = sorted(ray.get(first.order.remote()) + ray.get(second.order.remote()))
+    assert [label for _, label in admitted] == ["holder", "step 1", "step 5"]
 
 
 def test_a_call_that_gives_up_waiting_leaves_no_waiter_and_takes_no_slot(unique):
     import ray
 
-    limits = make_limits(max_concurrency=1)
-    worker = _worker_class()
-    one = worker.remote(dataclasses.asdict(limits), unique)
-    holding = one.call.remote("holder", 1.0)
-    wait_for(limits, unique, in_flight=1)
-    assert ray.get(one.call_with_deadline.remote(0.0, 0.2)) == "gave up"
+    (one,) = start_workers(make_limits(max_concurrency=1), unique, 1)
+    holding = one.call.remote("holder", gate="go")
+    wait_for(unique, in_flight=1)
+    assert ray.get(one.call.remote("impatient", give_up_s=0.2)) == "gave up"
+    wait_for(unique, waiting=0)
+    ray.get(one.open.remote("go"))
     ray.get(holding)
-    deadline = time.monotonic() + 10
-    while (stats := broker_stats(limits, unique))["in_flight"] or stats["waiting"]:
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.05)
-    # The slot is free: the next call is admitted at once, and nothing was granted to the one that left.
-    assert ray.get(one.call_with_deadline.remote(0.0, 5.0)) == "admitted"
-    assert broker_stats(limits, unique)["granted"] == 2
+    wait_for(unique, in_flight=0)
+    # The slot is free: the next call is admitted, and nothing was granted to the one that left.
+    assert ray.get(one.call.remote("next", give_up_s=30.0)) == "next"
+    assert broker_stats(unique)["granted"] == 2
 
 
 def test_a_cancel_that_reaches_the_broker_before_or_after_its_grant_leaks_nothing(unique):
@@ -164,54 +179,81 @@ def test_a_cancel_that_reaches_the_broker_before_or_after_its_grant_leaks_nothin
     after the grant it did not see. Either way the lease ends up neither held nor waiting."""
     import ray
 
-    limits = make_limits(max_concurrency=1)
-    broker = JobAdmission(limits, unique, 60.0).broker()
-    ray.get(broker.cancel.remote("early"))
-    assert ray.get(broker.acquire.remote("early", 0, 0.0, 60.0)) is False
-    assert ray.get(broker.acquire.remote("late", 0, 0.0, 60.0)) is True
-    ray.get(broker.cancel.remote("late"))
-    assert ray.get(broker.acquire.remote("next", 0, 0.0, 60.0)) is True  # the slot came back
+    from async_reward.job_admission import JobAdmission
+
+    broker = JobAdmission(make_limits(max_concurrency=1), unique).broker()
+    ray.get(broker.cancel.remote("c-early"))
+    assert ray.get(broker.acquire.remote("c-early", 0, 0.0)) is False
+    assert ray.get(broker.acquire.remote("c-late", 0, 0.0)) is True
+    with pytest.raises(ValueError, match="already waiting or held"):
+        ray.get(broker.acquire.remote("c-late", 0, 0.0))  # an id is never granted twice
+    ray.get(broker.cancel.remote("c-late"))
+    assert ray.get(broker.acquire.remote("c-next", 0, 0.0)) is True  # the slot came back
     stats = ray.get(broker.stats.remote())
     assert (stats["in_flight"], stats["waiting"], stats["granted"]) == (1, 0, 2)
-    ray.get(broker.release.remote("next"))
-    ray.get(broker.release.remote("next"))  # a second release changes nothing
+    ray.get(broker.release.remote("c-next"))
+    ray.get(broker.release.remote("c-next"))  # a second release changes nothing
     assert ray.get(broker.stats.remote())["in_flight"] == 0
 
 
-def test_a_dead_workers_lease_is_taken_back_after_its_hold_limit(unique):
-    """A worker killed while holding a slot: the job's queue takes the slot back once the lease's
-    hold limit passes, and a call waiting at another worker gets in (not a hang)."""
+def test_a_dead_workers_leases_are_taken_back_and_a_live_workers_are_not(unique):
+    """Two slots: a live worker and a doomed one each hold one. The doomed one is killed: once it
+    has missed its heartbeats its slot is taken back and a third call gets in, while the live
+    worker's lease, held just as long, stays held (liveness, not a time limit on leases)."""
     import ray
 
-    limits = make_limits(max_concurrency=1)
-    worker = _worker_class()
-    survivor = worker.remote(dataclasses.asdict(limits), unique, 1.0)
-    ray.get(survivor.call.remote("starts the broker", 0.0))
-    doomed = worker.remote(dataclasses.asdict(limits), unique, 1.0)
-    doomed.call.remote("never finishes", 3600.0)
-    wait_for(limits, unique, in_flight=1)
+    survivor, doomed = start_workers(make_limits(max_concurrency=2), unique, 2)
+    ray.get(survivor.call.remote("starts the broker"))  # the survivor's process holds it
+    live = survivor.call.remote("live", gate="go")
+    doomed.call.remote("never finishes", gate="never")
+    wait_for(unique, in_flight=2)
     ray.kill(doomed)
-    assert ray.get(survivor.call_with_deadline.remote(0.0, 30.0)) == "admitted"
-    assert broker_stats(limits, unique)["reclaimed"] == 1
+    assert ray.get(survivor.call.remote("third", give_up_s=60.0)) == "third"
+    stats = broker_stats(unique)
+    assert stats["reclaimed"] == 1 and stats["in_flight"] == 1  # the live worker's lease, still held
+    time.sleep(SILENT_HEARTBEATS * HEARTBEAT_S * 2)  # twice the silence allowed: a live one beats on
+    assert broker_stats(unique)["reclaimed"] == 1
+    ray.get(survivor.open.remote("go"))
+    assert ray.get(live) == "live"
 
 
-def test_when_the_worker_that_started_the_broker_dies_the_next_caller_starts_another(unique):
-    """The broker lives as long as the worker that started it: a call waiting at another worker when
-    it dies, and every call after, goes through a new broker (an error would fail every sample)."""
+def test_a_dead_workers_waiting_calls_are_dropped_not_granted(unique):
+    """Ray does not stop an actor call when its caller dies: the dead worker's three queued calls
+    would each be granted in turn, hold the slot and spend the budget. They are dropped instead."""
     import ray
 
-    limits = make_limits(max_concurrency=1)
-    worker = _worker_class()
-    owner = worker.remote(dataclasses.asdict(limits), unique)
-    other = worker.remote(dataclasses.asdict(limits), unique)
-    owner.call.remote("never finishes", 3600.0)
-    wait_for(limits, unique, in_flight=1)
-    waiting = other.call_with_deadline.remote(0.0, 60.0)
-    wait_for(limits, unique, waiting=1)
+    survivor, doomed = start_workers(make_limits(max_concurrency=1, requests_per_minute=600), unique, 2)
+    ray.get(survivor.call.remote("starts the broker"))  # the survivor's process holds it
+    holding = survivor.call.remote("holder", gate="go")
+    wait_for(unique, in_flight=1)
+    for i in range(3):
+        doomed.call.remote(f"dead {i}")
+    wait_for(unique, waiting=3)
+    ray.kill(doomed)
+    stats = wait_for(unique, waiting=0)
+    assert stats["reclaimed"] == 3 and stats["granted"] == 2
+    ray.get(survivor.open.remote("go"))
+    ray.get(holding)
+    assert ray.get(survivor.call.remote("next", give_up_s=60.0)) == "next"
+    assert broker_stats(unique)["granted"] == 3  # the survivor's three: none of the dead worker's
+
+
+def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_to_a_new_one(unique):
+    """The broker lives as long as the worker that started it. When it dies with twenty calls waiting
+    at two other workers, one new broker takes them all (one caller starts it, the others find it),
+    every call is admitted, and that broker stays up."""
+    import ray
+
+    owner, *others = start_workers(make_limits(max_concurrency=1), unique, 3)
+    owner.call.remote("never finishes", gate="never")
+    wait_for(unique, in_flight=1)
+    waiting = [worker.call.remote(f"w{i}", give_up_s=120.0) for worker in others for i in range(10)]
+    wait_for(unique, waiting=20)
     ray.kill(owner)
-    assert ray.get(waiting) == "admitted"
-    assert ray.get(other.call_with_deadline.remote(0.0, 30.0)) == "admitted"
-    assert broker_stats(limits, unique)["granted"] == 2  # the new broker's
+    assert sorted(ray.get(waiting)) == sorted(f"w{i}" for _ in others for i in range(10))
+    stats = broker_stats(unique)
+    assert (stats["granted"], stats["in_flight"], stats["waiting"]) == (20, 0, 0)
+    assert ray.get(others[0].call.remote("after", give_up_s=60.0)) == "after"
 
 
 def test_the_whole_budgets_are_the_jobs_and_usage_above_the_estimate_is_charged(unique):
@@ -225,27 +267,27 @@ def test_the_whole_budgets_are_the_jobs_and_usage_above_the_estimate_is_charged(
     limits.validate(4)  # per worker this is refused: half a request a minute each
     with pytest.raises(ConfigError, match="less than one request per minute each"):
         dataclasses.replace(limits, admission="worker").validate(4)
-    worker = _worker_class()
-    one = worker.remote(dataclasses.asdict(limits), unique)
-    ray.get(one.call.remote("a", 0.0, 0.0, 5))  # settles 50 tokens against 5 charged
-    broker = JobAdmission(limits, unique, 60.0).broker()
-    deadline = time.monotonic() + 10
+    (one,) = start_workers(limits, unique, 1)
+    ray.get(one.call.remote("a", 0.0, 5))  # settles 50 tokens against 5 charged
+    broker = ray.get_actor(unique)
+    deadline = time.monotonic() + 60
     while ray.get(broker.__ray_call__.remote(lambda b: b._admission._token_debt)) != 45:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert ray.get(broker.__ray_call__.remote(lambda b: b._admission.request_budget)) == 2
     with pytest.raises(ValueError, match="exceeds the job's whole budget of 1000 tokens"):
-        ray.get(one.call.remote("too big", 0.0, 0.0, 1001))
+        ray.get(one.call.remote("too big", 0.0, 1001))
 
 
-def test_the_broker_name_depends_on_limits_and_endpoint_and_shows_neither():
+def test_the_broker_name_depends_on_job_limits_and_endpoint_and_shows_none_of_them():
     limits = make_limits(max_concurrency=3)
     secret = "https://user:hunter2@judge.example/v1"
-    name = broker_name(limits, secret)
-    assert name == broker_name(make_limits(max_concurrency=3), secret)
-    assert name != broker_name(limits, "https://other.example/v1")
-    assert name != broker_name(make_limits(max_concurrency=4), secret)
-    assert "hunter2" not in name and "judge.example" not in name
+    name = broker_name(limits, secret, "01000000")
+    assert name == broker_name(make_limits(max_concurrency=3), secret, "01000000")
+    assert name != broker_name(limits, "https://other.example/v1", "01000000")
+    assert name != broker_name(make_limits(max_concurrency=4), secret, "01000000")
+    assert name != broker_name(limits, secret, "02000000")  # another job: another queue
+    assert "hunter2" not in name and "judge.example" not in name and "01000000" not in name
 
 
 def test_an_unknown_admission_scope_is_refused_naming_the_key():

@@ -6,7 +6,8 @@ served judge's capacity split over workers that are not equally busy), a slot or
 budget idles at one worker while calls wait at another. Here every attempt of every worker waits in
 one queue: :class:`AdmissionBroker`, a named Ray actor that runs an ordinary
 :class:`~async_reward.limits.Admission` over the whole limits (``max_concurrency`` calls in flight in
-the job, the whole RPM / TPM, the oldest training step first wherever its calls come from).
+the job, the whole RPM / TPM, the oldest training step first wherever its calls come from; among
+equal priorities, in the order the calls reach the actor).
 
 The cost per attempt: two actor calls (take a lease; give it back, fire-and-forget). The lease is
 taken before the call's own deadline starts, so what the round trip costs is queueing time
@@ -17,12 +18,18 @@ What can go wrong, and what happens:
 
 * The caller gives up while waiting (``admission_timeout_s``, a cancelled sample): it tells the
   broker, which drops the waiter, or hands the slot straight back if it was granted meanwhile.
-* A worker dies holding leases: each lease carries a hold limit (the attempt's deadline, ``timeout_s``,
-  plus :data:`HOLD_MARGIN_S`); the broker takes back leases held past it, so dead workers cannot
-  shrink the job's concurrency for good. A live call that overran is not stopped; its slot is counted
-  free again (the budgets were charged when it was admitted, so they hold regardless).
-* The broker dies: every waiting and later admission raises (Ray's ``ActorDiedError``), so each
-  sample gets status ``error`` with that reason; nothing waits forever.
+* A worker dies with calls waiting or admitted: Ray does not stop an actor call when its caller
+  dies, so the broker cannot learn it from Ray. Every caller with calls waiting or admitted sends a
+  heartbeat every ``heartbeat_s``; the broker drops the waiting calls and takes back the leases of a
+  caller silent for :data:`SILENT_HEARTBEATS` heartbeats, so a dead worker neither holds slots nor
+  spends budget. (Not a hold limit on each lease: a live call can wait for a thread or a process of
+  its worker's pool for as long as ``admission_timeout_s`` allows, unbounded by default.) A live
+  caller wrongly taken for dead (its event loop stalled that long) queues its calls again.
+* The broker dies (with the worker that started it, which holds it): the first caller to see it
+  starts a new one, and every caller retries its waiting calls there once. What the dead one had
+  admitted is unknown to the new one, so while those calls finish the job may have up to twice
+  ``max_concurrency`` calls in flight, and the RPM / TPM windows start afresh. A second failure
+  raises: the sample's status is ``error`` with Ray's reason; nothing waits forever.
 
 Written on Ray's actor primitives rather than a library: the queue needs the priority order and the
 strict minute windows of :mod:`async_reward.limits` (no Ray library offers either), and a Ray actor is
@@ -41,37 +48,49 @@ import logging
 import math
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
 from .config import LimitsConfig
 from .limits import Admission, Priority, TokenReservation
 
-__all__ = ["HOLD_MARGIN_S", "AdmissionBroker", "JobAdmission", "broker_name", "job_admission_line"]
+__all__ = [
+    "HEARTBEAT_S",
+    "SILENT_HEARTBEATS",
+    "AdmissionBroker",
+    "JobAdmission",
+    "broker_name",
+    "job_admission_line",
+]
 
 logger = logging.getLogger(__name__)
 
-HOLD_MARGIN_S = 60.0
-"""Seconds a lease may be held past its attempt's deadline before the broker takes it back."""
-_SWEEP_EVERY_S = 5.0
-"""Longest gap between two looks for leases held past their limit."""
+HEARTBEAT_S = 5.0
+"""Seconds between two heartbeats of a caller with calls waiting or admitted."""
+SILENT_HEARTBEATS = 6
+"""Heartbeats a caller may miss before the broker takes it for dead (30 s by default)."""
 _NAME_PREFIX = "async_reward_admission_"
 _CONCURRENT_CALLS = 1_000_000
 """Concurrent calls the broker accepts. Every waiting attempt of the job is one ``acquire``, and a
 full actor would hold back the ``release`` that lets one of them in: so far more than any job queues.
 One event loop runs them all (no concurrency groups: Ray gives each group a loop of its own, and the
 queue's futures belong to one loop)."""
+_FORGOTTEN_KEPT = 10_000
+"""Lease ids remembered as cancelled before their ``acquire`` arrived (oldest forgotten first)."""
 
 
-def broker_name(limits: LimitsConfig, endpoint: str | None) -> str:
-    """The broker's Ray actor name: one per (limits, endpoint) in a Ray namespace.
+def broker_name(limits: LimitsConfig, endpoint: str | None, job: str = "") -> str:
+    """The broker's Ray actor name: one per (job, limits, endpoint).
 
-    Two managers of one job calling different services keep separate budgets; two jobs in one
-    namespace calling the same service with the same limits share one (as the service would count
-    them). The endpoint is hashed, never shown: a URL may carry a token.
+    Two managers of one job calling different services keep separate queues. The endpoint is hashed
+    with the job's id, never shown: a URL may carry a token, and the name is visible to anyone who
+    can list the cluster's actors.
     """
-    key = json.dumps({"limits": dataclasses.asdict(limits), "endpoint": endpoint or ""}, sort_keys=True)
-    return _NAME_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:16]
+    key = json.dumps(
+        {"job": job, "limits": dataclasses.asdict(limits), "endpoint": endpoint or ""}, sort_keys=True
+    )
+    return _NAME_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def job_admission_line(limits: LimitsConfig, workers: int) -> str:
@@ -89,31 +108,45 @@ def job_admission_line(limits: LimitsConfig, workers: int) -> str:
     )
 
 
+_Admitted = contextlib.AbstractAsyncContextManager[TokenReservation]
+"""An ``Admission.admit`` context entered and not yet exited: a held lease."""
+
+
+def _caller_of(lease: str) -> str:
+    return lease.rsplit("-", 1)[0]
+
+
 class AdmissionBroker:
     """The job's admission queue (a Ray actor: see :class:`JobAdmission` for how it is started).
 
-    A lease is one admitted attempt; its id is chosen by the caller, so a ``cancel`` can name a lease
-    whose ``acquire`` has not even started (Ray may run an async actor's calls out of order)."""
+    A lease is one admitted attempt. Its id, ``<caller>-<number>``, is chosen by the caller, so a
+    ``cancel`` can name a lease whose ``acquire`` has not started yet (Ray may run an async actor's
+    calls out of order), and the broker knows whose calls to drop when a caller falls silent.
+    """
 
-    def __init__(self, limits: dict[str, Any]) -> None:
+    def __init__(self, limits: dict[str, Any], heartbeat_s: float = HEARTBEAT_S) -> None:
         config = LimitsConfig(**limits)
         self._admission = Admission(config, worker_count=1)
         self._max_concurrency = config.max_concurrency
-        self._held: dict[
-            str, tuple[contextlib.AbstractAsyncContextManager[TokenReservation], TokenReservation, float]
-        ] = {}
+        self._silent_s = heartbeat_s * SILENT_HEARTBEATS
+        self._sweep_every_s = heartbeat_s
+        self._held: dict[str, tuple[_Admitted, TokenReservation]] = {}
         self._waiting: dict[str, asyncio.Task[Any]] = {}
-        self._dropped: set[str] = set()
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._seen: dict[str, float] = {}
         self._reclaimed = self._granted = 0
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def acquire(
-        self, lease: str, estimated_tokens: int, priority: Priority, hold_limit_s: float
-    ) -> bool:
-        """Wait for a slot and the budgets; True once granted, False if ``cancel`` came first."""
-        if lease in self._dropped:
-            self._dropped.discard(lease)
+    async def acquire(self, lease: str, estimated_tokens: int, priority: Priority) -> bool:
+        """Wait for a slot and the budgets. True once granted; False if the lease was cancelled, or
+        its caller was taken for dead (the caller then queues again under a new id)."""
+        if lease in self._forgotten:
+            del self._forgotten[lease]
             return False
+        if lease in self._waiting or lease in self._held:
+            raise ValueError(f"lease {lease} is already waiting or held: a caller's ids are never reused")
+        caller = _caller_of(lease)
+        self._seen[caller] = time.monotonic()
         self._start_sweeper()
         context = self._admission.admit(estimated_tokens, priority)
         task = asyncio.current_task()
@@ -122,10 +155,10 @@ class AdmissionBroker:
         try:
             reservation = await context.__aenter__()
         except asyncio.CancelledError:
-            return False  # cancel() stopped the wait; Admission released nothing it had not taken
+            return False  # cancel() or the sweep stopped the wait; Admission released what it took
         finally:
             self._waiting.pop(lease, None)
-        self._held[lease] = (context, reservation, time.monotonic() + hold_limit_s)
+        self._held[lease] = (context, reservation)
         self._granted += 1
         return True
 
@@ -134,7 +167,7 @@ class AdmissionBroker:
         held = self._held.pop(lease, None)
         if held is None:
             return  # taken back by the sweep, or cancelled
-        context, reservation, _ = held
+        context, reservation = held
         reservation.settle(charged_tokens)
         await context.__aexit__(None, None, None)
 
@@ -145,11 +178,18 @@ class AdmissionBroker:
             task.cancel()
         elif lease in self._held:
             await self.release(lease)
-        else:
-            self._dropped.add(lease)  # its acquire has not started: it will return False at once
+        else:  # its acquire has not arrived yet: it will return False at once
+            self._forgotten[lease] = None
+            while len(self._forgotten) > _FORGOTTEN_KEPT:
+                self._forgotten.popitem(last=False)
+
+    def heartbeat(self, caller: str) -> None:
+        """``caller`` is alive (sent every ``heartbeat_s`` while it has calls waiting or admitted)."""
+        self._seen[caller] = time.monotonic()
 
     def stats(self) -> dict[str, int]:
-        """Counters: in flight now and at most, waiting, granted and taken back (for tests and metrics)."""
+        """Counters: in flight now and at most, waiting, granted, and leases or waiting calls taken
+        back from callers taken for dead (for tests and metrics)."""
         return {
             "in_flight": len(self._held),
             "max_in_flight": self._admission.max_in_flight,
@@ -164,22 +204,38 @@ class AdmissionBroker:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     async def _sweep(self) -> None:
+        """While anything waits or is held: drop the calls of callers silent for too long."""
         while self._held or self._waiting:
+            await asyncio.sleep(self._sweep_every_s)
             now = time.monotonic()
-            overdue = [lease for lease, (_, _, until) in self._held.items() if until <= now]
-            for lease in overdue:
+            silent = {
+                caller
+                for caller in map(_caller_of, [*self._waiting, *self._held])
+                if now - self._seen.get(caller, now) > self._silent_s
+            }
+            for caller in silent:
+                waiting = [lease for lease in self._waiting if _caller_of(lease) == caller]
+                held = [lease for lease in self._held if _caller_of(lease) == caller]
                 logger.warning(
-                    "job-wide admission: took back a lease held past its attempt's deadline plus %g s "
-                    "(its reward worker died or hung)",
-                    HOLD_MARGIN_S,
+                    "job-wide admission: no heartbeat from a reward worker for %.0f s (dead or stalled): "
+                    "dropped its %d waiting call(s) and took back its %d lease(s)",
+                    now - self._seen[caller],
+                    len(waiting),
+                    len(held),
                 )
-                self._reclaimed += 1
-                await self.release(lease)
-            deadlines = [until for _, _, until in self._held.values()]
-            wait = min([_SWEEP_EVERY_S, *(until - now for until in deadlines)])
-            await asyncio.sleep(max(0.01, wait))
+                self._reclaimed += len(waiting) + len(held)
+                self._seen.pop(caller, None)
+                for lease in waiting:
+                    self._waiting[lease].cancel()
+                for lease in held:
+                    await self.release(lease)
 
 
+_BROKERS: dict[str, Any] = {}
+"""Broker handles of this process by name. Kept here, not per ``JobAdmission``: the handle that
+started a broker is what keeps it alive (Ray collects an actor whose creating handles are gone, a
+handle found by name does not count), so it must live as long as the process, whichever of its
+managers started it."""
 _REMOTE_BROKER: Any = None
 
 
@@ -209,26 +265,25 @@ class _LeaseReservation(TokenReservation):
 class JobAdmission:
     """``Admission``'s interface (``admit``) over the job's broker actor, for one reward worker.
 
-    The broker is found by name, or started by the first worker to need it (``get_if_exists``); it
-    lives as long as the handle of the worker that started it (Ray collects an actor nobody holds,
-    named or not), and is started again by the next worker to find it dead. ``hold_limit_s`` is how
-    long a lease may be held before the broker takes it back (the attempt's deadline plus
-    :data:`HOLD_MARGIN_S`).
+    The broker is found by name, or started by the first worker to need it (``get_if_exists``); the
+    process that started it holds it (``_BROKERS``), and the next caller to find it dead starts
+    another. While this caller has calls waiting or admitted it sends a heartbeat every
+    ``heartbeat_s`` (see the module's docstring).
     """
 
-    def __init__(self, limits: LimitsConfig, name: str, hold_limit_s: float) -> None:
+    def __init__(self, limits: LimitsConfig, name: str, heartbeat_s: float = HEARTBEAT_S) -> None:
         self._limits = limits
         self._name = name
-        self._hold_limit_s = hold_limit_s
+        self._heartbeat_s = heartbeat_s
         self._token_whole = math.floor(limits.tokens_per_minute) if limits.tokens_per_minute else None
-        self._broker: Any = None
         self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:12]
+        self._caller = uuid.uuid4().hex[:12]
         self._in_flight = self._waiting = 0
+        self._heart: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
-        """The broker actor's name (in the job's Ray namespace)."""
+        """The broker actor's name."""
         return self._name
 
     @property
@@ -243,11 +298,12 @@ class JobAdmission:
 
     def broker(self) -> Any:
         """The broker's actor handle, started on first use."""
-        if self._broker is None:
-            self._broker = (
+        handle = _BROKERS.get(self._name)
+        if handle is None:
+            handle = _BROKERS[self._name] = (
                 _remote_broker_class()
                 .options(name=self._name, get_if_exists=True, num_cpus=0, max_concurrency=_CONCURRENT_CALLS)
-                .remote(dataclasses.asdict(self._limits))
+                .remote(dataclasses.asdict(self._limits), self._heartbeat_s)
             )
             logger.info(
                 "job-wide admission through Ray actor %s: %d calls in flight in the whole job, "
@@ -257,31 +313,45 @@ class JobAdmission:
                 self._limits.requests_per_minute,
                 self._limits.tokens_per_minute,
             )
-        return self._broker
+        return handle
 
-    async def _acquire(self, lease: str, tokens: int, priority: Priority) -> tuple[Any, bool]:
-        """Take ``lease`` from the broker; if the broker has died, start a new one once and retry.
+    def _lease(self) -> str:
+        return f"{self._caller}-{next(self._ids)}"
 
-        A broker lives as long as the worker that started it; when that worker dies (verl's reward
-        workers normally live as long as the job), the first worker to notice starts the next one.
-        What the dead one had admitted is unknown to the new one, so for one hold limit the job may
-        have up to twice ``max_concurrency`` calls in flight; its RPM / TPM windows start afresh.
-        """
-        from ray.exceptions import RayActorError
+    async def _acquire(self, tokens: int, priority: Priority) -> tuple[Any, str]:
+        """A lease from the broker: ``(broker, lease)``. If the broker died, start (or find) the next
+        one and queue there, once; if this caller was taken for dead, queue again."""
+        from ray.exceptions import ActorDiedError
 
-        for attempt in (1, 2):
-            broker = self.broker()
+        restarted = False
+        while True:
+            broker, lease = self.broker(), self._lease()
             try:
-                return broker, await broker.acquire.remote(lease, tokens, priority, self._hold_limit_s)
+                if await broker.acquire.remote(lease, tokens, priority):
+                    return broker, lease
             except asyncio.CancelledError:
                 broker.cancel.remote(lease)
                 raise
-            except RayActorError:
-                if attempt == 2:
+            except ActorDiedError:
+                if restarted:
                     raise
-                logger.warning("job-wide admission: actor %s died; starting a new one", self._name)
-                self._broker = None
-        raise AssertionError("unreachable")
+                restarted = True
+                if _BROKERS.get(self._name) is broker:  # the first to see it gone starts the next
+                    del _BROKERS[self._name]
+                    logger.warning("job-wide admission: actor %s died; starting a new one", self._name)
+                continue
+            # False without a cancel of ours: the broker took this caller for dead. We are not: again.
+            logger.warning("job-wide admission: the queue took this worker for dead; queueing again")
+
+    def _keep_heart_beating(self) -> None:
+        if self._heart is None or self._heart.done():
+            self._heart = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while self._waiting or self._in_flight:
+            with contextlib.suppress(Exception):  # a dead broker: the next acquire finds out
+                self.broker().heartbeat.remote(self._caller)
+            await asyncio.sleep(self._heartbeat_s)
 
     @contextlib.asynccontextmanager
     async def admit(
@@ -298,14 +368,12 @@ class JobAdmission:
                 f"{self._token_whole} tokens per minute (tokens_per_minute): no minute could hold it. "
                 "Raise tokens_per_minute or shorten the request."
             )
-        lease = f"{self._prefix}-{next(self._ids)}"
         self._waiting += 1
+        self._keep_heart_beating()
         try:
-            broker, granted = await self._acquire(lease, tokens, priority)
+            broker, lease = await self._acquire(tokens, priority)
         finally:
             self._waiting -= 1
-        if not granted:  # only a cancel of ours answers False, and we are not cancelled
-            raise RuntimeError(f"job-wide admission refused lease {lease} it was not asked to cancel")
         reservation = _LeaseReservation(tokens)
         self._in_flight += 1
         try:

@@ -41,7 +41,7 @@ from async_reward.deadline import (
     run_with_deadline,
 )
 from async_reward.http import HTTPStatusError, MalformedResponseError
-from async_reward.job_admission import HOLD_MARGIN_S, JobAdmission, broker_name
+from async_reward.job_admission import JobAdmission, broker_name
 from async_reward.judge import VerdictError
 from async_reward.limits import Admission, Priority, TokenReservation
 from async_reward.postprocess import apply_group_postprocessing
@@ -150,9 +150,8 @@ class AsyncRewardManager(RewardManagerBase):
                 self.settings.remote.url or "",
             ]
         )
-        return JobAdmission(
-            limits, broker_name(limits, endpoint), hold_limit_s=self.settings.timeout_s + HOLD_MARGIN_S
-        )
+        job = ray.get_runtime_context().get_job_id()
+        return JobAdmission(limits, broker_name(limits, endpoint, job))
 
     @classmethod
     @names_config_errors("reward")
