@@ -82,6 +82,10 @@ def _worker_class() -> Any:
         def open(self, gate: str) -> None:
             self._gate(gate).set()
 
+        def stall(self, seconds: float) -> None:
+            """Block this worker's event loop (a sync method of an async actor runs on it): no heartbeat."""
+            time.sleep(seconds)
+
         def order(self) -> list[tuple[float, str]]:
             return list(self.log)
 
@@ -236,6 +240,24 @@ def test_a_dead_workers_waiting_calls_are_dropped_not_granted(unique):
     ray.get(holding)
     assert ray.get(survivor.call.remote("next", give_up_s=60.0)) == "next"
     assert broker_stats(unique)["granted"] == 3  # the survivor's three: none of the dead worker's
+
+
+def test_a_live_worker_taken_for_dead_queues_its_call_again(unique):
+    """A worker whose event loop stalls past the silence allowed has its waiting call dropped; once it
+    runs again the call queues again and is admitted (a stall is not a lost sample)."""
+    import ray
+
+    survivor, stalled = start_workers(make_limits(max_concurrency=1), unique, 2)
+    ray.get(survivor.call.remote("starts the broker"))
+    holding = survivor.call.remote("holder", gate="go")
+    wait_for(unique, in_flight=1)
+    queued = stalled.call.remote("patient", give_up_s=120.0)
+    wait_for(unique, waiting=1)
+    ray.get(stalled.stall.remote(SILENT_HEARTBEATS * HEARTBEAT_S * 3))
+    assert broker_stats(unique)["reclaimed"] == 1  # dropped while it was silent
+    ray.get(survivor.open.remote("go"))
+    assert ray.get(queued) == "patient"
+    assert ray.get(holding) == "holder"
 
 
 def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_to_a_new_one(unique):

@@ -26,10 +26,10 @@ What can go wrong, and what happens:
   its worker's pool for as long as ``admission_timeout_s`` allows, unbounded by default.) A live
   caller wrongly taken for dead (its event loop stalled that long) queues its calls again.
 * The broker dies (with the worker that started it, which holds it): the first caller to see it
-  starts a new one, and every caller retries its waiting calls there once. What the dead one had
+  starts a new one, and every caller queues its waiting calls there again. What the dead one had
   admitted is unknown to the new one, so while those calls finish the job may have up to twice
-  ``max_concurrency`` calls in flight, and the RPM / TPM windows start afresh. A second failure
-  raises: the sample's status is ``error`` with Ray's reason; nothing waits forever.
+  ``max_concurrency`` calls in flight, and the RPM / TPM windows start afresh. After a few failures
+  in a row a call raises: the sample's status is ``error`` with Ray's reason; nothing waits forever.
 
 Written on Ray's actor primitives rather than a library: the queue needs the priority order and the
 strict minute windows of :mod:`async_reward.limits` (no Ray library offers either), and a Ray actor is
@@ -76,6 +76,10 @@ _CONCURRENT_CALLS = 1_000_000
 full actor would hold back the ``release`` that lets one of them in: so far more than any job queues.
 One event loop runs them all (no concurrency groups: Ray gives each group a loop of its own, and the
 queue's futures belong to one loop)."""
+_RESTARTS = 3
+"""Times one call queues again after the broker could not be reached, before it raises."""
+_RESTART_PAUSE_S = 0.5
+"""Pause before queueing again after the n-th failure: n times this."""
 _FORGOTTEN_KEPT = 10_000
 """Lease ids remembered as cancelled before their ``acquire`` arrived (oldest forgotten first)."""
 
@@ -208,6 +212,11 @@ class AdmissionBroker:
         while self._held or self._waiting:
             await asyncio.sleep(self._sweep_every_s)
             now = time.monotonic()
+            busy = set(map(_caller_of, [*self._waiting, *self._held]))
+            for caller in [
+                c for c, seen in self._seen.items() if c not in busy and now - seen > self._silent_s
+            ]:
+                del self._seen[caller]  # finished callers (managers come and go): not kept for ever
             silent = {
                 caller
                 for caller in map(_caller_of, [*self._waiting, *self._held])
@@ -280,6 +289,7 @@ class JobAdmission:
         self._caller = uuid.uuid4().hex[:12]
         self._in_flight = self._waiting = 0
         self._heart: asyncio.Task[None] | None = None
+        self._said_requeue_at = -math.inf
 
     @property
     def name(self) -> str:
@@ -319,11 +329,17 @@ class JobAdmission:
         return f"{self._caller}-{next(self._ids)}"
 
     async def _acquire(self, tokens: int, priority: Priority) -> tuple[Any, str]:
-        """A lease from the broker: ``(broker, lease)``. If the broker died, start (or find) the next
-        one and queue there, once; if this caller was taken for dead, queue again."""
-        from ray.exceptions import ActorDiedError
+        """A lease from the broker: ``(broker, lease)``.
 
-        restarted = False
+        If the broker cannot be reached (``RayActorError``: dead, or unavailable, when Ray cannot say
+        whether the call ran), the lease is cancelled (whatever state it reached) and the call queues
+        again under a new id, at the broker found or started by name, up to :data:`_RESTARTS` times a
+        short while apart (Ray's registry may still hand out a dead actor's name for a moment); then
+        it raises. If the broker took this caller for dead, the call queues again.
+        """
+        from ray.exceptions import RayActorError
+
+        failures = 0
         while True:
             broker, lease = self.broker(), self._lease()
             try:
@@ -332,16 +348,21 @@ class JobAdmission:
             except asyncio.CancelledError:
                 broker.cancel.remote(lease)
                 raise
-            except ActorDiedError:
-                if restarted:
+            except RayActorError:
+                broker.cancel.remote(lease)  # if it ran on a live broker, its slot comes back
+                failures += 1
+                if failures > _RESTARTS:
                     raise
-                restarted = True
                 if _BROKERS.get(self._name) is broker:  # the first to see it gone starts the next
                     del _BROKERS[self._name]
-                    logger.warning("job-wide admission: actor %s died; starting a new one", self._name)
+                    logger.warning("job-wide admission: actor %s unreachable; starting a new one", self._name)
+                await asyncio.sleep(_RESTART_PAUSE_S * failures)
                 continue
             # False without a cancel of ours: the broker took this caller for dead. We are not: again.
-            logger.warning("job-wide admission: the queue took this worker for dead; queueing again")
+            now = time.monotonic()
+            if now - self._said_requeue_at > 60.0:
+                self._said_requeue_at = now
+                logger.warning("job-wide admission: the queue took this worker for dead; queueing again")
 
     def _keep_heart_beating(self) -> None:
         if self._heart is None or self._heart.done():
