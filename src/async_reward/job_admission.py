@@ -217,11 +217,7 @@ class AdmissionBroker:
                 c for c, seen in self._seen.items() if c not in busy and now - seen > self._silent_s
             ]:
                 del self._seen[caller]  # finished callers (managers come and go): not kept for ever
-            silent = {
-                caller
-                for caller in map(_caller_of, [*self._waiting, *self._held])
-                if now - self._seen.get(caller, now) > self._silent_s
-            }
+            silent = {caller for caller in busy if now - self._seen.get(caller, now) > self._silent_s}
             for caller in silent:
                 waiting = [lease for lease in self._waiting if _caller_of(lease) == caller]
                 held = [lease for lease in self._held if _caller_of(lease) == caller]
