@@ -53,7 +53,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .config import LimitsConfig
-from .limits import Admission, Priority, TokenReservation
+from .limits import Admission, Priority, TokenReservation, tokens_to_charge
 
 __all__ = [
     "HEARTBEAT_S",
@@ -375,16 +375,13 @@ class JobAdmission:
         self, estimated_tokens: int | None = None, priority: Priority = 0.0
     ) -> AsyncIterator[TokenReservation]:
         """As :meth:`async_reward.limits.Admission.admit`, in the job's queue."""
-        tokens = self._limits.estimated_tokens_per_request if estimated_tokens is None else estimated_tokens
-        tokens = math.ceil(tokens)
-        if tokens < 0:
-            raise ValueError(f"estimated_tokens must be >= 0, got {tokens}")
-        if self._token_whole is not None and tokens > self._token_whole:
-            raise ValueError(
-                f"a request estimated at {tokens} tokens exceeds the job's whole budget of "
-                f"{self._token_whole} tokens per minute (tokens_per_minute): no minute could hold it. "
-                "Raise tokens_per_minute or shorten the request."
-            )
+        tokens = tokens_to_charge(
+            self._limits,
+            estimated_tokens,
+            self._token_whole,
+            "the job's whole budget of {whole} tokens per minute (tokens_per_minute)",
+            "Raise tokens_per_minute or shorten the request.",
+        )
         self._waiting += 1
         self._keep_heart_beating()
         try:

@@ -20,7 +20,14 @@ from aiolimiter import AsyncLimiter
 
 from .config import LimitsConfig
 
-__all__ = ["Admission", "FifoSlots", "Priority", "TokenReservation", "strict_minute_limiter"]
+__all__ = [
+    "Admission",
+    "FifoSlots",
+    "Priority",
+    "TokenReservation",
+    "strict_minute_limiter",
+    "tokens_to_charge",
+]
 
 #: An admission priority, lower first: a number, or a tuple compared element by element (a sample's
 #: ``(generation step, dispatch order)``); a number ``p`` ranks as ``(p,)``, before ``(p, anything)``.
@@ -117,6 +124,27 @@ def strict_minute_limiter(budget: float, capacity: int) -> AsyncLimiter:
     # hold at most B). aiolimiter is parameterised as (max_rate=C, time_period=C / r).
     per_minute = whole + 1 - _ROUNDING_MARGIN - capacity
     return AsyncLimiter(capacity, time_period=_WINDOW_S * capacity / per_minute)
+
+
+def tokens_to_charge(
+    limits: LimitsConfig, estimated_tokens: float | None, whole_budget: int | None, budget: str, fix: str
+) -> int:
+    """The whole tokens a call is charged before it runs (``estimated_tokens``, default
+    ``limits.estimated_tokens_per_request``, rounded up: the window guarantee counts whole tokens).
+
+    Raises ValueError at once, rather than letting the call wait for ever, if the estimate is
+    negative or above ``whole_budget`` (None: no token limit), which ``budget`` names (``{whole}``
+    is filled in) and ``fix`` says how to mend.
+    """
+    tokens = math.ceil(limits.estimated_tokens_per_request if estimated_tokens is None else estimated_tokens)
+    if tokens < 0:
+        raise ValueError(f"estimated_tokens must be >= 0, got {tokens}")
+    if whole_budget is not None and tokens > whole_budget:
+        raise ValueError(
+            f"a request estimated at {tokens} tokens exceeds {budget.format(whole=whole_budget)}: no "
+            f"minute could hold it. {fix}"
+        )
+    return tokens
 
 
 class TokenReservation:
@@ -236,16 +264,13 @@ class Admission:
         The slot is released on exit, exception and cancellation; a task cancelled while waiting
         releases nothing. Budget already charged is not refunded.
         """
-        tokens = self._limits.estimated_tokens_per_request if estimated_tokens is None else estimated_tokens
-        tokens = math.ceil(tokens)  # whole units: the window guarantee counts whole tokens
-        if tokens < 0:
-            raise ValueError(f"estimated_tokens must be >= 0, got {tokens}")
-        if self._tokens is not None and tokens > self._token_whole:
-            raise ValueError(
-                f"a request estimated at {tokens} tokens exceeds this worker's whole budget of "
-                f"{self._token_whole} tokens per minute (tokens_per_minute / worker_count): no minute "
-                "could hold it. Raise tokens_per_minute, lower reward.num_workers, or shorten the request."
-            )
+        tokens = tokens_to_charge(
+            self._limits,
+            estimated_tokens,
+            self._token_whole if self._tokens is not None else None,
+            "this worker's whole budget of {whole} tokens per minute (tokens_per_minute / worker_count)",
+            "Raise tokens_per_minute, lower reward.num_workers, or shorten the request.",
+        )
         queued = True
         self._waiting += 1
         try:
