@@ -149,16 +149,21 @@ def test_verl_sync_replay_buffer_waits_until_enough_groups_finish():
     _put_group(store, "a", 1, "finished")
     _put_group(store, "b", 1, "running")
 
+    finished_at: list[float] = []
+
     def finish_b_later() -> None:
         time.sleep(0.1)
+        finished_at.append(time.monotonic())  # before the writes: the sample cannot return earlier
         store.kv_put("b", "train", tag={"status": "finished"})
         store.kv_put("b_0_0", "train", fields={"score": 0.0}, tag={"status": "success"})
 
     threading.Thread(target=finish_b_later).start()
-    started = time.monotonic()
     with serving_replay_buffer(store):
         batch, _ = _buffer("sync").sample(global_steps=1, partition_id="train", batch_size=2)
-    assert time.monotonic() - started >= 0.1
+    returned_at = time.monotonic()
+    # Causal order, not a duration (the thread's sleep may start before this test's clock would):
+    # the sample returned only after b was finished.
+    assert finished_at and returned_at >= finished_at[0]
     assert sorted(batch.keys) == ["a_0_0", "a_1_0", "b_0_0"]
 
 
