@@ -213,8 +213,8 @@ def test_a_dead_workers_leases_are_taken_back_and_a_live_workers_are_not(unique)
     wait_for(unique, in_flight=2)
     ray.kill(doomed)
     assert ray.get(survivor.call.remote("third", give_up_s=60.0)) == "third"
-    stats = broker_stats(unique)
-    assert stats["reclaimed"] == 1 and stats["in_flight"] == 1  # the live worker's lease, still held
+    stats = wait_for(unique, in_flight=1)  # the live worker's lease, still held ("third"'s release
+    assert stats["reclaimed"] == 1  # is sent without waiting, so it may reach the broker a moment later)
     time.sleep(SILENT_HEARTBEATS * HEARTBEAT_S * 2)  # twice the silence allowed: a live one beats on
     assert broker_stats(unique)["reclaimed"] == 1
     ray.get(survivor.open.remote("go"))
@@ -273,8 +273,8 @@ def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_t
     wait_for(unique, waiting=20)
     ray.kill(owner)
     assert sorted(ray.get(waiting)) == sorted(f"w{i}" for _ in others for i in range(10))
-    stats = broker_stats(unique)
-    assert (stats["granted"], stats["in_flight"], stats["waiting"]) == (20, 0, 0)
+    stats = wait_for(unique, in_flight=0, waiting=0)  # releases are sent without waiting for them
+    assert stats["granted"] == 20
     assert ray.get(others[0].call.remote("after", give_up_s=60.0)) == "after"
 
 
