@@ -30,6 +30,12 @@ import pytest
 #: How many files the summary lists (``ASYNC_REWARD_BUDGET_FILES`` sets another number, e.g. all of
 #: them while looking for what to cut).
 SLOWEST_SHOWN = int(os.environ.get("ASYNC_REWARD_BUDGET_FILES", "10"))
+#: The wall time a whole run may take before its summary says, loudly, that it is over budget
+#: (``ASYNC_REWARD_TEST_BUDGET_S`` sets another). 540 s of pytest keeps a fresh clone's ``make test``
+#: (the virtualenv about 40 s more) under the project's 10 minutes on a 2-core machine. Over it, the
+#: run still passes or fails on its tests alone: a loaded machine must not turn CI red, but growth
+#: must be seen the day it happens.
+WALL_BUDGET_S = float(os.environ.get("ASYNC_REWARD_TEST_BUDGET_S", "540"))
 _WORKER_LOG_PREFIX = "python-core-worker-"
 
 
@@ -67,6 +73,45 @@ def _ray_actor_classes() -> Counter[str]:
                         classes[line.strip().removeprefix(":actor_name:")] += 1
                         break
     return classes
+
+
+class MachineLoad:
+    """What the whole machine did during the run, read from ``/proc`` (Linux; zeros elsewhere): how
+    busy its CPUs were, how much of the time some task waited for a CPU (``/proc/pressure/cpu``), and
+    the hypervisor's steal. A run over budget on a machine that was also busy with other work is told
+    apart from a suite that grew."""
+
+    def __init__(self) -> None:
+        self.started = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, list[int], int]:
+        try:
+            ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except OSError:
+            ticks = []
+        try:
+            line = Path("/proc/pressure/cpu").read_text().split("\n", 1)[0]
+            stall_us = int(line.rsplit("total=", 1)[1])
+        except (OSError, IndexError, ValueError):
+            stall_us = 0
+        return time.time(), ticks, stall_us
+
+    def since_start(self) -> str:
+        """One line: the CPUs' busy share, CPU pressure and steal since the run started."""
+        (t0, ticks0, stall0), (t1, ticks1, stall1) = self.started, self._sample()
+        if not ticks0 or len(ticks0) != len(ticks1):
+            return "machine load: not readable here"
+        delta = [b - a for a, b in zip(ticks0, ticks1, strict=True)]
+        total = sum(delta) or 1
+        idle = delta[3] + (delta[4] if len(delta) > 4 else 0)  # idle + iowait
+        steal = delta[7] if len(delta) > 7 else 0
+        wall = max(t1 - t0, 1e-9)
+        return (
+            f"machine load over the run: {os.cpu_count()} CPUs {100 * (total - idle) / total:.0f} % busy, "
+            f"some task waiting for a CPU {100 * (stall1 - stall0) / 1e6 / wall:.0f} % of the time, "
+            f"steal {100 * steal / total:.0f} %"
+        )
 
 
 class _Counts:
@@ -139,6 +184,7 @@ class Budget:
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
         self.started_at = time.time()
+        self.load = MachineLoad()
         self.processes: list[tuple[float, list[tuple[str, float]]]] = []
         """Each pytest process's end and its files with the second each started (seconds after the
         session started): a process that ends long after the others is a run's tail, its last file
@@ -217,6 +263,23 @@ class Budget:
         write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
         for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
             write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")
+        wall = time.time() - self.started_at
+        write(f"wall time {wall:.0f} s of a budget of {WALL_BUDGET_S:.0f} s; {self.load.since_start()}")
+        if wall > WALL_BUDGET_S and len(self.seconds) > 1:
+            for line in over_budget_message(wall, WALL_BUDGET_S):
+                write(line, red=True, bold=True)
+
+
+def over_budget_message(wall_s: float, budget_s: float) -> list[str]:
+    """The banner a run over its wall-time budget ends with (the tests' outcome is not changed)."""
+    return [
+        "=" * 78,
+        f"OVER BUDGET: this run took {wall_s:.0f} s, over the suite's budget of {budget_s:.0f} s",
+        "(ASYNC_REWARD_TEST_BUDGET_S; docs/development.md). If the machine was busy with other work",
+        "(the load line above), run it again on a quiet one; otherwise the suite grew: the slowest files",
+        "above say where (ASYNC_REWARD_BUDGET_FILES=100 lists every file).",
+        "=" * 78,
+    ]
 
 
 def pytest_configure(config: pytest.Config) -> None:
