@@ -32,7 +32,13 @@ class SleepyDevServer(DevServer):
         self.asleep = False
         self.requests_while_asleep = 0
         self.models: Counter[str] = Counter()
+        #: Chat completions inside the replica now (being generated), as vLLM's engine holds them.
         self.in_flight = 0
+        #: Each such request's ``[start, end]`` on the node's monotonic clock (``end`` None: inside
+        #: now), so a test can count what several replicas held at once (:func:`peak_in_flight`).
+        self.spans: list[list[float | None]] = []
+        #: ``in_flight`` at each ``sleep`` that acts: requests still inside when the judge is put to sleep.
+        self.in_flight_at_sleep: list[int] = []
 
     def build_app(self) -> web.Application:
         app = super().build_app()
@@ -53,10 +59,13 @@ class SleepyDevServer(DevServer):
                 message = f"The model `{model}` does not exist."
                 return web.json_response({"error": {"message": message, "type": "NotFoundError"}}, status=404)
             self.in_flight += 1
+            span: list[float | None] = [time.monotonic(), None]
+            self.spans.append(span)
             try:
                 return await handler(request)
             finally:
                 self.in_flight -= 1
+                span[1] = time.monotonic()
 
         app.middlewares.append(replica)
         return app
@@ -99,6 +108,7 @@ class JudgeReplicaServer:
         if not self.colocated or not self.free_cache_engine:
             return
         server = self._server()
+        server.in_flight_at_sleep.append(server.in_flight)
         while server.in_flight:  # vLLM waits for the requests inside to drain first
             await asyncio.sleep(0.01)
         server.asleep = True
@@ -113,6 +123,9 @@ class JudgeReplicaServer:
             "asleep": server.asleep,
             "requests_while_asleep": server.requests_while_asleep,
             "models": dict(server.models),
+            "in_flight": server.in_flight,
+            "spans": [list(span) for span in server.spans],
+            "in_flight_at_sleep": list(server.in_flight_at_sleep),
         }
 
     async def reset(self) -> None:
@@ -120,6 +133,8 @@ class JudgeReplicaServer:
         server.reset()
         server.models.clear()
         server.requests_while_asleep = 0
+        server.spans = [span for span in server.spans if span[1] is None]  # still inside: still counted
+        server.in_flight_at_sleep.clear()
 
     def _server(self) -> SleepyDevServer:
         if self.server is None:

@@ -12,7 +12,10 @@ mirroring what verl's vLLM server does with it:
 * ``wake_up`` / ``sleep`` act only in verl's ``COLOCATED`` mode, and ``sleep`` only with
   ``rollout.free_cache_engine``, after the requests inside have drained (``STANDALONE``: skipped);
 * asleep, it answers 503 to every chat completion and counts them (``requests_while_asleep``): a
-  request that reaches a sleeping judge is visible, never a silent success.
+  request that reaches a sleeping judge is visible, never a silent success;
+* it records when each chat completion entered and left it (as vLLM's engine holds a request from
+  its arrival to its last token, whether or not anyone still waits for it), so a test can count what
+  the replicas held at once (:func:`peak_in_flight`), and how many were inside at each ``sleep``.
 
 A replica a test killed can be started again on its address (:func:`restart_killed_replica`), as an
 orchestrator restarts a crashed vLLM server: verl's router knows replicas by address only.
@@ -74,6 +77,21 @@ def register_local_judge_replica() -> None:
 def replica_stats(models: Any) -> list[dict[str, Any]]:
     """Each replica's counters (dev server stats, sleep state, model names asked)."""
     return ray.get([replica._server_handle.stats.remote() for replica in models.rollout_replicas])
+
+
+def peak_in_flight(stats: list[dict[str, Any]]) -> int:
+    """The most chat completions the replicas held at once, all together (``stats``:
+    :func:`replica_stats`). The replicas are processes of one node, so their monotonic clocks agree."""
+    events: list[tuple[float, int]] = []
+    for replica in stats:
+        for start, end in replica["spans"]:
+            events.append((start, 1))
+            events.append((end if end is not None else float("inf"), -1))
+    peak = inside = 0
+    for _, step in sorted(events):  # at one instant a departure (-1) sorts before an arrival
+        inside += step
+        peak = max(peak, inside)
+    return peak
 
 
 def reset_replicas(models: Any, **config: Any) -> None:

@@ -127,6 +127,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.extra_body", {"logprobs": True}, "override request fields", {"judge.expected_verdict": True}),
     ("judge.top_logprobs", 0, "[1, 20]", {}),
     ("judge.top_logprobs", 21, "[1, 20]", {}),
+    ("judge.top_logprobs", 5, "without judge.expected_verdict", {}),
     ("judge.prompt_price_per_million", -1.0, ">= 0", {"judge.completion_price_per_million": 1.0}),
     ("judge.prompt_price_per_million", 3.0, "without reward.async_reward.judge.completion_price", {}),
     ("judge.completion_price_per_million", NAN, "finite", {"judge.prompt_price_per_million": 1.0}),
@@ -192,7 +193,6 @@ GOOD: list[tuple[str, Any]] = [
     ("judge.mode", "group"),
     ("judge.expected_verdict", True),
     ("judge.criteria", [{"name": "a", "description": "d", "weight": 2.5, "polarity": "negative"}]),
-    ("judge.top_logprobs", 11),
     ("remote.url", "http://127.0.0.1:9000/score"),
     ("remote.url", "https://[::1]:8443/score"),
     ("remote.api_key_env", "RM_TOKEN"),
@@ -210,6 +210,7 @@ GOOD_WITH_OTHERS = [
     ("judge.prompt_price_per_million", 3.0, {"judge.completion_price_per_million": 15.0}),
     ("judge.extra_body", {"logprobs": True}, {"judge.expected_verdict": False}),  # then it is yours
     ("judge.expected_verdict", True, {"judge.min_score": 1, "judge.max_score": 5}),
+    ("judge.top_logprobs", 11, {"judge.expected_verdict": True}),
     ("judge.criteria_per_call", 1, {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.group_wait_s", 0.5, {"judge.mode": "group"}),
     ("judge.group_shuffle", False, {"judge.mode": "group"}),

@@ -26,9 +26,10 @@ from tests.test_managers import chat_requests, judge_settings, score_rows
 
 SCALE = {"min_score": 0.0, "max_score": 10.0}
 #: What the local judge's verdicts weigh at verdict_probability 0.6: 10 shares the rest with 9 and 8;
-#: 0 with 1 and 2, and the 1 (the first token of 10, maybe) is no candidate, so 0 weighs 0 and 2.
+#: 0 with 1 and 2, and the 1 (1, or the first token of 10) is 1, as its neighbour 2 says (issue 42,
+#: item 16: the neighbour rule of async_reward.expected_verdict).
 TEN, TEN_MASS = 0.6 * 10 + 0.2 * 9 + 0.2 * 8, 1.0
-ZERO, ZERO_MASS = 0.2 * 2 / 0.8, 0.8
+ZERO, ZERO_MASS = 0.6 * 0 + 0.2 * 1 + 0.2 * 2, 1.0
 
 
 def manager_for(server: Any, verl_config_factory: Any, tokenizer: Any, **judge: Any) -> Any:
@@ -188,9 +189,11 @@ def test_the_reader_gives_each_criterion_the_span_of_its_own_lines_digits():
     assert found[1].span[0] > reply.index("\n")  # the block's line, not the quote's
 
 
-def test_quoted_lines_with_probabilities_of_their_own_never_change_what_is_weighed():
+def test_quoted_lines_with_probabilities_of_their_own_can_lower_a_criterion_never_raise_it():
     """The judge quotes a response's ``C1: [[10]]`` and a bare 10, whose tokens lean to 0 and 3; its
-    own C1 line is certain and its C2 line unsure between 3 and 4: only its own lines are weighed."""
+    own C1 line is certain and its C2 line unsure between 3 and 4. Which C1 line is the judge's cannot
+    be told from the text (a reply may end with the quoted lines), so both are weighed and the lowest
+    counts: the quote's 1.0 (its copy leaning to 0). The bare 10 is no criterion line: never weighed."""
     content = 'It wrote "C1: [[10]]" and 10.\nC1: [[10]] ok\nC2: [[3]] meh'
     quoted_ten = entry("10", 0.1, ("0", 0.9))
     entries = [
@@ -228,10 +231,11 @@ def test_quoted_lines_with_probabilities_of_their_own_never_change_what_is_weigh
     from async_reward.managers.criteria_weighting import weigh_call
 
     found = read_criteria(content, [1, 2], **SCALE)
-    extras = weigh_call(completion(content, entries), content, 0, [("a", found[1]), ("b", found[2])], **SCALE)
+    graded = [("a", found[1]), ("b", found[2])]
+    extras = weigh_call(completion(content, entries), content, 0, graded, criteria=(), **SCALE)
     assert extras == {
-        "judge_criterion_a_expected": 10.0,
-        "judge_criterion_a_mass": 1.0,
+        "judge_criterion_a_expected": pytest.approx(1.0),
+        "judge_criterion_a_mass": pytest.approx(1.0),
         "judge_criterion_b_expected": pytest.approx(3.5),
         "judge_criterion_b_mass": pytest.approx(1.0),
         "judge_weighting": "expected",
@@ -291,6 +295,11 @@ def test_a_criterion_after_the_judges_thinking_is_weighed_at_its_line_not_at_a_d
     visible = strip_think(content, "leading")
     found = read_criteria(visible, [1], **SCALE)
     extras = weigh_call(
-        completion(content, entries), content, len(content) - len(visible), [("a", found[1])], **SCALE
+        completion(content, entries),
+        content,
+        len(content) - len(visible),
+        [("a", found[1])],
+        criteria=(),
+        **SCALE,
     )
     assert extras["judge_criterion_a_expected"] == pytest.approx(7.5)

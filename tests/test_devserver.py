@@ -737,6 +737,10 @@ def test_the_shared_servers_reset_puts_every_runtime_knob_back(judge_server: Thr
         "verdict_probability": 0.5,
         "verdict_probability_low": 0.25,
         "logprobs_end_token": "<|im_end|>",
+        "logprobs_digits": "split",
+        "logprobs_space_share": 0.25,
+        "verdict_distribution": {"9": 0.5, "10": 0.5},
+        "repeat_penalty": 1.1,
         "group_position_bonus": 3,
     }
     assert set(turned) == set(RUNTIME_CONFIG_KEYS), "turn every runtime knob, a new one included"

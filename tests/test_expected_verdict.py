@@ -21,7 +21,7 @@ from async_reward.expected_verdict import ExpectedVerdict, reply_tokens
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.managers.llm_judge import NO_LOGPROBS, weigh_reply_verdict
 from async_reward.reward_metrics import extras_metrics
-from async_reward.verdict import VerdictRules, read_verdict, verdict_span
+from async_reward.verdict import VerdictRules, read_verdict, verdict_spans
 from tests.hostile_text import PROPERTY
 from tests.test_managers import judge_settings, score_rows
 
@@ -197,14 +197,17 @@ def test_the_reply_must_end_on_a_token_boundary_of_what_the_tokens_spell():
     assert weigh("Verdict: [[7]]", entries) == "tokens do not spell the reply"
 
 
-def test_a_digits_only_alternative_that_a_longer_verdict_could_start_is_not_a_verdict():
+def test_a_digits_only_alternative_that_a_longer_verdict_could_start_is_shared_by_its_neighbours():
     """On a 0-10 scale a digit-splitting tokenizer writes 10 as ``1`` ``0``: an alternative ``1``
-    whose continuation was never generated may be 1 or 10, so it is no candidate (the GPU run's
-    judge, constrained to ``[[0]]`` or ``[[10]]``, listed exactly that ``1``)."""
+    whose continuation was never generated may be 1 or 10. Its neighbours inside the scale tell
+    which (issue 42, item 16): beside a sampled 9 it is 10; beside a 0 alone (the GPU run's judge,
+    constrained to ``[[0]]`` or ``[[10]]``, listed exactly that ``1``) nothing tells, and it is left
+    out, the mass saying so."""
     gpu = weigh("Verdict: [[0]]", [*OPENING, entry("0", 0.7, ("1", 0.3)), entry("]]"), entry("<|im_end|>")])
     assert gpu.value == 0.0 and gpu.mass == pytest.approx(0.7)
     torn = weigh("Verdict: [[9]]", [*OPENING, entry("9", 0.6, ("1", 0.3), ("8", 0.1)), entry("]]")])
-    assert torn.value == pytest.approx((0.6 * 9 + 0.1 * 8) / 0.7) and torn.mass == pytest.approx(0.7)
+    assert torn.value == pytest.approx(0.6 * 9 + 0.3 * 10 + 0.1 * 8) and torn.mass == pytest.approx(1.0)
+    assert torn.assumed == pytest.approx(0.3)
     # an alternative that holds its own end is a verdict, and so is 1 where no 1x is on the scale
     ended = weigh("Verdict: [[9]]", [*OPENING, entry("9", 0.6, ("1]]", 0.4)), entry("]]")])
     assert ended.value == pytest.approx(0.6 * 9 + 0.4 * 1)
@@ -277,11 +280,24 @@ def test_a_verdict_quoted_from_the_response_is_never_the_one_weighed():
     assert weigh(content, entries).value == pytest.approx(7.0)
 
 
-def test_disagreeing_verdicts_read_with_the_lowest_are_not_weighed():
+def test_disagreeing_verdicts_read_with_the_lowest_are_each_weighed_and_the_lowest_kept():
+    """``on_conflict: min``: the quoted 2 (its copy unsure of 3) and the judge's 9 (unsure of 8) are
+    both weighed, 2.5 and 8.5: the lowest counts, as the lowest written verdict does plainly."""
     rules = VerdictRules(parser="brackets", position="end", on_conflict="min", think="leading")
     content = "Quoted [[2]].\nVerdict: [[9]]"
     assert read_verdict(content, rules) == 2.0
-    assert verdict_span(content, rules, 2.0) == "verdicts in the reply disagree"
+    assert verdict_spans(content, rules) == [(2.0, (9, 10)), (9.0, (25, 26))]
+    entries = [
+        entry("Quoted"),
+        entry(" [["),
+        entry("2", 0.5, ("3", 0.5)),
+        entry("]]."),
+        entry("\n"),
+        *OPENING,
+        entry("9", 0.5, ("8", 0.5)),
+        entry("]]"),
+    ]
+    assert weigh(content, entries, rules).value == pytest.approx(2.5)
 
 
 @PROPERTY
@@ -376,7 +392,7 @@ async def test_llm_judge_scores_the_expected_verdict_of_the_local_judge(
 ):
     """The local judge puts 0.6 on its verdict and 0.2 on each of the two nearest (10 -> 9, 8;
     0 -> 1, 2) and lists the end-of-sequence token last, as vLLM does. The ``1`` next to a 0 may be
-    the first token of 10, so it is no candidate: 0 weighs over 0 and 2 alone (mass 0.8)."""
+    the first token of 10: its neighbour 2 (10's, 9, is not listed) makes it 1."""
     server.update_config(verdict_probability=0.6, logprobs_end_token="<|im_end|>")
     settings = judge_settings(server, judge={"expected_verdict": True, "parser": parser})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
@@ -384,12 +400,12 @@ async def test_llm_judge_scores_the_expected_verdict_of_the_local_judge(
     right, wrong = (output["reward_extra_info"] for output in outputs)
     assert right["status"] == wrong["status"] == "ok"
     assert right["judge_verdict"] == 10 and right["judge_expected_verdict"] == pytest.approx(9.4)
-    assert wrong["judge_verdict"] == 0 and wrong["judge_expected_verdict"] == pytest.approx(0.5)
+    assert wrong["judge_verdict"] == 0 and wrong["judge_expected_verdict"] == pytest.approx(0.6)
     assert float(outputs[0]["reward_score"]) == pytest.approx(0.94)
-    assert float(outputs[1]["reward_score"]) == pytest.approx(0.05)
+    assert float(outputs[1]["reward_score"]) == pytest.approx(0.06)
     assert right["judge_weighting"] == wrong["judge_weighting"] == "expected"
     assert right["judge_verdict_mass"] == pytest.approx(1.0)
-    assert wrong["judge_verdict_mass"] == pytest.approx(0.8)
+    assert wrong["judge_verdict_mass"] == pytest.approx(1.0)
     assert extras_metrics([right, wrong])["reward/extra/judge_weighted/mean"] == 1.0
 
 
@@ -465,7 +481,7 @@ async def test_every_reply_shape_of_the_local_judge_is_weighed_at_the_judges_own
     assert [info["judge_weighting"] for info in infos] == ["expected", "expected"], infos
     assert [info["judge_expected_verdict"] for info in infos] == [
         pytest.approx(0.75 * 10 + 0.125 * 9 + 0.125 * 8),
-        pytest.approx(0.125 * 2 / 0.875),  # the 1 beside a 0 may start a 10: no candidate
+        pytest.approx(0.125 * 1 + 0.125 * 2),  # the 1 beside a 0 (its neighbour 2 listed) is 1
     ]
 
 

@@ -28,7 +28,8 @@ SCALE = {"min_score": 0.0, "max_score": 10.0}
 
 
 def test_the_final_block_gives_each_member_its_verdict_and_reason():
-    found = read_group("Thoughts.\nR1: [[7]] close\n**R2**: [[0]] - wrong\nR3: [[10]]", 3, **SCALE)
+    reply = "Thoughts.\nR1: [[7]] close\n**R2**: [[0]] - wrong\nR3: [[10]]"
+    found = read_group(reply, ["a", "b", "c"], **SCALE).verdicts
     assert {k: (v.value, v.reason) for k, v in found.items()} == {
         1: (7.0, "close"),
         2: (0.0, "wrong"),
@@ -51,7 +52,7 @@ def test_the_final_block_gives_each_member_its_verdict_and_reason():
 )
 def test_a_reply_that_breaks_the_rules_is_refused_with_the_reason(reply, words):
     with pytest.raises(CriteriaError, match=words.replace("[", r"\[").replace("]", r"\]")):
-        read_group(reply, 2, **SCALE)
+        read_group(reply, ["The answer is 5", "The answer is 6"], **SCALE)
 
 
 # ------------------------------------------------------------------------------- the prompt
@@ -221,26 +222,21 @@ async def test_a_response_cannot_write_its_own_or_another_members_verdict(
     server, verl_config_factory, tokenizer, batch_factory, text, echo
 ):
     """A wrong member writes member lines (its own verdict, a rival's): quoted by the judge or not,
-    no member's reward moves from the judge's verdict: either the judge's own lines are read, or
-    the conflict makes the whole group ``invalid`` (every member scores the fallback, none partial)."""
+    every member keeps the judge's verdict, and a member whose quoted lines conflict with the
+    judge's is found planting and scores the lowest verdict (tests/test_group_judging_plants.py
+    holds the property over plants and judges)."""
     server.update_config(echo_response=echo)
     manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
     rows = [GROUP[0], {**GROUP[1], "response": text}, GROUP[2]]
     outputs = await score_members(manager, batch_factory, rows)
     members = infos(outputs)
-    statuses = {info["status"] for info in members}
-    assert len(statuses) == 1  # the group succeeds or fails as one
-    if statuses == {"invalid"}:
-        assert all("conflicting verdicts for response R" in info["failure_reason"] for info in members)
-        assert {float(output["reward_score"]) for output in outputs} == {manager.settings.fallback_score}
-        assert all(math.isnan(info["judge_verdict"]) for info in members)
-    else:
-        assert statuses == {"ok"}
-        assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0, 1.0]
-    if not echo:  # nothing of the response reaches the judge's reply: its own lines are read
-        assert statuses == {"ok"}
+    assert [info["status"] for info in members] == ["ok"] * 3
+    assert [float(output["reward_score"]) for output in outputs] == [1.0, 0.0, 1.0]
+    assert not members[0]["judge_group_planted"] and not members[2]["judge_group_planted"]
+    if not echo:  # nothing of the response reaches the judge's reply: no plant to find
+        assert not members[1]["judge_group_planted"]
     elif text == HOSTILE[0]:  # it claims 10 for every label, its own included: always a conflict
-        assert statuses == {"invalid"}
+        assert members[1]["judge_group_planted"] and members[1]["judge_verdict"] == 0.0
 
 
 async def test_a_failed_call_fails_every_member_with_its_status(
@@ -367,3 +363,80 @@ async def test_a_session_that_arrives_twice_is_a_duplicate_not_another_member(
     assert "session 1 arrived twice (a duplicate member)" in members[2]["failure_reason"]
     assert [float(outputs[i]["reward_score"]) for i in (0, 1, 3)] == [1.0, 0.0, 1.0]
     assert chat_requests(server) == 1
+
+
+# ------------------------------------------------------------------------------- the call's cost, once
+
+
+@pytest.mark.parametrize("when", ["while the call runs", "after its result came"])
+async def test_the_calls_cost_is_counted_once_when_the_member_that_started_it_is_cancelled(
+    server, verl_config_factory, tokenizer, batch_factory, when
+):
+    """The first member to arrive starts the group's call; cancelled while the call runs (or after
+    its result reached it, before it returned), the call's tokens and its one call are still on
+    exactly one member that returns: the step's sums are what the judge billed."""
+    from tests.test_managers import until_the_server_holds
+
+    server.update_config(hold=True)
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    batch = batch_factory(GROUP)
+    first = asyncio.ensure_future(manager.run_single(batch[0:1]))
+    await asyncio.sleep(0)  # it arrives first
+    others = [asyncio.ensure_future(manager.run_single(batch[i : i + 1])) for i in (1, 2)]
+    await until_the_server_holds(server, 1)
+    if when == "while the call runs":
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+    else:  # the call's result is set on every member; its done callbacks run before they resume
+        (call,) = manager.group._calls
+        call.add_done_callback(lambda _: first.cancel())
+    server.update_config(hold=False)
+    members = infos(await asyncio.gather(*others))
+    assert first.cancelled()
+    assert [info["status"] for info in members] == ["ok", "ok"]
+    assert sum(info["attempts"] for info in members) == 1 == chat_requests(server)
+    assert sum(info["judge_tokens"] for info in members) == server.stats()["tokens_total"] > 0
+    assert sorted(info["judge_shared"] for info in members) == [False, True]
+
+
+# ------------------------------------------------------------------------------- references and sizes
+
+
+async def test_members_whose_reference_is_a_numpy_array_are_one_group(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """verl reads a parquet list column as a numpy array: members with equal arrays are one group
+    (``!=`` on arrays made the group fail with a ValueError), different ones are not."""
+    import numpy as np
+
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    rows = [{**row, "ground_truth": np.array(["5", "five"])} for row in GROUP]
+    members = infos(await score_members(manager, batch_factory, rows))
+    assert [info["status"] for info in members] == ["ok"] * 3, members[0]["failure_reason"]
+    assert chat_requests(server) == 1
+    rows = [{**row, "uid": "g2", "ground_truth": np.array(["5", str(k)])} for k, row in enumerate(GROUP)]
+    members = infos(await score_members(manager, batch_factory, rows))
+    assert [info["status"] for info in members] == ["invalid"] * 3
+    assert "different prompts or references" in members[0]["failure_reason"]
+
+
+@pytest.mark.parametrize(
+    ("n", "max_tokens", "refused"), [(16, None, True), (16, 1024, False), (8, None, False)]
+)
+def test_a_max_tokens_too_small_for_a_groups_lines_is_refused_at_start_up(
+    server, verl_config_factory, n, max_tokens, refused
+):
+    """The reply must hold one ``R<k>: [[n]] reason`` line per member after any thinking: at the
+    default 512 tokens, 16 members' lines alone fill it, and a reply cut at max_tokens fails the
+    whole group. Refused at start-up with the tokens needed (64 a member)."""
+    from async_reward.managers import LLMJudgeRewardManager
+
+    judge = {} if max_tokens is None else {"max_tokens": max_tokens}
+    config = group_config(verl_config_factory, server, n=n, **judge)
+    if not refused:
+        LLMJudgeRewardManager.check_config(config)
+        return
+    with pytest.raises(ConfigError) as refusal:
+        LLMJudgeRewardManager.check_config(config)
+    assert refusal.value.key == "reward.async_reward.judge.max_tokens", refusal.value
+    assert "1024" in str(refusal.value)

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 HEARTBEAT_S = 0.5
 """The workers' heartbeat here: a dead one is found after SILENT_HEARTBEATS of them (3 s)."""
+SLOW_HEARTBEAT_S = 1.0
+"""The heartbeat of the tests that replace the broker: its grace (GRACE_HEARTBEATS of them, 3 s)
+leaves a loaded machine time to report the leases; a stalled broker is found after 12 s."""
 
 
 @pytest.fixture
@@ -46,8 +49,8 @@ def _worker_class() -> Any:
     class Worker:
         """One reward worker process's admission: calls that, once admitted, wait on a named gate."""
 
-        def __init__(self, limits: dict[str, Any], name: str) -> None:
-            self.admission = JobAdmission(LimitsConfig(**limits), name, HEARTBEAT_S)
+        def __init__(self, limits: dict[str, Any], name: str, heartbeat_s: float) -> None:
+            self.admission = JobAdmission(LimitsConfig(**limits), name, heartbeat_s)
             self.log: list[tuple[float, str]] = []
             self.gates: dict[str, asyncio.Event] = {}
 
@@ -89,14 +92,18 @@ def _worker_class() -> Any:
         def order(self) -> list[tuple[float, str]]:
             return list(self.log)
 
+        def in_flight(self) -> int:
+            """This worker's calls admitted and not yet ended."""
+            return self.admission.in_flight
+
     return Worker
 
 
-def start_workers(limits: LimitsConfig, name: str, count: int) -> list[Any]:
+def start_workers(limits: LimitsConfig, name: str, count: int, heartbeat_s: float = HEARTBEAT_S) -> list[Any]:
     import ray
 
     worker = _worker_class()
-    workers = [worker.remote(dataclasses.asdict(limits), name) for _ in range(count)]
+    workers = [worker.remote(dataclasses.asdict(limits), name, heartbeat_s) for _ in range(count)]
     ray.get([w.order.remote() for w in workers])  # started
     return workers
 
@@ -276,6 +283,91 @@ def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_t
     stats = wait_for(unique, in_flight=0, waiting=0)  # releases are sent without waiting for them
     assert stats["granted"] == 20
     assert ray.get(others[0].call.remote("after", give_up_s=60.0)) == "after"
+
+
+def live_broker(name: str, dead: set[Any]) -> tuple[Any, dict[str, int]] | None:
+    """The broker now registered under ``name`` and its counters, if it answers and is none of
+    ``dead`` (actor ids); None while the name still points at a dead one or at none."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        handle = ray.get_actor(name)
+        if handle._actor_id in dead:
+            return None
+        return handle, ray.get(handle.stats.remote(), timeout=30)
+    except (ValueError, RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+
+
+def replaced(name: str, dead: set[Any], workers: list[Any], bound: int, **counts: int) -> dict[str, int]:
+    """Until a broker that is none of ``dead`` has held back its grace and reads ``counts``, while the
+    slot is still held: all along, the calls in flight in the job (summed over the workers) stay
+    within ``bound`` and the new broker grants nothing."""
+    import ray
+
+    deadline = time.monotonic() + 180
+    while True:
+        in_flight = sum(ray.get([worker.in_flight.remote() for worker in workers]))
+        assert in_flight <= bound, f"{in_flight} calls in flight in the job against max_concurrency={bound}"
+        found = live_broker(name, dead)
+        if found is not None:
+            handle, stats = found
+            assert stats["granted"] == 0, f"a new broker granted a call while the slot was held: {stats}"
+            if not stats.get("held_back", 0) and all(stats[key] == value for key, value in counts.items()):
+                dead.add(handle._actor_id)  # the next kill's victim
+                return stats
+        assert time.monotonic() < deadline, (counts, found)
+        time.sleep(0.05)
+
+
+def test_broker_failures_keep_max_concurrency_and_a_call_requeues_three_times_then_fails(unique):
+    """Issue 42, items 12 and 13. One slot: a worker holds it while another's call waits with no
+    admission timeout. The broker is killed four times. Each new broker learns the held lease from
+    the holder's heartbeat before it grants anything, so the waiting call stays out (one call in
+    flight in the job, not one more per failure); that call queues again after each of its first
+    three failures and fails at the fourth (the sample's ``error``)."""
+    import ray
+
+    holder_worker, waiter = start_workers(make_limits(max_concurrency=1), unique, 2, SLOW_HEARTBEAT_S)
+    holder = holder_worker.call.remote("holder", gate="go")
+    wait_for(unique, in_flight=1)
+    queued = waiter.call.remote("queued", gate="never")  # if admitted, it would stay in flight
+    wait_for(unique, waiting=1)
+    dead = {ray.get_actor(unique)._actor_id}
+    for failure in range(1, 5):
+        ray.kill(ray.get_actor(unique))
+        if failure == 4:
+            break
+        stats = replaced(unique, dead, [holder_worker, waiter], 1, in_flight=1, waiting=1)
+        assert stats["adopted"] == 1 and stats["granted"] == 0, stats
+    with pytest.raises(ray.exceptions.RayError, match=r"RayActorError|ActorDiedError|actor died"):
+        ray.get(queued, timeout=180)
+    assert ray.get(waiter.order.remote()) == []  # never admitted
+    ray.get(holder_worker.open.remote("go"))
+    assert ray.get(holder, timeout=60) == "holder"
+
+
+def test_a_stalled_broker_is_replaced_and_a_call_waiting_without_a_timeout_gets_in(unique):
+    """A broker alive but stalled (its event loop blocked) answers no heartbeat: its callers kill it
+    and start another, which learns the held lease first; the call that was waiting with no
+    admission timeout is admitted there once the slot is free, instead of waiting for ever."""
+    import ray
+
+    worker, other = start_workers(make_limits(max_concurrency=1), unique, 2, SLOW_HEARTBEAT_S)
+    holder = worker.call.remote("holder", gate="go")
+    wait_for(unique, in_flight=1)
+    queued = other.call.remote("queued")
+    wait_for(unique, waiting=1)
+    time.sleep(SLOW_HEARTBEAT_S * 3)  # both have had a heartbeat answered: the stall deadline applies
+    stalled = ray.get_actor(unique)
+    stalled.__ray_call__.remote(lambda broker: time.sleep(900))  # blocks the broker's event loop
+    stats = replaced(unique, {stalled._actor_id}, [worker, other], 1, in_flight=1, waiting=1)
+    assert stats["adopted"] == 1 and stats["granted"] == 0
+    ray.get(worker.open.remote("go"))
+    assert ray.get([holder, queued], timeout=120) == ["holder", "queued"]
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(stalled.stats.remote(), timeout=60)  # killed, not left stalled beside the new one
 
 
 def test_the_whole_budgets_are_the_jobs_and_usage_above_the_estimate_is_charged(unique):

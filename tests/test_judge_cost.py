@@ -4,17 +4,22 @@ HTTP; the step's ``reward/cost/*`` metrics; prices; and usage a judge server cou
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from typing import Any
 
 import numpy as np
 import pytest
 
-from async_reward import ConfigError
+from async_reward import ConfigError, cost
 from async_reward.cost import JudgePricing, cost_metrics, spent_extras
 from async_reward.managers import LLMJudgeRewardManager
+from async_reward.pipeline.chunks import GroupLayout
+from async_reward.pipeline.state import Ticket, TicketState
 from async_reward.reward_metrics import extras_metrics
-from tests.test_managers import chat_requests, judge_settings, score_rows
+from tests.openai_standin import standin_judge
+from tests.test_managers import chat_requests, judge_settings, score_rows, until_the_server_has
 
 PRICES = {"prompt_price_per_million": 3.0, "completion_price_per_million": 15.0}
 
@@ -137,6 +142,7 @@ def test_cost_metrics_read_the_arrays_verl_stacks_extras_into():
         "reward/cost/completion_tokens": 3.0,
         "reward/cost/tokens": 10.0,
         "reward/cost/cache_hits": 1.0,
+        "reward/cost/usage_errors": 0.0,
         "reward/cost/money": 0.5,
     }
     # A manager without judge tokens (a function, a reward service): calls only.
@@ -151,3 +157,175 @@ def test_one_price_alone_is_refused_at_start_up_naming_the_other(verl_config_fac
     with pytest.raises(ConfigError, match="completion_price_per_million too") as caught:
         LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
     assert caught.value.key == "reward.async_reward.judge.prompt_price_per_million"
+
+
+# ----------------------------------------------------------------------------- issue 42, items 6-8
+
+
+async def test_a_rubric_in_several_calls_counts_its_calls_apart_from_its_retries(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """Six criteria, one call each, every call answered the first time: six calls, no retry (item 6:
+    ``reward/retries`` was ``attempts - 1`` = 5). Then one criterion whose call always fails (500):
+    its two extra attempts are the sample's only retries, in the v1 metrics and the pipelined ones."""
+    criteria = [{"name": f"c{i}", "description": f"The response mentions '{i}'"} for i in range(6)]
+    row = {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"}
+    settings = judge_settings(server, judge={"criteria": criteria, "criteria_per_call": 1})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    (answered,) = infos(await score_rows(manager, batch_factory, [row]))
+    metrics = extras_metrics([answered])
+    assert metrics["reward/retries"] == 0
+    assert answered["status"] == "ok" and answered["attempts"] == 6 and answered["judge_calls"] == 6
+    assert metrics["reward/cost/calls"] == chat_requests(server) == 6  # every request sent
+
+    server.reset()
+    criteria[2] = {"name": "c2", "description": "@@fault:500@@ The response mentions '2'"}
+    settings = judge_settings(
+        server, judge={"criteria": criteria, "criteria_per_call": 1}, retry={"max_attempts": 3}
+    )
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    (failed,) = infos(await score_rows(manager, batch_factory, [row]))
+    assert failed["status"] == "error" and failed["attempts"] == 5 + 3 and failed["judge_calls"] == 6
+    metrics = extras_metrics([answered, failed])
+    assert metrics["reward/retries"] == 2
+    assert metrics["reward/cost/calls"] == 6 + 8
+
+    # The pipelined trainer counts its tickets' retries by the same rule.
+    state = TicketState(Ticket(1, 2, "m"), GroupLayout.from_keys(["a", "b"], 2), None, np.arange(2), -1.0)
+    for index, info in enumerate([answered, failed]):
+        state.record(index, {"reward_score": 0.0, "reward_extra_info": info, "run_s": 0.1})
+    assert state.metrics(in_flight=0)["reward/retries"] == 2
+
+
+@pytest.mark.parametrize("cache", [False, True], ids=["in flight", "cached"])
+async def test_a_shared_call_is_paid_once_when_the_sample_that_started_it_is_cancelled(
+    server, verl_config_factory, tokenizer, batch_factory, cache
+):
+    """Three identical requests share one call; the one that started it is cancelled while the judge
+    holds the reply. The call completes for the other two, and exactly one of them carries what it
+    cost (item 7: both carried 0 tokens, 0 calls), as does a later cached verdict: the step's sums
+    equal what the judge server counted."""
+    server.update_config(hold=True)
+    settings = judge_settings(server, judge={"cache": cache, **PRICES})
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    row = {"prompt": "q", "response": "The answer is 5", "ground_truth": "5"}
+    batch = batch_factory([row] * 3)
+    tasks = [asyncio.ensure_future(manager.run_single(batch[i : i + 1])) for i in range(3)]
+    await until_the_server_has(server, 1)
+    tasks[0].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[0]
+    server.update_config(hold=False)
+    rows = infos(list(await asyncio.gather(*tasks[1:])))
+    if cache:  # a later identical request takes the cached verdict
+        rows += infos(await score_rows(manager, batch_factory, [row]))
+    assert [info["status"] for info in rows] == ["ok"] * len(rows)
+    assert chat_requests(server) == 1
+    metrics = extras_metrics(rows)
+    assert metrics["reward/cost/tokens"] == server.stats()["tokens_total"] > 0
+    assert metrics["reward/cost/calls"] == 1
+    money = (
+        3.0 * metrics["reward/cost/prompt_tokens"] + 15.0 * metrics["reward/cost/completion_tokens"]
+    ) / 1e6
+    assert money > 0 and metrics["reward/cost/money"] == pytest.approx(money)
+    paying = [info for info in rows if not info["judge_shared"] and not info["judge_cache_hit"]]
+    assert len(paying) == 1 and paying[0]["attempts"] == 1
+    assert metrics["reward/cost/cache_hits"] == (1 if cache else 0)
+
+
+WHOLE_FLOATS = {"prompt_tokens": 100.0, "completion_tokens": 10.0, "total_tokens": 110.0}
+
+
+async def test_whole_number_floats_in_usage_are_booked_over_real_http(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """A server that writes ``"prompt_tokens": 100.0`` (item 8: booked as 0 tokens, cost 0)."""
+    async with standin_judge(usage=WHOLE_FLOATS) as judge:
+        settings = {"judge": {"base_url": judge.url + "/v1", **PRICES}}
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        row = {"prompt": "q", "response": "r", "ground_truth": "5"}
+        (info,) = infos(await score_rows(manager, batch_factory, [row]))
+    assert info["status"] == "ok"
+    counts = (info["judge_prompt_tokens"], info["judge_completion_tokens"], info["judge_tokens"])
+    assert counts == (100, 10, 110)
+    assert info["judge_cost"] == pytest.approx((100 * 3.0 + 10 * 15.0) / 1e6)
+    assert info["judge_usage_error"] == ""
+    assert extras_metrics([info])["reward/cost/tokens"] == 110
+
+
+async def test_usage_that_cannot_be_read_is_said_not_booked_silently(
+    verl_config_factory, tokenizer, batch_factory, caplog, monkeypatch
+):
+    """A count that breaks the rule (a fraction here) is counted 0 and said: in each call's sample
+    (``judge_usage_error``), the step's ``reward/cost/usage_errors``, and one log line."""
+    monkeypatch.setattr(cost, "_said", set())  # said once per process: start this test afresh
+    usage = {"prompt_tokens": 100.5, "completion_tokens": 10, "total_tokens": 110.5}
+    async with standin_judge(usage=usage) as judge:
+        settings = {"judge": {"base_url": judge.url + "/v1"}}
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        with caplog.at_level(logging.WARNING):
+            rows = [{"prompt": f"q{i}", "response": "r", "ground_truth": "5"} for i in range(2)]
+            outputs = infos(await score_rows(manager, batch_factory, rows))
+    for info in outputs:
+        assert info["status"] == "ok"  # the verdict stands; only its cost is unknown
+        assert "usage.prompt_tokens 100.5 is not a whole number" in info["judge_usage_error"]
+        assert info["judge_completion_tokens"] == 10
+    assert extras_metrics(outputs)["reward/cost/usage_errors"] == 2
+    assert len([r for r in caplog.records if "usage.prompt_tokens" in r.getMessage()]) == 1  # said once
+
+
+async def test_a_reported_total_beyond_what_the_call_can_use_does_not_starve_the_token_budget(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """A reply claiming 10**12 tokens put the job in token debt for ever: the next call waited out its
+    admission. The charge to ``tokens_per_minute`` is capped at what the call can use (its prompt's
+    bytes and a margin, plus ``max_tokens``); the extras still say what the server reported."""
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 10**12}
+    async with standin_judge(usage=usage) as judge:
+        settings = {
+            "judge": {"base_url": judge.url + "/v1"},
+            "limits": {"tokens_per_minute": 600_000},
+            "admission_timeout_s": 20.0,
+        }
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        rows = [{"prompt": f"q{i}", "response": "r", "ground_truth": "5"} for i in range(2)]
+        first = infos(await score_rows(manager, batch_factory, rows[:1]))
+        second = infos(await score_rows(manager, batch_factory, rows[1:]))
+    assert [info["status"] for info in first + second] == ["ok", "ok"], second[0]["failure_reason"]
+    assert first[0]["judge_tokens"] == 10**12
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected", "problem"),
+    [
+        (WHOLE_FLOATS, (100, 10, 110), ""),
+        ({"prompt_tokens": np.int64(7), "completion_tokens": np.float64(3.0)}, (7, 3, 10), ""),
+        ({"prompt_tokens": 10, "completion_tokens": None}, (10, 0, 10), ""),  # null: not reported
+        ({"prompt_tokens": 100.5, "completion_tokens": 2}, (0, 2, 2), "100.5 is not a whole number"),
+        ({"prompt_tokens": -5, "completion_tokens": 2}, (0, 2, 2), "-5 is negative"),
+        ({"prompt_tokens": True, "completion_tokens": 2}, (0, 2, 2), "True is not a number"),
+        ({"prompt_tokens": math.nan, "completion_tokens": 2}, (0, 2, 2), "nan is not finite"),
+        ({"prompt_tokens": math.inf, "completion_tokens": 2}, (0, 2, 2), "inf is not finite"),
+        ({"prompt_tokens": "9", "completion_tokens": 2}, (0, 2, 2), "'9' is not a number"),
+        (
+            {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12.5},
+            (10, 2, 12),
+            "total_tokens 12.5",
+        ),
+        ("not a mapping", (0, 0, 0), "usage is a str, not an object"),
+    ],
+)
+def test_one_rule_reads_every_count_and_names_what_it_refuses(usage, expected, problem):
+    extras = spent_extras(usage, JudgePricing(1.0, 1.0))
+    got = (extras["judge_prompt_tokens"], extras["judge_completion_tokens"], extras["judge_tokens"])
+    assert got == expected
+    assert all(type(count) is int for count in got)
+    assert extras["judge_cost"] == (expected[0] + expected[1]) / 1e6
+    if problem:
+        assert problem in extras["judge_usage_error"]
+    else:
+        assert extras["judge_usage_error"] == ""
+    # The step's sums read the sample's counts by the same rule (verl stacks them as floats).
+    as_floats = {key: float(value) if isinstance(value, int) else value for key, value in extras.items()}
+    assert cost_metrics([as_floats])["reward/cost/tokens"] == expected[2]
+    assert cost_metrics([as_floats])["reward/cost/usage_errors"] == (1 if problem else 0)

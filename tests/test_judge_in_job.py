@@ -10,6 +10,7 @@ trainers build them (they start asleep); every ``RewardLoopManager`` of the modu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import threading
@@ -34,6 +35,7 @@ from async_reward.v1.registration import register_trainer_modes_on_lookup
 from tests.conftest import compose_verl_config, make_batch, shutdown_reward_loop
 from tests.judge_replica_standins import (
     REPLICA_NAME,
+    peak_in_flight,
     register_local_judge_replica,
     replica_stats,
     reset_replicas,
@@ -394,6 +396,79 @@ def test_llm_judge_built_by_verls_own_reward_worker_refuses_to_start(model_dir, 
     assert manager.judge.model == served_name(judge_dir)
 
 
+# ----------------------------------------------------------------------------- a request past timeout_s
+
+
+@pytest.fixture
+async def held_judge() -> Any:
+    """Our dev judge over loopback HTTP, holding every answer until a test lets it go: whether a
+    request is still inside it is a fact the test sets, never a race against a latency."""
+    from async_reward.devserver import DevServer, DevServerConfig
+
+    async with DevServer(DevServerConfig(hold=True)) as server:
+        yield server
+
+
+def routed_settings(timeout_s: float, max_total_s: float = 60.0) -> Any:
+    from async_reward.config import AsyncRewardConfig, RetryConfig
+
+    return AsyncRewardConfig(timeout_s=timeout_s, retry=RetryConfig(max_total_s=max_total_s))
+
+
+JUDGE_BODY = {
+    "model": "judge",
+    "messages": [
+        {"role": "user", "content": "Is it right?\n<reference>5</reference>\n<response>5</response>"}
+    ],
+}
+
+
+async def until_held(server: Any, count: int) -> None:
+    """Wait (bounded) until ``count`` requests are inside ``server``, held."""
+    for _ in range(500):
+        if server.stats["held"] == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{server.stats['held']} requests held, not {count}")
+
+
+async def test_a_request_through_the_router_past_its_deadline_is_waited_for_then_a_timeout(held_judge):
+    """Past ``timeout_s`` the attempt keeps waiting (it holds its admission slot meanwhile) until the
+    request has left the judge; the late answer is a timeout that says so, never a verdict."""
+    from async_reward.judge_in_job.router_calls import RoutedRequestTimeout, post_through_router
+
+    url = held_judge.url + "/v1/chat/completions"
+    call = asyncio.ensure_future(post_through_router(url, JUDGE_BODY, {}, routed_settings(0.05)))
+    await until_held(held_judge, 1)
+    await asyncio.sleep(0.5)  # ten deadlines later: still inside the judge, so still waited for
+    assert not call.done()
+    held_judge.update_config(hold=False)
+    with pytest.raises(
+        RoutedRequestTimeout, match=r"answered after .* past timeout_s=0.05 s.*not sent again"
+    ):
+        await call
+    assert held_judge.stats["in_flight_total"] == 0
+    held_judge.update_config(hold=1)  # answers the next one at once: within the deadline, a reply
+    reply = await post_through_router(url, JUDGE_BODY, {}, routed_settings(30.0))
+    assert reply["choices"][0]["message"]["content"]
+
+
+async def test_a_request_through_the_router_is_given_up_at_the_wait_limit_or_on_cancellation(held_judge):
+    """A judge that never answers is given up ``retry.max_total_s`` after the request was sent (the
+    reason says it may still run there); a cancelled caller closes its connection at once."""
+    from async_reward.judge_in_job.router_calls import RoutedRequestTimeout, post_through_router
+
+    url = held_judge.url + "/v1/chat/completions"
+    with pytest.raises(RoutedRequestTimeout, match=r"nor within 0.3 s of waiting .* may still run there"):
+        await post_through_router(url, JUDGE_BODY, {}, routed_settings(0.05, max_total_s=0.3))
+    call = asyncio.ensure_future(post_through_router(url, JUDGE_BODY, {}, routed_settings(30.0)))
+    await until_held(held_judge, 1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await until_held(held_judge, 0)  # its client left
+
+
 # ----------------------------------------------------------------------------- through verl's router
 
 
@@ -728,6 +803,69 @@ def test_v1_colocate_async_with_a_colocated_judge_scores_every_trained_session_a
     assert all(set(s["models"]) <= {served_name(judge_dir)} for s in stats)
     unshared = [row for row in rows if not row.reward_extra_info.get("judge_shared")]
     assert unshared and sum(s["models"].get(served_name(judge_dir), 0) for s in stats) >= len(unshared)
+
+
+#: Issue 42, item 11: capacity 2 (two replicas of one sequence each, the derived admission), a
+#: deadline of 1 s and a judge that takes 3 s a verdict. verl's router does not cancel a request whose
+#: client left, so each replica kept generating what an attempt gave up at its deadline: 8 requests
+#: reached the replicas for 4 samples, 4 still inside when scoring returned.
+SLOW_JUDGE = ("reward.reward_model.rollout.max_num_seqs=1", "+reward.async_reward.timeout_s=1")
+SLOW_JUDGE_MS = (3000.0, 3000.0)
+
+
+def assert_timed_out_requests_left_the_replicas(
+    infos: list[dict[str, Any]], stats: list[dict[str, Any]]
+) -> None:
+    """Each sample (``infos``: its extras) a ``timeout`` that says why, sent once; the replicas never
+    held more than the admission of 2, and none of our requests is inside them now that scoring
+    returned."""
+    inside, peak = sum(s["in_flight"] for s in stats), peak_in_flight(stats)
+    sent = sum(sum(s["models"].values()) for s in stats)
+    assert (inside, peak, sent) == (0, 2, len(infos)), [s["spans"] for s in stats]
+    assert [info["status"] for info in infos] == ["timeout"] * len(infos), infos
+    for info in infos:
+        assert "timeout_s=1" in info["failure_reason"] and "router" in info["failure_reason"], info
+        assert info["attempts"] == 1, info
+
+
+@pytest.mark.ray
+def test_a_timed_out_request_holds_its_slot_until_it_leaves_the_replica(
+    served_judge, model_dir, judge_dir, reward_loops
+):
+    """A standalone judge, samples streamed one by one: a request past ``timeout_s`` is waited for
+    (verl's router cannot cancel it) with its admission slot held, and not retried."""
+    from transformers import AutoTokenizer
+
+    served_judge.wake_up()
+    reset_replicas(served_judge, latency_ms=SLOW_JUDGE_MS)
+    manager = reward_loops(judge_config(model_dir, judge_dir, *SLOW_JUDGE))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    results = score_per_sample(manager, make_batch(tokenizer, distinct_rows(1)))
+    infos = [result["reward_extra_info"] for result in results]
+    assert_timed_out_requests_left_the_replicas(infos, replica_stats(served_judge))
+
+
+@pytest.mark.ray
+def test_a_colocated_judge_is_put_to_sleep_with_none_of_our_requests_inside(
+    served_judge, model_dir, judge_dir, reward_loops
+):
+    """A colocated judge scores the whole batch, then verl puts it to sleep: by then every timed-out
+    request has left it (vLLM would be put to sleep with them inside)."""
+    from transformers import AutoTokenizer
+
+    served_judge.sleep()
+    reset_replicas(served_judge, latency_ms=SLOW_JUDGE_MS)
+    config = judge_config(model_dir, judge_dir, *SLOW_JUDGE, "trainer.n_gpus_per_node=2", standalone=False)
+    manager = reward_loops(config)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    batch = make_batch(tokenizer, distinct_rows(1))
+    extras = manager.compute_rm_score(batch).non_tensor_batch
+    infos = [
+        {key: extras[key][i] for key in ("status", "failure_reason", "attempts")} for i in range(len(batch))
+    ]
+    stats = replica_stats(served_judge)
+    assert [s["in_flight_at_sleep"] for s in stats] == [[0], [0]], stats
+    assert_timed_out_requests_left_the_replicas(infos, stats)
 
 
 # It kills a replica of the module's judge, and starts it again on its address for the test after it.

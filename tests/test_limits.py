@@ -1,4 +1,6 @@
-"""Admission: concurrency slots, and per-worker RPM / TPM shares that hold in every 60-second window.
+"""Admission: concurrency slots, per-worker RPM / TPM shares that hold in every 60-second window, the
+order calls are admitted in (oldest step first, for slots and budget), and the job queue's broker
+driven in-process.
 
 Budget tests run on a virtual-time event loop: ``loop.time()`` reads a fake clock, and whenever the
 loop would block waiting for a timer, the clock jumps to that timer instead. aiolimiter schedules its
@@ -63,6 +65,11 @@ def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(coro)
     finally:
+        leftover = asyncio.all_tasks(loop)  # background loops (a broker's sweep) end with the run
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            loop.run_until_complete(asyncio.wait(leftover))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
@@ -343,3 +350,255 @@ async def test_slots_go_to_the_oldest_batch_first_then_in_arrival_order() -> Non
     await asyncio.gather(holder, *tasks)
     assert order == [(2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
     assert admission.max_in_flight == 1
+
+
+# ------------------------------------------------------------------ budget order (issue 42, item 10)
+
+
+async def _call_in_order(
+    admission: Admission, order: list[Any], label: Any, priority: Any, tokens: int = 0
+) -> None:
+    async with admission.admit(tokens, priority):
+        order.append(label)
+
+
+@pytest.mark.parametrize("slots", [16, 2, 1])
+def test_request_budget_goes_to_the_oldest_step_first_not_in_the_limiters_order(slots: int) -> None:
+    """The request budget is the wait (120 a minute: one every 0.5 s). Four step-5 calls wait, then
+    two step-1 calls arrive: the step-1 calls are admitted first, and the step-5 calls keep their
+    arrival order, the one already waiting for the next request included (it is overtaken, not sent
+    to the back). With plentiful slots (16) the step-5 calls hold slots while they wait; with fewer
+    (2, 1) a step-5 call waiting for budget does not keep a step-1 call from a slot either."""
+    admission = Admission(LimitsConfig(max_concurrency=slots, requests_per_minute=120))
+    order: list[Any] = []
+    times: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await _call_in_order(admission, order, "first", 0)  # takes the bucket: the rest wait for budget
+        late = [asyncio.create_task(_call_in_order(admission, order, (5, n), 5)) for n in range(4)]
+        await _settle_tasks()
+        assert admission.waiting == 4
+        early = [asyncio.create_task(_call_in_order(admission, order, (1, n), 1)) for n in range(2)]
+        for task in asyncio.as_completed([*late, *early]):
+            await task
+            times.append(loop.time())
+
+    run_virtual(main())
+    assert order == ["first", (1, 0), (1, 1), (5, 0), (5, 1), (5, 2), (5, 3)]
+    assert max_window_sum([(t, 1) for t in [0.0, *times]], window_s=60.0) <= 120
+    assert times[-1] == pytest.approx(6 * 60 / 119.9, abs=0.01)  # paced as before: no unit lost
+
+
+def test_token_budget_goes_to_the_oldest_step_first_and_an_overtaken_calls_tokens_are_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tokens are the wait (12 000 a minute, charged 500 at a time). A step-5 call has paid part of
+    its 1 500 tokens when two step-1 calls arrive: they go first, and what the step-5 call had paid
+    is used by the next call rather than charged twice (every token charged exactly once, in order)."""
+    admission = Admission(
+        LimitsConfig(max_concurrency=16, tokens_per_minute=12_000, estimated_tokens_per_request=500)
+    )
+    charges: list[tuple[float, int]] = []
+    acquire = AsyncLimiter.acquire
+
+    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
+        await acquire(self, amount)
+        charges.append((asyncio.get_running_loop().time(), int(amount)))
+
+    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    order: list[Any] = []
+
+    async def main() -> None:
+        await _call_in_order(admission, order, "first", 0, 500)  # the bucket: the rest wait for tokens
+        late = [
+            asyncio.create_task(_call_in_order(admission, order, (5, n), (5, n), 1_500)) for n in range(3)
+        ]
+        await asyncio.sleep(3.0)  # one 500-token piece comes every ~2.6 s: (5, 0) has paid one of three
+        assert sum(amount for _, amount in charges) == 1_000
+        early = [
+            asyncio.create_task(_call_in_order(admission, order, (1, n), (1, n), 1_500)) for n in range(2)
+        ]
+        await asyncio.gather(*late, *early)
+
+    run_virtual(main())
+    assert order == ["first", (1, 0), (1, 1), (5, 0), (5, 1), (5, 2)]
+    assert sum(amount for _, amount in charges) == 500 + 5 * 1_500  # nothing charged twice or lost
+    assert max_window_sum(charges) <= 12_000
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_budgets_hold_in_every_window_when_calls_of_random_steps_overtake_each_other(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Every admission goes to the best-placed call waiting, and overtaking never lets a budget through
+    faster: requests and tokens stay within their shares in every 60-second window while calls of
+    random steps keep arriving, and most of the binding budget is still used."""
+    rpm, tpm, workers = 300, 90_000, 2
+    admission = Admission(
+        LimitsConfig(
+            max_concurrency=12,
+            requests_per_minute=rpm,
+            tokens_per_minute=tpm,
+            estimated_tokens_per_request=400,
+        ),
+        workers,
+    )
+    requests: list[tuple[float, int]] = []
+    tokens: list[tuple[float, int]] = []
+    waiting: set[tuple[int, float]] = set()
+    acquire = AsyncLimiter.acquire
+
+    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
+        await acquire(self, amount)
+        target = requests if admission._requests and self is admission._requests.limiter else tokens
+        target.append((asyncio.get_running_loop().time(), int(amount)))
+
+    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    rng = random.Random(seed)
+    minutes = 10
+
+    async def caller() -> None:
+        loop = asyncio.get_running_loop()
+        while loop.time() < minutes * 60:
+            estimate = rng.randint(50, 1_500)
+            priority = (rng.randint(0, 5), rng.random())
+            waiting.add(priority)
+            async with admission.admit(estimate, priority) as reservation:
+                waiting.remove(priority)
+                assert all(priority < other for other in waiting)  # the best-placed call waiting
+                await asyncio.sleep(rng.uniform(0.1, 2.0))
+                reservation.settle(int(estimate * rng.uniform(0.5, 1.5)))
+
+    async def main() -> None:
+        await asyncio.gather(*(caller() for _ in range(24)))
+
+    run_virtual(main())
+    assert max_window_sum(requests) <= rpm // workers
+    assert max_window_sum(tokens) <= tpm // workers
+    used = sum(amount for t, amount in tokens if t < minutes * 60)
+    assert used >= 0.95 * (tpm // workers) * minutes  # tokens bind here (~800 a call, 150 calls a minute)
+
+
+def test_a_call_cancelled_while_it_waits_for_budget_hands_the_budget_on() -> None:
+    """The call whose turn it is to wait for budget gives up: the next one in order gets the next
+    request at the time it would have come anyway, and no slot or turn is left behind."""
+    admission = Admission(LimitsConfig(max_concurrency=4, requests_per_minute=120))
+    order: list[Any] = []
+    times: dict[Any, float] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await _call_in_order(admission, order, "first", 0)
+        doomed = asyncio.create_task(_call_in_order(admission, order, "doomed", 1))
+        await _settle_tasks()
+        later = [asyncio.create_task(_call_in_order(admission, order, n, 2)) for n in range(2)]
+        await asyncio.sleep(0.2)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        for n, task in enumerate(later):
+            await task
+            times[n] = loop.time()
+        assert (admission.waiting, admission.in_flight, admission._slots.locked()) == (0, 0, False)
+
+    run_virtual(main())
+    assert order == ["first", 0, 1]
+    assert times[0] == pytest.approx(60 / 119.9, abs=0.01)
+
+
+def test_the_jobs_queue_orders_budget_by_step_too() -> None:
+    """``limits.admission: job`` runs the same admission inside its broker: driven here in-process on
+    the virtual clock, its grants follow the step, not the order the calls reached it."""
+    import dataclasses
+
+    from async_reward.job_admission import AdmissionBroker
+
+    broker = AdmissionBroker(
+        dataclasses.asdict(LimitsConfig(admission="job", max_concurrency=16, requests_per_minute=120))
+    )
+    order: list[str] = []
+
+    async def lease(name: str, priority: Any) -> None:
+        assert await broker.acquire(name, 0, priority)
+        order.append(name)
+        await broker.release(name)
+
+    async def main() -> None:
+        await lease("w0-0", (0, 0))
+        late = [asyncio.create_task(lease(f"w1-{n}", (5, n))) for n in range(4)]
+        await _settle_tasks()
+        early = [asyncio.create_task(lease(f"w2-{n}", (1, n))) for n in range(2)]
+        await asyncio.gather(*late, *early)
+        assert broker.stats()["in_flight"] == 0
+
+    run_virtual(main())
+    assert order == ["w0-0", "w2-0", "w2-1", "w1-0", "w1-1", "w1-2", "w1-3"]
+
+
+# ------------------------------------------- the job queue's broker in-process (issue 42, item 12)
+
+
+def _broker(max_concurrency: int, replacing: bool = False) -> Any:
+    import dataclasses
+
+    from async_reward.job_admission import AdmissionBroker
+
+    limits = LimitsConfig(admission="job", max_concurrency=max_concurrency)
+    return AdmissionBroker(dataclasses.asdict(limits), heartbeat_s=1.0, replacing=replacing)
+
+
+def test_a_broker_that_replaces_a_dead_one_counts_the_reported_leases_before_any_grant() -> None:
+    """Two slots; the dead broker had granted two calls that still run. The new one grants nothing
+    for its grace (3 heartbeats), learns both leases from their caller's heartbeat, and lets a
+    waiting call in only when one of them ends. A lease reported after the grace (a worker that
+    stalled longer) is counted at once: over the cap for a moment, and no new grant until the job is
+    back under it."""
+    broker = _broker(2, replacing=True)
+    granted: list[str] = []
+
+    async def lease(name: str) -> None:
+        assert await broker.acquire(name, 0, 1)
+        granted.append(name)
+
+    async def main() -> None:
+        first = asyncio.create_task(lease("w-0"))  # the broker's first call: its grace starts
+        await asyncio.sleep(0.5)
+        await broker.heartbeat("a", {"a-0": 0, "a-1": 0})  # the calls the dead broker admitted
+        await asyncio.sleep(2.0)
+        assert broker.stats()["held_back"] == 1
+        await asyncio.sleep(1.0)
+        stats = broker.stats()
+        assert (stats["in_flight"], stats["waiting"], stats["adopted"], stats["held_back"]) == (2, 1, 2, 0)
+        assert granted == []
+        await broker.release("a-0")
+        await first
+        assert granted == ["w-0"]
+        await broker.heartbeat("b", {"b-0": 0})  # reported late: counted beyond the cap
+        assert broker.stats()["in_flight"] == 3
+        second = asyncio.create_task(lease("w-1"))
+        await broker.release("a-1")
+        await _settle_tasks()
+        assert granted == ["w-0"]  # two in flight, the cap: still no grant
+        await broker.release("b-0")
+        await second
+        assert granted == ["w-0", "w-1"]
+        assert broker.stats()["max_in_flight"] == 3
+
+    run_virtual(main())
+
+
+def test_a_heartbeat_never_brings_back_a_released_lease_nor_counts_another_callers() -> None:
+    """Ray may run a caller's release before the heartbeat it sent earlier, which still lists the
+    lease: the lease stays released. A heartbeat counts only its own caller's leases. A broker that
+    replaces nothing grants at once."""
+    broker = _broker(1)
+
+    async def main() -> None:
+        assert await broker.acquire("a-0", 0, 0)
+        await broker.release("a-0")
+        await broker.heartbeat("a", {"a-0": 0, "b-0": 0})
+        assert (broker.stats()["in_flight"], broker.stats()["adopted"]) == (0, 0)
+        assert await broker.acquire("a-1", 0, 0)  # the slot is free
+
+    run_virtual(main())

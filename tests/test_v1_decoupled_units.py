@@ -52,7 +52,10 @@ def verl_config(
     config = {
         "data": {"train_batch_size": batch},
         "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": mini}},
-        "reward": {"num_workers": workers, "async_reward": {"limits": {"max_concurrency": concurrency}}},
+        "reward": {
+            "num_workers": workers,
+            "async_reward": {"limits": {} if concurrency is None else {"max_concurrency": concurrency}},
+        },
         "trainer": {
             "use_v1": True,
             "v1": {
@@ -81,6 +84,53 @@ def test_defaults_follow_verl_settings_and_the_service_capacity():
     # One queue for the whole job: max_concurrency already counts every worker's calls.
     job_wide = verl_config(concurrency=256, reward={"async_reward": {"limits": {"admission": "job"}}})
     assert derive_windows(load_decoupled_mode_config(job_wide), job_wide).reward_backlog == 512
+
+
+def served_judge(*, workers: int, admission: str = "worker") -> object:
+    """A decoupled job whose llm_judge judges with the model verl serves: 8 replicas x 100 sequences
+    (capacity 800), no limit written, no staleness bound (the backlog is not clamped)."""
+    return verl_config(
+        workers=workers,
+        concurrency=None,
+        threshold=None,
+        reward={
+            "reward_manager": {"name": "llm_judge", "source": "register"},
+            "reward_model": {
+                "enable": True,
+                "enable_resource_pool": True,
+                "n_gpus_per_node": 8,
+                "nnodes": 1,
+                "model_path": "/models/judge",
+                "rollout": {"max_num_seqs": 100},
+            },
+            "async_reward": {"limits": {"admission": admission}},
+        },
+    )
+
+
+def backlog(config: object) -> int:
+    return derive_windows(load_decoupled_mode_config(config), config).reward_backlog
+
+
+def test_default_backlog_follows_the_concurrency_the_manager_admits():
+    """Issue 42, item 14: the backlog read only ``limits.max_concurrency`` (else 64). It is twice
+    the calls the job's managers admit, derived as the manager derives them: verl's
+    ``reward.max_concurrent`` per worker, a served judge's capacity split over the workers, or all of
+    it with one queue for the job."""
+    from async_reward.managers import LLMJudgeRewardManager
+
+    verl_key = verl_config(concurrency=None, threshold=None, reward={"max_concurrent": 256})
+    assert backlog(verl_key) == 2 * 256 * 8  # was 2 x 64 x 8
+    assert backlog(verl_config(concurrency=None, threshold=None)) == 2 * 64 * 8  # our default
+    per_worker = served_judge(workers=3)
+    assert LLMJudgeRewardManager.check_settings(per_worker).limits.max_concurrency == 267  # ceil(800 / 3)
+    assert backlog(per_worker) == 2 * 267 * 3  # was 2 x 64 x 3
+    job_wide = served_judge(workers=3, admission="job")
+    assert LLMJudgeRewardManager.check_settings(job_wide).limits.max_concurrency == 800
+    assert backlog(job_wide) == 2 * 800  # was 2 x 64
+    written = served_judge(workers=3)
+    written.reward.async_reward.limits.max_concurrency = 5  # yours wins, as in the manager
+    assert backlog(written) == max(2 * 5 * 3, 32 * 5)
 
 
 def test_default_backlog_is_clamped_to_one_mini_batch_and_to_the_staleness_bound():
@@ -334,6 +384,9 @@ def test_the_wait_for_a_group_at_its_limit_is_bounded_by_the_scoring_deadline_un
     )
     assert stale_wait_limit_s(DecoupledModeConfig(), tuned) == 5 + 2 * 10 + 1
     assert stale_wait_limit_s(DecoupledModeConfig(stale_wait_timeout_s=30), tuned) == 30
+    # A served judge: the manager's own retry default (2 attempts), and a timed-out request through
+    # verl's router is waited for up to retry.max_total_s (300 s) before the sample returns.
+    assert stale_wait_limit_s(DecoupledModeConfig(), served_judge(workers=1)) == 300 + (120 + 20) + 300
 
 
 class _TagRecordingWorker(DecoupledAgentLoopWorker):

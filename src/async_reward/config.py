@@ -292,11 +292,13 @@ class JudgeConfig:
     them keeps its plain verdict, said in the log and in each sample's ``judge_weighting``. Needs a
     whole-number verdict scale. With ``criteria``, each criterion's verdict is weighed at its own line
     (``managers.criteria_weighting``): all of a sample's criteria, or none, with the reason."""
-    top_logprobs: int = field(
-        default=20, metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)")
+    top_logprobs: int | None = field(
+        default=None,
+        metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)"),
     )
-    """With ``expected_verdict``: alternatives listed per token; enough to cover the scale
-    (0-10 written as one token each needs 11)."""
+    """With ``expected_verdict``: alternatives listed per token (null: 20); enough to cover the
+    scale (0-10 written as one token each needs 11). Refused without ``expected_verdict``, which is
+    what asks for them: set alone it would be ignored."""
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one verdict per response, one call each. ``group``: the members of a GRPO group
     (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
@@ -416,6 +418,26 @@ class JudgeConfig:
                 True,
                 f"weighs whole-number verdicts, but the scale is {self.min_score:g} to {self.max_score:g}",
                 "give judge.min_score and judge.max_score as whole numbers, or set expected_verdict=false",
+            )
+        if self.expected_verdict and self.min_score < 0:
+            # A sign is a token of its own: where the judge wrote +1, what its ``-`` would have continued
+            # with (-1 or -5) was never generated, so P(-) has no value to weigh (and the same for + after
+            # a written -3). A non-negative scale with normalize_to gives the same signed reward.
+            raise bad_value(
+                f"{path}.expected_verdict",
+                True,
+                f"weighs unsigned verdicts, but judge.min_score is {self.min_score:g} (a signed scale: the "
+                "probability of a '-' cannot be weighed)",
+                f"set judge.min_score: 0 and judge.max_score: {self.max_score - self.min_score:g} (the "
+                "judge's template asking for that scale) and judge.normalize_to, e.g. [-1, 1], for a "
+                "signed reward; or set judge.expected_verdict=false",
+            )
+        if self.top_logprobs is not None and not self.expected_verdict:
+            raise bad_value(
+                f"{path}.top_logprobs",
+                self.top_logprobs,
+                "is set without judge.expected_verdict (only the weighted verdict asks for alternatives)",
+                "remove judge.top_logprobs, or set judge.expected_verdict=true",
             )
         self._validate_criteria(path)
         self._validate_group(path)
@@ -562,6 +584,11 @@ class JudgeConfig:
                 "is so wide that normalising a verdict overflows floating point",
                 "write the reward range you train on, e.g. [0, 1]",
             )
+
+    @property
+    def requested_top_logprobs(self) -> int:
+        """The ``top_logprobs`` a request with ``expected_verdict`` asks for (``top_logprobs``, or 20)."""
+        return 20 if self.top_logprobs is None else self.top_logprobs
 
     @property
     def reward_floor(self) -> float:

@@ -19,9 +19,10 @@ the weighted mean taken; a ``must_have`` criterion under half marks sets the agg
 reward is the aggregate on ``normalize_to`` (or the judge's scale when that is null).
 
 With ``judge.expected_verdict`` each criterion's verdict is weighed by the judge's token
-probabilities at the digits of its own line in the final block (:attr:`CriterionVerdict.span`), and
-the aggregate is made of those expected verdicts; a ``must_have`` criterion fails when its written
-verdict *or* its expected verdict is under half marks (``managers.criteria_weighting``).
+probabilities at the digits of its line in the final block (:attr:`CriterionVerdict.span`) and of
+every agreeing ``C<k>: [[n]]`` of it elsewhere (:attr:`CriterionVerdict.quoted`), the lowest grade
+kept, and the aggregate is made of those expected verdicts; a ``must_have`` criterion fails when its
+written verdict *or* its expected verdict is under half marks (``managers.criteria_weighting``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from async_reward._config_rules import in_range, rule
@@ -86,8 +87,12 @@ class CriterionVerdict:
     """The judge's reason, as written on the criterion's line (cut at 200 characters)."""
     span: tuple[int, int] = (0, 0)
     """(start, end) of the verdict's number on the criterion's line of the final block, as character
-    offsets into the text :func:`read_criteria` read: where ``judge.expected_verdict`` weighs it by
-    the judge's token probabilities (never a ``C<k>: [[n]]`` quoted elsewhere in the reply)."""
+    offsets into the text :func:`read_criteria` read."""
+    quoted: tuple[tuple[int, int], ...] = ()
+    """(start, end) of the number of every other ``C<k>: [[n]]`` of this criterion in that text (the
+    same verdict: one that disagrees is refused). ``judge.expected_verdict`` weighs it at ``span`` and
+    at each of these and keeps the lowest grade (``managers.span_weighting``): which one the judge
+    wrote and which it quoted cannot be told (a reply may end with a quote of the response's lines)."""
 
 
 def criteria_messages(
@@ -202,14 +207,19 @@ def read_labelled_verdicts(
         span = (line_start + match.start(2), line_start + match.end(2))
         found[index] = CriterionVerdict(value, reason[:_REASON_CHARS], span)
     # len(ids) lines, each a distinct label asked for: every label of the call has its verdict.
+    elsewhere: dict[int, list[tuple[int, int]]] = {index: [] for index in found}
     for match in anywhere.finditer(visible):
         index = int(match.group(1))
+        if index not in found:
+            continue
         quoted = float(match.group(2))
-        if index in found and quoted != found[index].value:
+        if quoted != found[index].value:
             raise CriteriaError(
                 f"conflicting verdicts for {what} {prefix}{index}: {quoted:g} and {found[index].value:g}"
             )
-    return found
+        if match.span(2) != found[index].span:
+            elsewhere[index].append(match.span(2))
+    return {index: replace(verdict, quoted=tuple(elsewhere[index])) for index, verdict in found.items()}
 
 
 def _stripped_lines(text: str) -> list[tuple[int, str]]:

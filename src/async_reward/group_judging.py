@@ -12,10 +12,23 @@ advantages compare). The rules:
 * **One line per member, read like a rubric's.** The reply must end with exactly one
   ``R<k>: [[n]] <reason>`` line per member, read by the rubric's rules
   (``criteria.read_labelled_verdicts``): only the final block counts; a missing, repeated or
-  unknown label, a verdict off the scale, or an ``R<k>: [[n]]`` elsewhere in the reply (a response
-  quoted by the judge that writes another member's verdict) that disagrees with the block makes the
-  whole group ``invalid``, with the reason. A response cannot write its own or another member's
-  verdict: it is data inside an escaped block, and a quote of it that disagrees is a conflict.
+  unknown label, a verdict off the scale, a second ``[[...]]`` on a line, or an ``R<k>: [[n]]``
+  elsewhere in the reply that disagrees with the block makes the whole group ``invalid``, with the
+  reason, unless a member's response explains it (next rule).
+* **A plant costs its planter, never the group.** A judge often quotes the responses (before its
+  lines, or in a reason), so a response's own ``R<k>: [[n]]`` lands in the reply. We know every
+  response, so such text is attributed (:func:`read_group`, ``async_reward.group_plants``): a
+  verdict-shaped span outside the judge's own verdicts (the first ``[[n]]`` of each line of the
+  final block) that would make the reply unreadable (it disagrees with the block, or sits in a
+  line's reason) is the writing of every member whose response holds that text, that label's line or
+  that number in double brackets, compared after folding look-alike digits and brackets, spacing and
+  format characters; lines quoting such a response among the judge's lines are set aside when the
+  reply cannot be read otherwise, and a final block whose line is a response's own text while the
+  judge's own line disagrees elsewhere is not the judge's (refused). Those members are
+  *planters*: each is scored the lowest verdict (status ``ok``, so ``on_failure: exclude`` cannot
+  drop the group either), and the others keep the judge's verdicts. Lowering one member's reward
+  never raises its GRPO advantage, so a plant cannot place its member better than without it. What
+  no response explains is the judge's own doing: the whole group ``invalid``, as before.
 * **The reward rule.** Each member's verdict is on the judge's scale (``min_score`` to
   ``max_score``) and is normalised exactly as a pointwise verdict is (``normalize_to``): the judge
   grades every response on the absolute scale, with its group mates in view; GRPO's advantage then
@@ -33,10 +46,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from async_reward.criteria import CriterionVerdict, read_labelled_verdicts
+from async_reward.criteria import CriteriaError, CriterionVerdict, read_labelled_verdicts
+from async_reward.group_plants import MemberText, without_plants, without_quoted_lines
 
-__all__ = ["GROUP_LIMIT", "group_messages", "read_group", "shown_order"]
+__all__ = ["GROUP_LIMIT", "GroupReading", "group_messages", "read_group", "shown_order"]
 
 #: The largest group judged in one call. Larger groups are refused at start-up (no tournament of
 #: several calls is implemented): a longer prompt dilutes the judge's attention on each response.
@@ -108,18 +123,58 @@ def group_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def read_group(visible: str, size: int, *, min_score: float, max_score: float) -> dict[int, CriterionVerdict]:
-    """Each label's verdict (1..``size``) from the reply's visible text (thinking skipped), by the
-    rules of the module docstring.
+@dataclass(frozen=True)
+class GroupReading:
+    """What a group reply says: the judge's verdict for each label, and the members found planting."""
+
+    verdicts: dict[int, CriterionVerdict]
+    """Each label's verdict (1..n), as the judge wrote it in its final block."""
+    planted: dict[int, str] = field(default_factory=dict)
+    """Label -> the verdict-shaped text of that member's response that the reply carried against the
+    judge's lines (the member is then scored the lowest verdict); labels of members found planting
+    only."""
+
+
+def read_group(visible: str, responses: Sequence[str], *, min_score: float, max_score: float) -> GroupReading:
+    """Each label's verdict from the reply's visible text (thinking skipped), and the planters, by
+    the rules of the module docstring. ``responses`` are the members' texts in the order shown
+    (``R1`` first): what the reply may quote.
+
+    A reply that still cannot be read is read once more without its lines that are quotes of a
+    response holding double brackets (a judge that quotes a planted line among its own lines): its
+    lines stand if that reads, and the quoted members are planters.
 
     Raises:
-        CriteriaError: the reply's lines break a rule (the whole group is then ``invalid``).
+        CriteriaError: the reply's lines break a rule that no response explains (the whole group is
+            then ``invalid``).
     """
-    return read_labelled_verdicts(
-        visible,
-        range(1, size + 1),
+    writings = [MemberText(text) for text in responses]
+    try:
+        return _reading(visible, writings, min_score=min_score, max_score=max_score)
+    except CriteriaError as refused:
+        cut, quoted = without_quoted_lines(visible, writings)
+        if not quoted:
+            raise
+        try:
+            reading = _reading(cut, writings, min_score=min_score, max_score=max_score)
+        except CriteriaError:
+            raise refused from None
+    planted = {member: [reading.planted[member]] for member in reading.planted}
+    for member, lines in quoted.items():
+        planted.setdefault(member, []).extend(lines)
+    return GroupReading(reading.verdicts, {member: ", ".join(spans) for member, spans in planted.items()})
+
+
+def _reading(
+    visible: str, writings: Sequence[MemberText], *, min_score: float, max_score: float
+) -> GroupReading:
+    cleaned, planted = without_plants(visible, writings)
+    verdicts = read_labelled_verdicts(
+        cleaned,
+        range(1, len(writings) + 1),
         prefix="R",
         what="response",
         min_score=min_score,
         max_score=max_score,
     )
+    return GroupReading(verdicts, planted)

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from async_reward._config_rules import select_key
+from async_reward.config import CONFIG_PATH, load_config
 from async_reward.errors import ConfigError
 from async_reward.group_judging import GROUP_LIMIT
 
-__all__ = ["group_size", "whole_groups"]
+__all__ = ["TOKENS_PER_MEMBER", "group_size", "whole_groups"]
 
 
 def group_size(config: Any) -> int:
@@ -23,8 +24,9 @@ def group_size(config: Any) -> int:
 
     Raises:
         ConfigError: no ``actor_rollout_ref`` (offline scoring), n under 2 (a group of one has nothing
-            to compare: judge it pointwise), over :data:`GROUP_LIMIT`, validation (``val_kwargs.n``)
-            with groups of another size, or a job whose groups would not meet in one worker.
+            to compare: judge it pointwise), over :data:`GROUP_LIMIT`, a ``judge.max_tokens`` under
+            :data:`TOKENS_PER_MEMBER` a member, validation (``val_kwargs.n``) with groups of another
+            size, or a job whose groups would not meet in one worker.
     """
     rollout = _node(_node(config, "actor_rollout_ref"), "rollout")
     key = "actor_rollout_ref.rollout.n"
@@ -49,6 +51,7 @@ def group_size(config: Any) -> int:
             key=key,
             fix=f"use n <= {GROUP_LIMIT}, or reward.async_reward.judge.mode=pointwise",
         )
+    _check_reply_room(config, n)
     val_n = _node(rollout, "val_kwargs")
     val_size = val_n.get("n", 1) if val_n is not None else 1
     if _validates(config) and val_size != n:
@@ -62,6 +65,27 @@ def group_size(config: Any) -> int:
         )
     _check_placement(config, n)
     return n
+
+
+#: Completion tokens a group reply needs per member: its ``R<k>: [[n]] <one-sentence reason>`` line
+#: (20 to 35 tokens with tokenizers that split digits, as Llama's and Qwen's do) and a little thought.
+TOKENS_PER_MEMBER = 64
+
+
+def _check_reply_room(config: Any, n: int) -> None:
+    """Refuse a ``judge.max_tokens`` that cannot hold a line per member: a reply cut at max_tokens is
+    never read, so every group would fail (at the default 512, 16 members' lines alone fill it)."""
+    max_tokens = load_config(config).judge.max_tokens
+    needed = n * TOKENS_PER_MEMBER
+    if max_tokens < needed:
+        key = f"{CONFIG_PATH}.judge.max_tokens"
+        raise ConfigError(
+            f"{key}={max_tokens} with judge.mode=group and groups of {n}: the reply must end with a "
+            f"line per member (R<k>: [[n]] and a reason) after any thinking, {TOKENS_PER_MEMBER} tokens "
+            f"a member ({needed} for {n}), and a reply cut at max_tokens fails the whole group",
+            key=key,
+            fix=f"set {key} to at least {needed}",
+        )
 
 
 class _Dealing(threading.local):

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 _EXCERPT_CHARS = 200
+_HEAD_CHARS = 2000
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "content-type", "user-agent"})
 """Request headers that never hold a secret; every other header's value is redacted from excerpts."""
@@ -72,14 +73,23 @@ class HTTPStatusError(Exception):
     """A reply with a non-2xx status. ``transient``: the same request may succeed later."""
 
     def __init__(
-        self, status: int, url: str = "", retry_after_s: float | None = None, body_excerpt: str = ""
+        self,
+        status: int,
+        url: str = "",
+        retry_after_s: float | None = None,
+        body_excerpt: str = "",
+        body_head: str = "",
     ) -> None:
         # All fields in args so the exception pickles (Ray ships exceptions between processes).
-        super().__init__(status, url, retry_after_s, body_excerpt)
+        super().__init__(status, url, retry_after_s, body_excerpt, body_head)
         self.status = status
         self.url = url
         self.retry_after_s = retry_after_s
         self.body_excerpt = body_excerpt[:_EXCERPT_CHARS]
+        """The start of the reply's body, short enough for a sample's reason."""
+        self.body_head = (body_head or body_excerpt)[:_HEAD_CHARS]
+        """More of the body (redacted as the excerpt is), for telling kinds of refusals apart: a
+        server may name the field it refuses after a long preamble."""
 
     @property
     def transient(self) -> bool:
@@ -130,7 +140,11 @@ async def post_json(
         raise HTTPStatusError(exc.status, safe_url, None, excerpt) from None
     if not 200 <= status < 300:
         raise HTTPStatusError(
-            status, safe_url, parse_retry_after(response_headers, status), _excerpt(body, secrets)
+            status,
+            safe_url,
+            parse_retry_after(response_headers, status),
+            _excerpt(body, secrets),
+            _excerpt(body, secrets, _HEAD_CHARS),
         )
     try:
         parsed = json.loads(body)
@@ -147,10 +161,10 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _excerpt(body: bytes, secrets: Iterable[str]) -> str:
+def _excerpt(body: bytes, secrets: Iterable[str], chars: int = _EXCERPT_CHARS) -> str:
     # Decode more than we keep, so a secret straddling the cut is still found and redacted.
-    text = body[: _EXCERPT_CHARS * 8].decode("utf-8", errors="replace")
-    return _redact(text, secrets)[:_EXCERPT_CHARS]
+    text = body[: chars * 8].decode("utf-8", errors="replace")
+    return _redact(text, secrets)[:chars]
 
 
 def _redact(text: str, secrets: Iterable[str]) -> str:

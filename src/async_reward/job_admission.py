@@ -9,9 +9,10 @@ one queue: :class:`AdmissionBroker`, a named Ray actor that runs an ordinary
 the job, the whole RPM / TPM, the oldest training step first wherever its calls come from; among
 equal priorities, in the order the calls reach the actor).
 
-The cost per attempt: two actor calls (take a lease; give it back, fire-and-forget). The lease is
-taken before the call's own deadline starts, so what the round trip costs is queueing time
-(``admission_timeout_s``), never the service's ``timeout_s``. ``benchmarks/job_admission.py``
+The cost per attempt: two actor calls (take a lease; give it back, fire-and-forget), and per worker
+with calls waiting or admitted one heartbeat every ``heartbeat_s`` (awaited, off the calls' path).
+The lease is taken before the call's own deadline starts, so what the round trip costs is queueing
+time (``admission_timeout_s``), never the service's ``timeout_s``. ``benchmarks/job_admission.py``
 measures it.
 
 What can go wrong, and what happens:
@@ -25,11 +26,20 @@ What can go wrong, and what happens:
   spends budget. (Not a hold limit on each lease: a live call can wait for a thread or a process of
   its worker's pool for as long as ``admission_timeout_s`` allows, unbounded by default.) A live
   caller wrongly taken for dead (its event loop stalled that long) queues its calls again.
-* The broker dies (with the worker that started it, which holds it): the first caller to see it
-  starts a new one, and every caller queues its waiting calls there again. What the dead one had
-  admitted is unknown to the new one, so while those calls finish the job may have up to twice
-  ``max_concurrency`` calls in flight, and the RPM / TPM windows start afresh. After a few failures
-  in a row a call raises: the sample's status is ``error`` with Ray's reason; nothing waits forever.
+* The broker stalls (alive, its event loop blocked): a caller's heartbeat is awaited, and a broker
+  that answers none for :data:`SILENT_HEARTBEATS` x 2 heartbeats is killed and handled as dead, so
+  no call waits for ever on it, even with ``admission_timeout_s`` null.
+* The broker dies (with the worker that started it, which holds it, or killed as stalled): the first
+  caller to see it starts a new one, and every caller queues its waiting calls there again. Each
+  heartbeat carries the leases its caller holds, so the new broker learns the calls the dead one
+  admitted and counts them (``Admission.adopt``): ``max_concurrency`` holds across any number of
+  restarts, as long as every live caller reports within the new broker's grace. A broker started to
+  replace a dead one grants nothing for :data:`GRACE_HEARTBEATS` heartbeats from its first call
+  (every live caller reports within one); a lease reported later still counts at once, and no grant
+  goes out until the job is back under ``max_concurrency``. Its RPM / TPM windows start afresh. A
+  call that finds the broker unreachable queues again after each of its first :data:`_RESTARTS`
+  failures (a pause of 0.5, 1, 1.5 s), and raises at the next: the sample's status is ``error``
+  with Ray's reason.
 
 Written on Ray's actor primitives rather than a library: the queue needs the priority order and the
 strict minute windows of :mod:`async_reward.limits` (no Ray library offers either), and a Ray actor is
@@ -48,14 +58,15 @@ import logging
 import math
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .admission_broker import GRACE_HEARTBEATS, HEARTBEAT_S, SILENT_HEARTBEATS, AdmissionBroker
 from .config import LimitsConfig
-from .limits import Admission, Priority, TokenReservation, tokens_to_charge
+from .limits import Priority, TokenReservation, tokens_to_charge
 
 __all__ = [
+    "GRACE_HEARTBEATS",
     "HEARTBEAT_S",
     "SILENT_HEARTBEATS",
     "AdmissionBroker",
@@ -66,10 +77,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_S = 5.0
-"""Seconds between two heartbeats of a caller with calls waiting or admitted."""
-SILENT_HEARTBEATS = 6
-"""Heartbeats a caller may miss before the broker takes it for dead (30 s by default)."""
+_FIRST_ANSWER_S = 120.0
+"""How long a caller waits for the first answer of a broker it has not heard from yet (it may still
+be starting: a process to spawn on a busy node), before taking it for stalled."""
 _NAME_PREFIX = "async_reward_admission_"
 _CONCURRENT_CALLS = 1_000_000
 """Concurrent calls the broker accepts. Every waiting attempt of the job is one ``acquire``, and a
@@ -80,8 +90,6 @@ _RESTARTS = 3
 """Times one call queues again after the broker could not be reached, before it raises."""
 _RESTART_PAUSE_S = 0.5
 """Pause before queueing again after the n-th failure: n times this."""
-_FORGOTTEN_KEPT = 10_000
-"""Lease ids remembered as cancelled before their ``acquire`` arrived (oldest forgotten first)."""
 
 
 def broker_name(limits: LimitsConfig, endpoint: str | None, job: str = "") -> str:
@@ -112,135 +120,13 @@ def job_admission_line(limits: LimitsConfig, workers: int) -> str:
     )
 
 
-_Admitted = contextlib.AbstractAsyncContextManager[TokenReservation]
-"""An ``Admission.admit`` context entered and not yet exited: a held lease."""
-
-
-def _caller_of(lease: str) -> str:
-    return lease.rsplit("-", 1)[0]
-
-
-class AdmissionBroker:
-    """The job's admission queue (a Ray actor: see :class:`JobAdmission` for how it is started).
-
-    A lease is one admitted attempt. Its id, ``<caller>-<number>``, is chosen by the caller, so a
-    ``cancel`` can name a lease whose ``acquire`` has not started yet (Ray may run an async actor's
-    calls out of order), and the broker knows whose calls to drop when a caller falls silent.
-    """
-
-    def __init__(self, limits: dict[str, Any], heartbeat_s: float = HEARTBEAT_S) -> None:
-        config = LimitsConfig(**limits)
-        self._admission = Admission(config, worker_count=1)
-        self._max_concurrency = config.max_concurrency
-        self._silent_s = heartbeat_s * SILENT_HEARTBEATS
-        self._sweep_every_s = heartbeat_s
-        self._held: dict[str, tuple[_Admitted, TokenReservation]] = {}
-        self._waiting: dict[str, asyncio.Task[Any]] = {}
-        self._forgotten: OrderedDict[str, None] = OrderedDict()
-        self._seen: dict[str, float] = {}
-        self._reclaimed = self._granted = 0
-        self._sweeper: asyncio.Task[None] | None = None
-
-    async def acquire(self, lease: str, estimated_tokens: int, priority: Priority) -> bool:
-        """Wait for a slot and the budgets. True once granted; False if the lease was cancelled, or
-        its caller was taken for dead (the caller then queues again under a new id)."""
-        if lease in self._forgotten:
-            del self._forgotten[lease]
-            return False
-        if lease in self._waiting or lease in self._held:
-            raise ValueError(f"lease {lease} is already waiting or held: a caller's ids are never reused")
-        caller = _caller_of(lease)
-        self._seen[caller] = time.monotonic()
-        self._start_sweeper()
-        context = self._admission.admit(estimated_tokens, priority)
-        task = asyncio.current_task()
-        assert task is not None
-        self._waiting[lease] = task
-        try:
-            reservation = await context.__aenter__()
-        except asyncio.CancelledError:
-            return False  # cancel() or the sweep stopped the wait; Admission released what it took
-        finally:
-            self._waiting.pop(lease, None)
-        self._held[lease] = (context, reservation)
-        self._granted += 1
-        return True
-
-    async def release(self, lease: str, charged_tokens: int | None = None) -> None:
-        """Give a lease back; ``charged_tokens``: the usage the response reported, when above the estimate."""
-        held = self._held.pop(lease, None)
-        if held is None:
-            return  # taken back by the sweep, or cancelled
-        context, reservation = held
-        reservation.settle(charged_tokens)
-        await context.__aexit__(None, None, None)
-
-    async def cancel(self, lease: str) -> None:
-        """The caller stopped waiting: drop its waiter, or give back what was granted meanwhile."""
-        task = self._waiting.get(lease)
-        if task is not None:
-            task.cancel()
-        elif lease in self._held:
-            await self.release(lease)
-        else:  # its acquire has not arrived yet: it will return False at once
-            self._forgotten[lease] = None
-            while len(self._forgotten) > _FORGOTTEN_KEPT:
-                self._forgotten.popitem(last=False)
-
-    def heartbeat(self, caller: str) -> None:
-        """``caller`` is alive (sent every ``heartbeat_s`` while it has calls waiting or admitted)."""
-        self._seen[caller] = time.monotonic()
-
-    def stats(self) -> dict[str, int]:
-        """Counters: in flight now and at most, waiting, granted, and leases or waiting calls taken
-        back from callers taken for dead (for tests and metrics)."""
-        return {
-            "in_flight": len(self._held),
-            "max_in_flight": self._admission.max_in_flight,
-            "waiting": self._admission.waiting,
-            "granted": self._granted,
-            "reclaimed": self._reclaimed,
-            "max_concurrency": self._max_concurrency,
-        }
-
-    def _start_sweeper(self) -> None:
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-
-    async def _sweep(self) -> None:
-        """While anything waits or is held: drop the calls of callers silent for too long."""
-        while self._held or self._waiting:
-            await asyncio.sleep(self._sweep_every_s)
-            now = time.monotonic()
-            busy = set(map(_caller_of, [*self._waiting, *self._held]))
-            for caller in [
-                c for c, seen in self._seen.items() if c not in busy and now - seen > self._silent_s
-            ]:
-                del self._seen[caller]  # finished callers (managers come and go): not kept for ever
-            silent = {caller for caller in busy if now - self._seen.get(caller, now) > self._silent_s}
-            for caller in silent:
-                waiting = [lease for lease in self._waiting if _caller_of(lease) == caller]
-                held = [lease for lease in self._held if _caller_of(lease) == caller]
-                logger.warning(
-                    "job-wide admission: no heartbeat from a reward worker for %.0f s (dead or stalled): "
-                    "dropped its %d waiting call(s) and took back its %d lease(s)",
-                    now - self._seen[caller],
-                    len(waiting),
-                    len(held),
-                )
-                self._reclaimed += len(waiting) + len(held)
-                self._seen.pop(caller, None)
-                for lease in waiting:
-                    self._waiting[lease].cancel()
-                for lease in held:
-                    await self.release(lease)
-
-
 _BROKERS: dict[str, Any] = {}
 """Broker handles of this process by name. Kept here, not per ``JobAdmission``: the handle that
 started a broker is what keeps it alive (Ray collects an actor whose creating handles are gone, a
 handle found by name does not count), so it must live as long as the process, whichever of its
 managers started it."""
+_REPLACED: set[str] = set()
+"""Names of brokers this process saw die: the next one it starts replaces a dead one (grace)."""
 _REMOTE_BROKER: Any = None
 
 
@@ -271,9 +157,9 @@ class JobAdmission:
     """``Admission``'s interface (``admit``) over the job's broker actor, for one reward worker.
 
     The broker is found by name, or started by the first worker to need it (``get_if_exists``); the
-    process that started it holds it (``_BROKERS``), and the next caller to find it dead starts
-    another. While this caller has calls waiting or admitted it sends a heartbeat every
-    ``heartbeat_s`` (see the module's docstring).
+    process that started it holds it (``_BROKERS``), and the next caller to find it dead or stalled
+    starts another. While this caller has calls waiting or admitted it sends a heartbeat every
+    ``heartbeat_s``, with the leases it holds, and waits for the answer (see the module's docstring).
     """
 
     def __init__(self, limits: LimitsConfig, name: str, heartbeat_s: float = HEARTBEAT_S) -> None:
@@ -283,8 +169,10 @@ class JobAdmission:
         self._token_whole = math.floor(limits.tokens_per_minute) if limits.tokens_per_minute else None
         self._ids = itertools.count()
         self._caller = uuid.uuid4().hex[:12]
-        self._in_flight = self._waiting = 0
+        self._held: dict[str, int] = {}
+        self._waiting = 0
         self._heart: asyncio.Task[None] | None = None
+        self._heard: Any = None
         self._said_requeue_at = -math.inf
 
     @property
@@ -295,7 +183,7 @@ class JobAdmission:
     @property
     def in_flight(self) -> int:
         """This worker's calls admitted and not yet finished."""
-        return self._in_flight
+        return len(self._held)
 
     @property
     def waiting(self) -> int:
@@ -303,13 +191,19 @@ class JobAdmission:
         return self._waiting
 
     def broker(self) -> Any:
-        """The broker's actor handle, started on first use."""
+        """The broker's actor handle, started on first use.
+
+        Started by a process that saw the job's broker die, it replaces that one and holds its grants
+        back while the leases are reported; started by a process that never used the dead one (which
+        cannot tell a first start from a restart), it grants at once and counts the leases as they
+        are reported, so the job may briefly exceed ``max_concurrency`` by what it granted before.
+        """
         handle = _BROKERS.get(self._name)
         if handle is None:
             handle = _BROKERS[self._name] = (
                 _remote_broker_class()
                 .options(name=self._name, get_if_exists=True, num_cpus=0, max_concurrency=_CONCURRENT_CALLS)
-                .remote(dataclasses.asdict(self._limits), self._heartbeat_s)
+                .remote(dataclasses.asdict(self._limits), self._heartbeat_s, self._name in _REPLACED)
             )
             logger.info(
                 "job-wide admission through Ray actor %s: %d calls in flight in the whole job, "
@@ -321,17 +215,26 @@ class JobAdmission:
             )
         return handle
 
+    def _lost(self, broker: Any, why: str) -> None:
+        """``broker`` is dead (or was killed as stalled): the first caller of this process to see it
+        drops its handle, so the next ``broker()`` finds or starts the one that replaces it."""
+        _REPLACED.add(self._name)
+        if _BROKERS.get(self._name) is broker:
+            del _BROKERS[self._name]
+            logger.warning("job-wide admission: actor %s %s; starting a new one", self._name, why)
+
     def _lease(self) -> str:
         return f"{self._caller}-{next(self._ids)}"
 
-    async def _acquire(self, tokens: int, priority: Priority) -> tuple[Any, str]:
-        """A lease from the broker: ``(broker, lease)``.
+    async def _acquire(self, tokens: int, priority: Priority) -> str:
+        """A lease from the broker.
 
-        If the broker cannot be reached (``RayActorError``: dead, or unavailable, when Ray cannot say
-        whether the call ran), the lease is cancelled (whatever state it reached) and the call queues
-        again under a new id, at the broker found or started by name, up to :data:`_RESTARTS` times a
-        short while apart (Ray's registry may still hand out a dead actor's name for a moment); then
-        it raises. If the broker took this caller for dead, the call queues again.
+        If the broker cannot be reached (``RayActorError``: dead, killed as stalled, or unavailable,
+        when Ray cannot say whether the call ran), the lease is cancelled (whatever state it reached)
+        and the call queues again under a new id, at the broker found or started by name, after each
+        of its first :data:`_RESTARTS` failures, a short while apart (Ray's registry may still hand
+        out a dead actor's name for a moment); the next failure raises. If the broker took this
+        caller for dead, the call queues again (not a failure).
         """
         from ray.exceptions import RayActorError
 
@@ -340,7 +243,7 @@ class JobAdmission:
             broker, lease = self.broker(), self._lease()
             try:
                 if await broker.acquire.remote(lease, tokens, priority):
-                    return broker, lease
+                    return lease
             except asyncio.CancelledError:
                 broker.cancel.remote(lease)
                 raise
@@ -349,9 +252,7 @@ class JobAdmission:
                 failures += 1
                 if failures > _RESTARTS:
                     raise
-                if _BROKERS.get(self._name) is broker:  # the first to see it gone starts the next
-                    del _BROKERS[self._name]
-                    logger.warning("job-wide admission: actor %s unreachable; starting a new one", self._name)
+                self._lost(broker, "unreachable")
                 await asyncio.sleep(_RESTART_PAUSE_S * failures)
                 continue
             # False without a cancel of ours: the broker took this caller for dead. We are not: again.
@@ -365,10 +266,44 @@ class JobAdmission:
             self._heart = asyncio.get_running_loop().create_task(self._beat())
 
     async def _beat(self) -> None:
-        while self._waiting or self._in_flight:
-            with contextlib.suppress(Exception):  # a dead broker: the next acquire finds out
-                self.broker().heartbeat.remote(self._caller)
-            await asyncio.sleep(self._heartbeat_s)
+        while self._waiting or self._held:
+            answered = await self._heartbeat()
+            # After a failure, soon again: the leases held must reach the new broker within its grace.
+            await asyncio.sleep(self._heartbeat_s if answered else self._heartbeat_s / 10)
+
+    async def _heartbeat(self) -> bool:
+        """One heartbeat, carrying the leases this caller holds (a broker that replaced a dead one
+        learns them so). False if the broker is dead, or stalled: no answer within
+        ``SILENT_HEARTBEATS`` x 2 heartbeats (``_FIRST_ANSWER_S`` for one not heard from yet, which may
+        still be starting). A stalled broker is killed, so that its waiting calls fail over to a new
+        one instead of waiting for ever, and no second broker runs beside it under its name."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        broker = self.broker()
+        deadline = self._heartbeat_s * SILENT_HEARTBEATS * 2
+        if broker is not self._heard:
+            deadline = max(deadline, _FIRST_ANSWER_S)
+        try:
+            await asyncio.wait_for(broker.heartbeat.remote(self._caller, dict(self._held)), deadline)
+        except TimeoutError:
+            logger.warning(
+                "job-wide admission: actor %s answered no heartbeat for %.0f s (stalled): killing it",
+                self._name,
+                deadline,
+            )
+            with contextlib.suppress(Exception):
+                ray.kill(broker, no_restart=True)
+            self._lost(broker, "stalled")
+            return False
+        except RayActorError:
+            self._lost(broker, "unreachable")
+            return False
+        except Exception:  # anything else (Ray shutting down): the next acquire or heartbeat finds out
+            logger.debug("job-wide admission: heartbeat failed", exc_info=True)
+            return True
+        self._heard = broker
+        return True
 
     @contextlib.asynccontextmanager
     async def admit(
@@ -385,14 +320,18 @@ class JobAdmission:
         self._waiting += 1
         self._keep_heart_beating()
         try:
-            broker, lease = await self._acquire(tokens, priority)
+            lease = await self._acquire(tokens, priority)
         finally:
             self._waiting -= 1
         reservation = _LeaseReservation(tokens)
-        self._in_flight += 1
+        self._held[lease] = tokens
         try:
             yield reservation
         finally:
-            self._in_flight -= 1
+            del self._held[lease]
             charged = reservation.charged if reservation.charged > tokens else None
-            broker.release.remote(lease, charged)
+            # To the broker of now: one that replaced the granting one has learnt the lease from a
+            # heartbeat (or will not: it is no longer held). None: the next caller starts one.
+            broker = _BROKERS.get(self._name)
+            if broker is not None:
+                broker.release.remote(lease, charged)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from types import TracebackType
 
 from aiolimiter import AsyncLimiter
 
+from .admission_queue import Budget, Slots, Turn
 from .config import LimitsConfig
 
 __all__ = [
@@ -180,22 +182,25 @@ class Admission:
     runs on). ``worker_count`` is the number of processes sharing the job-wide RPM / TPM;
     ``request_budget`` and ``token_budget`` are this process's shares per minute (None: unlimited).
 
-    The token guarantee is on tokens charged. A call up to the token bucket's size is charged when
-    admitted, as the provider counts it; a larger one is charged piece by piece while it waits, so
-    the provider may see a window exceed the share by the pre-charged part of such calls straddling
-    its start. Usage above an estimate is charged after the call (see ``TokenReservation.settle``).
+    Each admission goes to the best-placed call waiting, by ``priority`` (the oldest training step
+    first) then arrival, for slots and budget alike (:mod:`async_reward.admission_queue`). The token
+    guarantee is on tokens charged. A call up to the token bucket's size is charged when admitted, as
+    the provider counts it; a larger one is charged piece by piece while it waits, so the provider may
+    see a window exceed the share by the pre-charged part of such calls straddling its start. Usage
+    above an estimate is charged after the call (see ``TokenReservation.settle``).
     """
 
     __slots__ = (
+        "_arrivals",
+        "_held_back",
         "_in_flight",
         "_limits",
         "_max_in_flight",
         "_requests",
         "_slots",
-        "_token_chunk",
-        "_token_debt",
         "_token_whole",
         "_tokens",
+        "_turn",
         "_waiting",
         "request_budget",
         "token_budget",
@@ -206,9 +211,11 @@ class Admission:
             raise ValueError(f"worker_count must be >= 1, got {worker_count}")
         limits.validate(worker_count)
         self._limits = limits
-        self._slots = FifoSlots(limits.max_concurrency)
+        self._slots = Slots(limits.max_concurrency)
+        self._turn = Turn()
+        self._arrivals = itertools.count()
         self._in_flight = self._max_in_flight = self._waiting = 0
-        self._token_debt = 0
+        self._held_back = False
 
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
         self.request_budget = None if rpm is None else rpm / worker_count
@@ -216,18 +223,18 @@ class Admission:
         # Capacity 1 paces requests evenly (one every 60 / (B - 0.1) s) instead of in bursts: several
         # providers enforce a per-minute limit over shorter sub-windows, and steady pacing meets both.
         self._requests = (
-            None if self.request_budget is None else strict_minute_limiter(self.request_budget, 1)
+            None if self.request_budget is None else Budget(strict_minute_limiter(self.request_budget, 1), 1)
         )
-        self._tokens: AsyncLimiter | None = None
-        self._token_whole = self._token_chunk = 0
+        self._tokens: Budget | None = None
+        self._token_whole = 0
         if self.token_budget is not None:
             # limits.validate refused a share below one token or below one estimated request.
             self._token_whole = math.floor(self.token_budget)
             # A typical request is charged in one piece, as the provider counts it; the bucket stays
             # under 5 % of the share so >= 95 % of it is sustained. Larger charges go in pieces.
             burst_cap = max(1, math.floor(_MAX_TOKEN_BURST_SHARE * self._token_whole))
-            self._token_chunk = max(1, min(limits.estimated_tokens_per_request, burst_cap))
-            self._tokens = strict_minute_limiter(self.token_budget, self._token_chunk)
+            chunk = max(1, min(limits.estimated_tokens_per_request, burst_cap))
+            self._tokens = Budget(strict_minute_limiter(self.token_budget, chunk), chunk)
 
     @property
     def in_flight(self) -> int:
@@ -244,25 +251,32 @@ class Admission:
         """Calls queued for a slot or for budget (queue depth)."""
         return self._waiting
 
+    @property
+    def held_back(self) -> bool:
+        """Slots are held back (:meth:`hold_back`): no call starts now."""
+        return self._held_back
+
+    @property
+    def _token_debt(self) -> int:
+        """Tokens used beyond what was charged, that the next admission pays before its own."""
+        return max(self._tokens.owed, 0) if self._tokens is not None else 0
+
     @asynccontextmanager
     async def admit(
         self, estimated_tokens: int | None = None, priority: Priority = 0.0
     ) -> AsyncIterator[TokenReservation]:
         """Wait for a slot, one request and ``estimated_tokens`` tokens, then run the body.
 
-        The slot is taken first and held while waiting for the budgets: it caps the sockets, keeps the
-        semaphore's first-come order (aiolimiter wakes smaller amounts first, which would let small
-        calls overtake large ones), and bounds how many tasks wait inside the limiters. Nothing is
-        lost by it: when a budget is the bottleneck, slots are not. The per-call timeout should start
-        inside the body, so it measures the service and not this queue.
-
-        ``priority`` orders the wait for a slot: lower first (a sample's training step, so an older
-        batch's samples go before a newer one's, then its dispatch order; see ``Priority``), first
-        come first served among equals.
+        ``priority`` orders the wait: lower first (a sample's training step, so an older batch's
+        samples go before a newer one's, then its dispatch order; see ``Priority``), first come first
+        served among equals. Only the best-placed call waits for a slot and then for the budgets; a
+        better-placed call that arrives meanwhile overtakes it. The slot is taken before the budgets,
+        so what is charged is sent at once and no call holds budget while it waits for a socket. The
+        per-call timeout should start inside the body, so it measures the service and not this queue.
         ``estimated_tokens`` defaults to ``limits.estimated_tokens_per_request``. Raises ValueError at
         once, rather than waiting, if it exceeds this worker's whole minute token budget.
         The slot is released on exit, exception and cancellation; a task cancelled while waiting
-        releases nothing. Budget already charged is not refunded.
+        releases nothing. Budget already charged is not refunded (it is used by the next call).
         """
         tokens = tokens_to_charge(
             self._limits,
@@ -271,47 +285,98 @@ class Admission:
             "this worker's whole budget of {whole} tokens per minute (tokens_per_minute / worker_count)",
             "Raise tokens_per_minute, lower reward.num_workers, or shorten the request.",
         )
-        queued = True
         self._waiting += 1
         try:
-            await self._slots.acquire(priority)
-            try:
-                if self._requests is not None:
-                    await self._requests.acquire(1)
-                if self._tokens is not None:
-                    await self._charge_tokens(tokens)
-                self._waiting -= 1
-                queued = False
-                self._in_flight += 1
-                self._max_in_flight = max(self._max_in_flight, self._in_flight)
-                try:
-                    yield TokenReservation(self, tokens)
-                finally:
-                    self._in_flight -= 1
-            finally:
-                self._slots.release()
+            await self._enter(tokens, priority, next(self._arrivals))
         finally:
-            if queued:
-                self._waiting -= 1
+            self._waiting -= 1
+        self._started()
+        try:
+            yield TokenReservation(self, tokens)
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
 
-    async def _charge_tokens(self, tokens: int) -> None:
-        assert self._tokens is not None
-        # Debt (usage beyond estimates) first, so the budget sees tokens in the order they were spent.
-        while self._token_debt > 0:
-            chunk = min(self._token_debt, self._token_chunk)
-            self._token_debt -= chunk  # claimed before waiting, so two payers never pay it twice
+    @asynccontextmanager
+    async def adopt(self, estimated_tokens: int) -> AsyncIterator[TokenReservation]:
+        """Count a call admitted elsewhere (by a job queue that has since died) as in flight here.
+
+        It takes a slot at once, even when none is free: the slot is then owed, and the next release
+        pays it back instead of serving a waiter, so no new call starts until the calls in flight are
+        back under ``max_concurrency``. Its budget was charged where it was admitted: none here.
+        """
+        self._slots.take(1)
+        self._started()
+        try:
+            yield TokenReservation(self, estimated_tokens)
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+
+    def hold_back(self, seconds: float) -> None:
+        """Start no call for ``seconds``: every slot is taken now and given back then, one by one, to
+        the calls waiting, in their order (a job queue replacing a dead one, while the calls the dead
+        one admitted report: see :meth:`adopt`)."""
+        count = self._limits.max_concurrency
+        self._slots.take(count)
+        self._held_back = True
+        asyncio.get_running_loop().call_later(seconds, self._give_back, count)
+
+    def _give_back(self, count: int) -> None:
+        self._held_back = False
+        for _ in range(count):
+            self._slots.release()
+
+    def _started(self) -> None:
+        """One more call in flight (the body's ``finally`` counts it out)."""
+        self._in_flight += 1
+        self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    async def _enter(self, tokens: int, priority: Priority, order: int) -> None:
+        """In this call's turn, take a slot, then one request and ``tokens`` tokens (after any token
+        debt); returns holding the slot. Overtaken meanwhile: gives the slot back and queues again."""
+        claims = [
+            (budget, amount) for budget, amount in ((self._requests, 1), (self._tokens, tokens)) if budget
+        ]
+        if not claims and self._turn.idle() and not self._slots.locked():
+            self._slots.take()  # nothing to wait for: the common case without budgets
+            return
+        while True:
+            overtaken = await self._turn.take(_priority_key(priority), order)
             try:
-                await self._tokens.acquire(chunk)
-            except BaseException:
-                self._token_debt += chunk  # aiolimiter charges only on success: still owed
-                raise
-        # A charge larger than the bucket waits for its tokens piece by piece; the window bound holds
-        # for every piece, so it holds for the total.
-        while tokens > 0:
-            chunk = min(tokens, self._token_chunk)
-            await self._tokens.acquire(chunk)
-            tokens -= chunk
+                if not await self._slots.acquire(overtaken):
+                    continue
+                admitted = False
+                try:
+                    admitted = await self._pay(claims, overtaken)
+                finally:
+                    if not admitted:
+                        self._slots.release()
+                if admitted:
+                    return
+            finally:
+                self._turn.give_back()
+
+    @staticmethod
+    async def _pay(claims: list[tuple[Budget, int]], overtaken: asyncio.Future[None]) -> bool:
+        """Claim the amounts and pay each budget; False if overtaken first. A call that does not
+        finish paying withdraws its claims: what it had paid stays as the budgets' credit."""
+        if not claims:
+            return True
+        for budget, amount in claims:
+            budget.owed += amount
+        paid = False
+        try:
+            for budget, _ in claims:
+                if not await budget.pay(overtaken):
+                    return False
+            paid = True
+            return True
+        finally:
+            if not paid:
+                for budget, amount in claims:
+                    budget.owed -= amount
 
     def _add_token_debt(self, tokens: int) -> None:
         if self._tokens is not None:
-            self._token_debt += math.ceil(tokens)
+            self._tokens.owed += math.ceil(tokens)

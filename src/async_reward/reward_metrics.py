@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from async_reward.cost import cost_metrics
+from async_reward.cost import cost_metrics, whole_count
 from async_reward.result import LOST_WORKERS_KEY, Status
 
-__all__ = ["STANDARD_EXTRA_KEYS", "extras_metrics", "lost_worker_names", "status_metrics"]
+__all__ = ["STANDARD_EXTRA_KEYS", "extras_metrics", "lost_worker_names", "sample_retries", "status_metrics"]
 
 #: Extras keys every async-reward sample carries (plus ``excluded`` where a policy excludes it, and
 #: ``lost_reward_workers`` on a session re-scored after its reward worker died); they are summarised
@@ -35,7 +35,8 @@ def status_metrics(
     excluded: int | None = None,
 ) -> dict[str, float]:
     """``reward/status_<x>`` for every status, ``reward/latency_{p50,p95,max}`` (seconds, NaN when no
-    latency is known), ``reward/retries`` and, when given, ``reward/excluded``."""
+    latency is known), ``reward/retries`` (attempts beyond the first of each call: :func:`sample_retries`)
+    and, when given, ``reward/excluded``."""
     latencies = np.asarray(latencies_s, dtype=float)
     latencies = latencies[~np.isnan(latencies)]
     if latencies.size:
@@ -80,9 +81,7 @@ def extras_metrics(
         statuses[str(info.get("status", Status.OK.value))] += 1
         latency = _number(info.get("latency_s"))
         latencies.append(math.nan if latency is None else latency)
-        attempts = _number(info.get("attempts"))
-        if attempts is not None and attempts > 1:
-            retries += int(attempts) - 1
+        retries += sample_retries(info)
         excluded += bool(info.get("excluded", False))
         for key, value in info.items():
             number = _number(value, allow_bool=True)
@@ -100,6 +99,18 @@ def extras_metrics(
         if finite:
             metrics[f"reward/extra/{key}/mean"] = float(np.mean(finite))
     return metrics
+
+
+def sample_retries(info: Mapping[str, Any]) -> int:
+    """The retries in one sample's ``attempts`` (every request sent): its attempts beyond the first of
+    each call. A sample made one call unless it says otherwise: ``judge_calls`` (a rubric graded in
+    ``judge.criteria_per_call`` calls, each counted once), so six calls answered the first time are
+    no retry. Counts are read by ``cost.whole_count``; an unreadable one counts no retry."""
+    attempts = whole_count(info.get("attempts"))
+    if not attempts:
+        return 0
+    calls = whole_count(info.get("judge_calls"))
+    return max(attempts - (min(attempts, 1) if calls is None else calls), 0)
 
 
 def lost_worker_names(info: Mapping[str, Any]) -> set[str]:

@@ -67,7 +67,7 @@ __all__ = [
     "read_verdict",
     "response_format",
     "strip_think",
-    "verdict_span",
+    "verdict_spans",
 ]
 
 #: Text formats a judge can state its verdict in.
@@ -355,13 +355,17 @@ def parse_verdict(
     return read_verdict(text, rules)
 
 
-def verdict_span(text: str, rules: VerdictRules, verdict: float) -> tuple[int, int] | str:
-    """Where in ``text`` the judge wrote ``verdict`` (read by :func:`read_verdict` under ``rules``):
-    the (start, end) of the last verdict's number, for weighting it by the judge's token
-    probabilities (``async_reward.expected_verdict``); or why there is no one place (a short reason).
+def verdict_spans(text: str, rules: VerdictRules) -> list[tuple[float, tuple[int, int]]] | str:
+    """Every verdict written in ``text`` in the format of ``rules``, as (value, (start, end) of its
+    number in ``text``), in reply order; or why there is none to weigh (a short reason).
 
-    Only a reply whose verdicts all agree has one: with ``on_conflict="min"`` and a lower verdict
-    quoted from the response, the score is that quote's, and the judge's own tokens do not weigh it.
+    For weighting verdicts by the judge's token probabilities (``async_reward.expected_verdict``):
+    which of them is the judge's own cannot be told from the text (a reply may end with a quote, and
+    with ``position="anywhere"`` the judge's may sit anywhere), so each one is returned, and the
+    caller weighs them all and keeps the lowest (``managers.span_weighting``). Only the visible text
+    is searched (thinking skipped as :func:`read_verdict` skips it). JSON verdicts are the keys
+    written as text (``"score": 7``); one only a decoder sees (an escaped key) has no span and can
+    only have lowered the plain verdict, never the weighted one.
     """
     start = _visible_start(text, rules.think)
     if start is None:
@@ -372,15 +376,11 @@ def verdict_span(text: str, rules: VerdictRules, verdict: float) -> tuple[int, i
         spans = [m.span(1) if m.group(1) is not None else m.span(2) for m in matches]
     else:
         spans = [m.span(1) for m in _PATTERNS[rules.parser].finditer(visible)]
-    if not spans:
-        return "verdict not found as text"
-    values = set()
+    found: list[tuple[float, tuple[int, int]]] = []
     for begin, finish in spans:
         try:
-            values.add(_to_number(visible[begin:finish]))
-        except VerdictError:
-            return "verdict is not a number"
-    if values != {verdict}:
-        return "verdicts in the reply disagree"
-    begin, finish = spans[-1]
-    return start + begin, start + finish
+            value = _to_number(visible[begin:finish])
+        except VerdictError:  # read_verdict refused such a reply already; skipping can lower nothing
+            continue
+        found.append((value, (start + begin, start + finish)))
+    return found or "verdict not found as text"

@@ -6,6 +6,7 @@ each module stays one concept.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,6 +47,10 @@ RUNTIME_CONFIG_KEYS: tuple[str, ...] = (
     "verdict_probability",
     "verdict_probability_low",
     "logprobs_end_token",
+    "logprobs_digits",
+    "logprobs_space_share",
+    "verdict_distribution",
+    "repeat_penalty",
     "group_position_bonus",
 )
 """Config fields ``POST /admin/config`` and ``update_config`` may change while the server runs."""
@@ -58,6 +63,8 @@ STRUCTURED_OUTPUT_MODES: tuple[str, ...] = ("honour", "reject", "ignore")
 """Values of ``DevServerConfig.structured_output``."""
 LOGPROBS_MODES: tuple[str, ...] = ("honour", "ignore")
 """Values of ``DevServerConfig.logprobs``."""
+LOGPROBS_DIGITS: tuple[str, ...] = ("whole", "split")
+"""Values of ``DevServerConfig.logprobs_digits``."""
 _REQUEST_TIMES_KEPT = 100_000
 
 
@@ -132,6 +139,21 @@ class DevServerConfig:
     logprobs_end_token: str = ""
     """With logprobs: a token listed after the reply's own, which its text leaves out, as vLLM lists the
     end-of-sequence token (e.g. ``<|im_end|>``); empty lists none, as OpenAI's API does."""
+    logprobs_digits: Literal["whole", "split"] = "whole"
+    """With logprobs: ``whole``, a number is one token; ``split``, one digit a token, as Qwen's, Llama
+    2's and Mistral's tokenizers write numbers (10 is ``1`` then ``0``), each place listing the
+    conditional probabilities of the verdict distribution (``devserver.logprobs``)."""
+    logprobs_space_share: float = 0.0
+    """With logprobs: this share (0 to 0.5) of each verdict's first token is listed under a second
+    spelling with a leading space (``" 7"`` beside the written ``"7"``), as tokenizers with both do."""
+    verdict_distribution: dict[int, float] | None = None
+    """With logprobs: the judge's distribution over the verdicts 0-10 (verdict -> weight, normalised),
+    whichever verdict the reply writes (a written verdict it leaves out gets 1e-6); None: the written
+    verdict gets ``verdict_probability`` and its two neighbours the rest."""
+    repeat_penalty: float = 1.0
+    """The penalty the server samples with when the request sets none (``repeat_penalty``, or vLLM's
+    ``repetition_penalty``): above 1, a reply's verdict is not the favourite of the log-probabilities
+    listed, which are from before the penalty, as llama.cpp's server (1.1 by default) reports them."""
     group_position_bonus: int = 0
     """A group request (``judge.mode: group``): add this much (capped at 10) to the verdict of the
     response listed first, as a judge biased towards the first response would (``devserver.group``)."""
@@ -167,6 +189,15 @@ class DevServerConfig:
         low = self.verdict_probability_low
         if low is not None and not 0.0 < low <= self.verdict_probability:
             raise ValueError(f"verdict_probability_low must be in (0, verdict_probability], got {low!r}")
+        if self.logprobs_digits not in LOGPROBS_DIGITS:
+            raise ValueError(
+                f"logprobs_digits must be one of {list(LOGPROBS_DIGITS)}, got {self.logprobs_digits!r}"
+            )
+        if not 0.0 <= self.logprobs_space_share <= 0.5:
+            raise ValueError(f"logprobs_space_share must be in [0, 0.5], got {self.logprobs_space_share!r}")
+        if not self.repeat_penalty > 0.0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        _validate_distribution(self.verdict_distribution)
         if not isinstance(self.logprobs_end_token, str):
             raise ValueError(f"logprobs_end_token must be a string, got {self.logprobs_end_token!r}")
         bonus = self.group_position_bonus
@@ -186,8 +217,31 @@ class DevServerConfig:
             )
 
 
+def _validate_distribution(distribution: dict[int, float] | None) -> None:
+    """A verdict distribution: whole verdicts 0-10, finite weights >= 0, some above 0."""
+    if distribution is None:
+        return
+    if not isinstance(distribution, dict) or not distribution:
+        raise ValueError(f"verdict_distribution must be a non-empty mapping or None, got {distribution!r}")
+    for verdict, weight in distribution.items():
+        if type(verdict) is not int or not 0 <= verdict <= 10:
+            raise ValueError(f"verdict_distribution's verdicts must be integers 0-10, got {verdict!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight < math.inf:
+            raise ValueError(f"verdict_distribution's weights must be finite numbers >= 0, got {weight!r}")
+    if sum(distribution.values()) <= 0.0:
+        raise ValueError("verdict_distribution must give some verdict a weight above 0")
+
+
 def coerce_runtime_value(key: str, value: Any) -> Any:
     """Turn a JSON value into the field's type, or raise ValueError (types from JSON are not trusted)."""
+    if key == "verdict_distribution" and isinstance(value, dict):
+        try:  # JSON object keys are strings
+            return {
+                int(verdict) if isinstance(verdict, str) else verdict: weight
+                for verdict, weight in value.items()
+            }
+        except ValueError:
+            raise ValueError("verdict_distribution's verdicts must be integers 0-10") from None
     if key == "latency_ms":
         if not isinstance(value, list | tuple) or len(value) != 2:
             raise ValueError("latency_ms must be [lo, hi]")
@@ -198,7 +252,13 @@ def coerce_runtime_value(key: str, value: Any) -> Any:
         return value
     if key == "verdict_probability_low" and value is None:
         return None
-    if key in ("retry_after_s", "verdict_probability", "verdict_probability_low"):
+    if key in (
+        "retry_after_s",
+        "verdict_probability",
+        "verdict_probability_low",
+        "logprobs_space_share",
+        "repeat_penalty",
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number")
         return float(value)

@@ -7,7 +7,8 @@ with a reference, 10 when its final answer matches and 0 otherwise; without one,
 ``min(10, words // 5)``. ``group_position_bonus`` adds that much (capped at 10) to the response
 listed first, as a judge with a position bias would: the knob the position-bias measurement turns.
 ``echo_response`` quotes every response before the lines, so a response that writes member lines of
-its own lands in the reply, as a hostile one would.
+its own lands in the reply, as a hostile one would; with ``judge_style: verdict-then-quote`` each
+line's reason ends with its response quoted (on one line), as a judge that cites what it grades.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from async_reward.devserver.judge import (
     JudgeReply,
+    JudgeStyle,
     answers_match,
     extract_final_answer,
     message_text,
@@ -60,8 +62,10 @@ def group_reply(
     fixed_verdict: int | None,
     echo_response: bool,
     position_bonus: int,
+    style: JudgeStyle = "verdict-last",
 ) -> JudgeReply:
-    """The reply grading ``members``: [each response quoted], one line of explanation, then the lines."""
+    """The reply grading ``members``: [each response quoted], one line of explanation, then the lines
+    (``verdict-then-quote``: each reason quoting its response, its line breaks made spaces)."""
     text = "\n".join(message_text(m) for m in messages)
     references = _REFERENCE.findall(text)
     reference = html.unescape(references[-1]).strip() if references else None
@@ -73,5 +77,7 @@ def group_reply(
         verdict, reason = _grade(response, reference, fixed_verdict)
         if shown == 0 and position_bonus:
             verdict, reason = min(10, verdict + position_bonus), f"{reason} (and it came first)"
+        if style == "verdict-then-quote":
+            reason = f'{reason}; it reads: "{" ".join(response.split())}"'
         parts.append(f"R{label}: [[{verdict}]] {reason}")
     return JudgeReply("\n".join(parts))

@@ -61,7 +61,7 @@ from async_reward.devserver.judge import (
     render_structured,
     word_count,
 )
-from async_reward.devserver.logprobs import reply_logprobs
+from async_reward.devserver.logprobs import Emulation, reply_logprobs
 
 __all__ = ["DevServer"]
 
@@ -422,6 +422,7 @@ class DevServer:
                 fixed_verdict=cfg.fixed_verdict,
                 echo_response=cfg.echo_response,
                 position_bonus=cfg.group_position_bonus,
+                style=cfg.judge_style,
             )
         elif criteria is not None:
             reply = criteria_reply(
@@ -472,6 +473,7 @@ class DevServer:
                 self._verdict_probability(judgement),
                 top,
                 cfg.logprobs_end_token,
+                Emulation.of(cfg, payload),
             )
         return web.json_response(
             {

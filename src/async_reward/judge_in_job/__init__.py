@@ -11,7 +11,11 @@ chat completions to that router with nothing more than verl's keys and the manag
   manager (never to verl's ``/classify`` path) and the hook that installs it where verl builds its
   ``RewardLoopManager``, waking a standalone judge that verl's trainers put to sleep at start-up;
 * :mod:`~async_reward.judge_in_job.colocate`: verl v1's score-the-batch step for a judge on the
-  training GPUs, reading every field our managers need.
+  training GPUs, reading every field our managers need;
+* :mod:`~async_reward.judge_in_job.router_calls`: a request through verl's router, which cannot be
+  cancelled, waited for past ``timeout_s`` with its admission slot held, and not sent again;
+* :mod:`~async_reward.judge_in_job.admitted`: the concurrency and deadlines the configured manager
+  derives, for what is sized after it (the decoupled trainer's reward backlog).
 
 The names below load on first use, so the light module imports without verl's reward loop.
 """

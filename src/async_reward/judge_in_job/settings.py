@@ -39,6 +39,7 @@ __all__ = [
     "in_job_judge",
     "is_routed",
     "judge_capacity",
+    "reward_worker_processes",
     "routed_workers",
     "served_model_config",
     "served_model_name",
@@ -155,8 +156,14 @@ def judge_capacity(config: Any) -> JudgeCapacity:
         replicas=replicas,
         per_replica=per_replica,
         total=min(replicas * per_replica, ROUTER_MAX_TOTAL),
-        workers=max(1, _int(config, "reward.num_workers", 1)),
+        workers=reward_worker_processes(config),
     )
+
+
+def reward_worker_processes(config: Any) -> int:
+    """The reward worker processes verl starts (``reward.num_workers``; 1 when unset or not an
+    integer, which the start-up checks refuse by name)."""
+    return max(1, _int(config, "reward.num_workers", 1))
 
 
 def _int(config: Any, key: str, default: int = 0) -> int:

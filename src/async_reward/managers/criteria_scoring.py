@@ -2,7 +2,9 @@
 ``criteria_per_call`` criteria, every one of which must succeed (``async_reward.criteria``).
 
 A failed call fails the sample with that call's status and reason (never a partial aggregate over
-the criteria that were graded); what every call spent is kept in the sample's cost extras. With
+the criteria that were graded); what every call spent is kept in the sample's cost extras, and
+``judge_calls`` counts the calls apart from ``attempts`` (every request sent, retries included), so
+``reward/retries`` counts only retries. With
 ``judge.expected_verdict`` the aggregate is made of each criterion's expected verdict, all criteria
 weighted or none (``managers.criteria_weighting``).
 """
@@ -50,10 +52,12 @@ _SUMMED = ("judge_prompt_tokens", "judge_completion_tokens", "judge_tokens", "ju
 
 
 def criteria_extra_defaults(criteria: tuple[Criterion, ...], *, expected: bool = False) -> dict[str, Any]:
-    """The per-criterion extras every sample carries (a failed one: NaN and no reason); with
+    """The per-criterion extras every sample carries (a failed one: NaN and no reason), and the calls
+    the rubric took (``judge_calls``, one per ``criteria_per_call`` chunk that was sent); with
     ``expected`` (``judge.expected_verdict``) each one's expected verdict and mass too (NaN on a
     failed or plain sample)."""
-    defaults: dict[str, Any] = {}
+    # judge_calls: the calls a rubric took (NaN on a sample failed before they were counted: one call).
+    defaults: dict[str, Any] = {"judge_calls": math.nan}
     for criterion in criteria:
         defaults[f"judge_criterion_{criterion.name}"] = math.nan
         defaults[f"judge_criterion_{criterion.name}_reason"] = ""
@@ -86,8 +90,9 @@ async def score_criteria(manager: CriteriaJudge, sample: RewardSample) -> Reward
         )
         calls.append(manager.guard(_grade(manager, messages, [index for index, _ in chunk], sample)))
     results = await asyncio.gather(*calls)
-    spent = _summed_spend(manager, results)
     attempts = sum(result.attempts for result in results)
+    # Each call counted once however many attempts it took: reward/retries is attempts - judge_calls.
+    spent = {**_summed_spend(manager, results), "judge_calls": sum(min(r.attempts, 1) for r in results)}
     failed = [(number, result) for number, result in enumerate(results, start=1) if not result.ok]
     if failed:
         number, first = failed[0]
@@ -143,33 +148,38 @@ async def _grade(
         verdicts = read_criteria(
             visible, ids, min_score=manager.judge.min_score, max_score=manager.judge.max_score
         )
-    except (MalformedResponseError, VerdictError, CriteriaError) as exc:
-        return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
-    extras: dict[str, Any] = dict(spent)
-    named = [(manager.judge.criteria[index - 1].name, verdicts[index]) for index in ids]
-    for name, verdict in named:
-        extras[f"judge_criterion_{name}"] = verdict.value
-        extras[f"judge_criterion_{name}_reason"] = verdict.reason
-    if manager.judge.expected_verdict:
-        # strip_think keeps a suffix of the content: the read text starts where their lengths differ.
-        extras.update(
-            weigh_call(
+        named = [(manager.judge.criteria[index - 1].name, verdicts[index]) for index in ids]
+        weighting: dict[str, Any] = {}
+        if manager.judge.expected_verdict:
+            # strip_think keeps a suffix of the content: the read text starts where their lengths differ.
+            weighting = weigh_call(
                 reply,
                 answer.content,
                 len(answer.content) - len(visible),
                 named,
+                criteria=manager.judge.criteria,
                 min_score=manager.judge.min_score,
                 max_score=manager.judge.max_score,
             )
-        )
+    except (MalformedResponseError, VerdictError, CriteriaError) as exc:
+        return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
+    extras: dict[str, Any] = dict(spent)
+    for name, verdict in named:
+        extras[f"judge_criterion_{name}"] = verdict.value
+        extras[f"judge_criterion_{name}_reason"] = verdict.reason
+    extras.update(weighting)
     return RewardResult(score=0.0, attempts=attempts, extras=extras)
 
 
 def _summed_spend(manager: CriteriaJudge, results: list[RewardResult]) -> dict[str, Any]:
     """What every call of the sample spent, summed (a failed call's reply was paid for too)."""
     total = spent_extras(None, manager.pricing)
+    unread: list[str] = []  # each call's usage a count could not be read from, said once each
     for result in results:
         for key in _SUMMED:
             if key in total and isinstance(result.extras.get(key), (int, float)):
                 total[key] += result.extras[key]
-    return {**total, "judge_shared": False}
+        problem = result.extras.get("judge_usage_error")
+        if problem and problem not in unread:
+            unread.append(problem)
+    return {**total, "judge_usage_error": " | ".join(unread), "judge_shared": False}

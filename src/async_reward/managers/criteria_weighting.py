@@ -1,13 +1,17 @@
 """``judge.expected_verdict`` with ``judge.criteria``: each criterion's verdict weighed by the judge's
 own token probabilities (``async_reward.expected_verdict``'s rule, unchanged) at the digits of that
-criterion's line in the reply's final block (:attr:`async_reward.criteria.CriterionVerdict.span`),
-never at a ``C<k>: [[n]]`` quoted elsewhere in the reply, whatever probabilities its tokens carry.
+criterion's line in the reply's final block (:attr:`async_reward.criteria.CriterionVerdict.span`) and
+at every agreeing ``C<k>: [[n]]`` of it elsewhere in the reply (``quoted``), keeping the lowest grade
+(``managers.span_weighting``): the final block may itself be a quote of the response's lines, so a
+quoted line can lower a criterion's grade and never raise it, whatever probabilities its tokens carry.
 
 All or none, never a silent mix: a sample's reward is made of expected verdicts only when every
 criterion of every call was weighted. Where one cannot be (a reply without logprobs, a verdict with a
 decimal point, tokens that do not spell the reply, ...), every criterion of the sample keeps its
 plain verdict and ``judge_weighting`` says ``plain: <criterion>: <why>`` for the first such criterion
-in the rubric's order; each reason is said once in the log, as for a single verdict.
+in the rubric's order; each reason is said once in the log, as for a single verdict. (A criterion
+weighed at its line but with a quoted line of it that cannot be weighed, and whose written number is
+the lower grade, counts that number: a quote can only lower it.)
 
 A ``must_have`` criterion fails the sample when its plain verdict *or* its expected verdict is under
 half marks (``async_reward.criteria.aggregate``'s ``plain``): the judge's doubt can neither pass a
@@ -20,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from async_reward.criteria import Criterion, CriterionVerdict
-from async_reward.expected_verdict import NO_LOGPROBS, expected_verdict, reply_tokens, say_unweighted
+from async_reward.expected_verdict import NO_LOGPROBS, reply_tokens, say_unweighted
+from async_reward.managers.span_weighting import Weighing, refuse_too_many, weigh_places
 
 __all__ = ["WEIGHTED_SUFFIXES", "rubric_weighting", "weigh_call"]
 
@@ -36,36 +41,48 @@ def weigh_call(
     visible_at: int,
     graded: Sequence[tuple[str, CriterionVerdict]],
     *,
+    criteria: Sequence[Criterion],
     min_score: float,
     max_score: float,
 ) -> dict[str, Any]:
     """The weighting extras of one rubric call: each criterion's expected verdict and mass and
     ``judge_weighting: expected``; or only ``judge_weighting: plain: <name>: <why>`` for the first of
-    ``graded`` ((name, verdict) in the call's order) that cannot be weighted.
+    ``graded`` ((name, verdict) in the call's order) that cannot be weighed at any of its places.
 
-    ``content`` is the reply's content, ``visible_at`` where the text :func:`read_criteria` read
-    starts in it (after the judge's thinking): each verdict's span is shifted by it, since the tokens
-    spell the whole content."""
+    Each criterion is weighed at its line of the final block and at every agreeing line of it
+    elsewhere (:attr:`CriterionVerdict.quoted`), and keeps the lowest grade: the lowest value for a
+    ``positive`` criterion of ``criteria``, the highest for a ``negative`` one, each place valued at
+    its expected verdict or, where its tokens cannot be weighed, at its written number
+    (``managers.span_weighting``). ``content`` is the reply's content, ``visible_at`` where the text
+    :func:`read_criteria` read starts in it (after the judge's thinking): each verdict's span is
+    shifted by it, since the tokens spell the whole content.
+
+    Raises:
+        VerdictError: the reply writes more criterion verdicts than the bound of
+            ``managers.span_weighting`` besides its final block (``invalid``).
+    """
     tokens = reply_tokens(reply["choices"][0])
+    if tokens is not None:
+        refuse_too_many(sum(len(verdict.quoted) for _, verdict in graded))
+    flaws = {criterion.name for criterion in criteria if criterion.polarity == "negative"}
     extras: dict[str, Any] = {}
     for name, verdict in graded:
-        start, end = verdict.span
-        outcome = (
-            NO_LOGPROBS
+        places = [
+            (verdict.value, (visible_at + start, visible_at + end))
+            for start, end in (verdict.span, *verdict.quoted)
+        ]
+        flaw = name in flaws
+        weighing = (
+            Weighing(lowest=None, written=verdict.value, reason=NO_LOGPROBS)
             if tokens is None
-            else expected_verdict(
-                content,
-                tokens,
-                (visible_at + start, visible_at + end),
-                min_score=min_score,
-                max_score=max_score,
-            )
+            else weigh_places(content, tokens, places, min_score=min_score, max_score=max_score, flaw=flaw)
         )
-        if isinstance(outcome, str):
-            say_unweighted(outcome)
-            return {"judge_weighting": f"plain: {name}: {outcome}"}
-        extras[f"judge_criterion_{name}_expected"] = outcome.value
-        extras[f"judge_criterion_{name}_mass"] = outcome.mass
+        if weighing.lowest is None:
+            say_unweighted(weighing.reason)
+            return {"judge_weighting": f"plain: {name}: {weighing.reason}"}
+        value = weighing.written if weighing.written_wins(flaw) else weighing.lowest.value
+        extras[f"judge_criterion_{name}_expected"] = value
+        extras[f"judge_criterion_{name}_mass"] = weighing.lowest.mass
     return {**extras, "judge_weighting": "expected"}
 
 

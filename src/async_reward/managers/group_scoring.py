@@ -17,8 +17,13 @@ them all. Every member's result comes from that one call. The rules of the wait:
   pipelined manager), members are counted: two members with the same text are two members.
 * **All or nothing.** The call's failure (timeout, HTTP error, an unreadable reply, members that
   disagree on the question or the reference) fails every member with that status and reason.
-* **Cost once.** The member that arrived first carries what the call spent and its attempts; the
-  others carry nothing and ``judge_shared`` (so the step's sums are what the judge billed).
+* **Cost once.** The first member to return its result carries what the call spent and its
+  attempts; the others carry nothing and ``judge_shared``. Claimed as members return, not given to
+  the one that started the call: a member cancelled while the call runs, or after its result came,
+  returns nothing, so the bill goes to one that does (the step's sums are what the judge billed).
+* **A plant costs its planter.** A member whose response the reply quotes with verdict lines that
+  conflict with the judge's is scored the lowest verdict, status ``ok`` and ``judge_group_planted``;
+  the others keep the judge's verdicts (``group_judging.read_group``).
 
 A member cancelled while it waits leaves the group (it no longer counts); a call whose members are
 all cancelled is cancelled too.
@@ -30,12 +35,12 @@ import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from async_reward.cost import spent_extras, unspent_extras
 from async_reward.criteria import CriteriaError
-from async_reward.group_judging import group_messages, read_group, shown_order
+from async_reward.group_judging import GroupReading, group_messages, read_group, shown_order
 from async_reward.http import MalformedResponseError
 from async_reward.judge import block, normalize_score
 from async_reward.managers.criteria_scoring import CriteriaJudge
@@ -51,6 +56,7 @@ GROUP_EXTRA_DEFAULTS: dict[str, Any] = {
     "judge_group_position": 0,
     "judge_group_size": 0,
     "judge_group_reason": "",
+    "judge_group_planted": False,
 }
 #: How many judged or expired uids a worker remembers, to refuse a member that comes after its group.
 _REMEMBERED = 65_536
@@ -70,6 +76,21 @@ class _Group:
     timer: asyncio.TimerHandle | None = None
     call: asyncio.Future[None] | None = None
     waiting: int = 0
+    reading: GroupReading | None = None
+    """The judge's reply, read (:func:`group_judging.read_group`), once the call succeeded."""
+    bill: tuple[dict[str, Any], int] | None = None
+    """What the call spent and its attempts, until a returning member claims them (:meth:`claim`)."""
+
+    def claim(self, result: RewardResult) -> RewardResult:
+        """``result`` with the call's bill on it if no member returned it yet, else marked shared
+        (unchanged when no call was made: the group expired)."""
+        if self.call is None:
+            return result
+        if self.bill is None:
+            return replace(result, extras={**result.extras, "judge_shared": True})
+        spent, attempts = self.bill
+        self.bill = None
+        return replace(result, attempts=attempts, extras={**result.extras, **spent, "judge_shared": False})
 
 
 class GroupRendezvous:
@@ -129,7 +150,7 @@ class GroupRendezvous:
             self._calls.add(group.call)
             group.call.add_done_callback(self._calls.discard)
         try:
-            return await asyncio.shield(member)
+            return group.claim(await asyncio.shield(member))
         except asyncio.CancelledError:
             group.waiting -= 1
             if group.call is None:  # still gathering: the member leaves, and no longer counts
@@ -187,80 +208,93 @@ class GroupRendezvous:
     async def _judge_members(self, group: _Group) -> None:
         samples = [sample for sample, _ in group.members]
         order = shown_order(len(samples), seed=self.seed, uid=group.uid, shuffle=self.shuffle)
-        result = await self.manager.guard(self._call(group.uid, samples, order))
-        verdicts: dict[int, Any] = result.extras.pop("_verdicts", {})
-        spent = dict(result.extras)
+        result = await self.manager.guard(self._call(group, samples, order))
+        reading = group.reading if result.ok else None
+        group.bill = (dict(result.extras), result.attempts)
+        unspent = unspent_extras(self.manager.pricing)
         position_of = {arrived: shown for shown, arrived in enumerate(order, start=1)}
-        judge = self.manager.judge
         for arrived, (_sample, member) in enumerate(group.members):
-            leader = arrived == 0
-            cost = spent if leader else unspent_extras(self.manager.pricing)
-            attempts = result.attempts if leader else 0
-            if not result.ok:
-                failed = RewardResult.failure(
-                    result.status,
-                    f"group {group.uid}: {result.failure_reason}",
-                    attempts=attempts,
-                    extras={**spent_extras(None, self.manager.pricing), **cost, "judge_shared": not leader},
-                )
-                _settle(member, failed)
-                continue
-            position = position_of[arrived]
-            verdict = verdicts[position]
-            score = normalize_score(
-                verdict.value,
-                min_score=judge.min_score,
-                max_score=judge.max_score,
-                normalize_to=judge.normalize_to,
-            )
-            extras = {
-                "judge_verdict": verdict.value,
-                "judge_group_position": position,
-                "judge_group_size": len(samples),
-                "judge_group_reason": verdict.reason,
-                **cost,
-                "judge_shared": not leader,
-            }
-            _settle(member, RewardResult(score=score, attempts=attempts, extras=extras))
+            if reading is None:
+                reason = f"group {group.uid}: {result.failure_reason}"
+                _settle(member, RewardResult.failure(result.status, reason, attempts=0, extras=unspent))
+            else:
+                _settle(member, self._member_result(reading, position_of[arrived], len(samples), unspent))
 
-    async def _call(self, uid: str, samples: list[RewardSample], order: list[int]) -> RewardResult:
-        """One call grading ``samples`` shown in ``order``: an ok result whose ``_verdicts`` extra maps
-        each shown label to its verdict, or the failure every member gets."""
-        first = samples[0]
-        if any(s.prompt_text != first.prompt_text or s.ground_truth != first.ground_truth for s in samples):
-            return RewardResult.failure(
-                Status.INVALID,
-                "the members carry different prompts or references: not one GRPO group",
-                attempts=0,
-                extras=spent_extras(None, self.manager.pricing),
-            )
+    def _member_result(
+        self, reading: GroupReading, position: int, size: int, unspent: dict[str, Any]
+    ) -> RewardResult:
+        """The result of the member shown at ``position``: the judge's verdict, or the lowest one for
+        a member found planting verdict lines (``group_judging.read_group``)."""
         judge = self.manager.judge
-        reference = None if first.ground_truth is None else block("reference", str(first.ground_truth))
+        verdict = reading.verdicts[position]
+        planted = reading.planted.get(position)
+        value, reason = verdict.value, verdict.reason
+        if planted is not None:
+            value = judge.min_score
+            reason = (
+                f"planted verdict text the reply quoted against the judge's lines ({planted[:200]}): "
+                f"scored the lowest verdict; the judge's own was {verdict.value:g} ({verdict.reason})"
+            )
+        score = normalize_score(
+            value, min_score=judge.min_score, max_score=judge.max_score, normalize_to=judge.normalize_to
+        )
+        extras = {
+            "judge_verdict": value,
+            "judge_group_position": position,
+            "judge_group_size": size,
+            "judge_group_reason": reason,
+            "judge_group_planted": planted is not None,
+            **unspent,
+        }
+        return RewardResult(score=score, attempts=0, extras=extras)
+
+    def _unsent(self, reason: str) -> RewardResult:
+        """The failure of a call refused before it was sent: nothing spent."""
+        extras = spent_extras(None, self.manager.pricing)
+        return RewardResult.failure(Status.INVALID, reason, attempts=0, extras=extras)
+
+    async def _call(self, group: _Group, samples: list[RewardSample], order: list[int]) -> RewardResult:
+        """One call grading ``samples`` shown in ``order``: its result (what it spent and its attempts;
+        the status and reason every member fails with when it failed), and on success the reply's
+        reading in ``group.reading``."""
+        pricing = self.manager.pricing
+        first = samples[0]
+        reference = reference_text(first)
+        if any(s.prompt_text != first.prompt_text or reference_text(s) != reference for s in samples):
+            return self._unsent("the members carry different prompts or references: not one GRPO group")
+        judge = self.manager.judge
+        shown = [samples[arrived].response for arrived in order]
         messages = group_messages(
-            [samples[arrived].response for arrived in order],
+            shown,
             question=block("question", first.prompt_text),
-            reference=reference,
+            reference=None if reference is None else block("reference", reference),
             system=self.manager.template.system if judge.system_prompt is None else judge.system_prompt,
             min_score=judge.min_score,
             max_score=judge.max_score,
         )
         too_long = self.manager.prompt_refusal(messages)
         if too_long is not None:
-            return RewardResult.failure(
-                Status.INVALID, too_long, attempts=0, extras=spent_extras(None, self.manager.pricing)
-            )
+            return self._unsent(too_long)
         priority = min(sample.admission_priority for sample in samples)
         reply, attempts = await self.manager.post_reply(messages, priority)
         usage = reply.get("usage") if isinstance(reply, Mapping) else None
-        spent = spent_extras(usage, self.manager.pricing)
+        spent = spent_extras(usage, pricing)
         try:
             answer = judge_reply(reply)
             think = "none" if answer.reasoning_apart else self.manager.rules.think
             visible = strip_think(answer.content, think)
-            verdicts = read_group(visible, len(samples), min_score=judge.min_score, max_score=judge.max_score)
+            reading = read_group(visible, shown, min_score=judge.min_score, max_score=judge.max_score)
         except (MalformedResponseError, VerdictError, CriteriaError) as exc:
             return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
-        return RewardResult(score=0.0, attempts=attempts, extras={**spent, "_verdicts": verdicts})
+        group.reading = reading
+        return RewardResult(score=0.0, attempts=attempts, extras=spent)
+
+
+def reference_text(sample: RewardSample) -> str | None:
+    """The reference as the judge is shown it (``str`` of the ground truth, as pointwise judging
+    writes it), None without one. Members are one group when these texts agree: comparing the ground
+    truths themselves with ``!=`` fails on a numpy array (verl reads a parquet list column as one)."""
+    return None if sample.ground_truth is None else str(sample.ground_truth)
 
 
 def _settle(member: asyncio.Future[RewardResult], result: RewardResult) -> None:

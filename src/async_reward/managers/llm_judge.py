@@ -29,29 +29,39 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from async_reward.config import AsyncRewardConfig
-from async_reward.cost import spent_extras, unspent_extras
+from async_reward.cost import (
+    PaidOnce,
+    call_token_bound,
+    paid_once,
+    reported_total_tokens,
+    spent_extras,
+    unspent_extras,
+)
 from async_reward.errors import ConfigError
 from async_reward.expected_verdict import (
     NO_LOGPROBS,
     ExpectedVerdict,
-    expected_verdict,
+    distribution_params,
     reply_tokens,
     say_unweighted,
+    weighted_extras,
 )
 from async_reward.group_placement import group_size
 from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
 from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
 from async_reward.judge_in_job.checks import apply_in_job_judge
 from async_reward.judge_in_job.context import PromptBudget, judge_context
+from async_reward.judge_in_job.router_calls import ROUTED_ATTEMPT_POLICY, post_through_router
 from async_reward.judge_in_job.settings import in_job_judge, is_routed
 from async_reward.limits import Priority, TokenReservation
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.criteria_scoring import criteria_extra_defaults, score_criteria
 from async_reward.managers.group_scoring import GroupRendezvous, group_extra_defaults
 from async_reward.managers.judge_reply import JudgeReply, judge_reply
+from async_reward.managers.span_weighting import refuse_too_many, weigh_places
 from async_reward.registry import register_manager
 from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format, verdict_span
+from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format, verdict_spans
 
 __all__ = [
     "JudgeReply",
@@ -64,16 +74,45 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Words a server's 400 uses when it refuses the response_format field itself (vLLM, SGLang, OpenAI,
+# Words a server's error uses when it refuses the response_format field itself (vLLM, SGLang, OpenAI,
 # llama.cpp and our dev server all name the field or the json_schema type).
 _REFUSES_RESPONSE_FORMAT = ("response_format", "json_schema", "structured output")
+# What a 500 / 501 must say besides, to be a refusal rather than a fault while serving the field:
+# llama-cpp-python answers a request its schema refuses with 500 and FastAPI's "1 validation error:
+# ... 'loc': ('body', 'response_format', 'type'), 'msg': "Input should be 'text' or 'json_object'"".
+_REFUSAL_WORDS = (
+    "validation error",
+    "input should be",
+    "not supported",
+    "unsupported",
+    "does not support",
+    "not implemented",
+    "invalid",
+    "unknown",
+    "not permitted",
+    "not allowed",
+)
 
 
 class StructuredOutputUnsupported(RuntimeError):
-    """The judge server refused ``response_format`` json_schema (``judge.parser: structured``).
+    """The judge server refused ``response_format`` json_schema (``judge.parser: structured``): a 4xx
+    naming the field, or a 500 / 501 naming it with a refusal (llama-cpp-python's validation error).
 
-    Not retried (the server will refuse again); the sample gets status ``error`` with this message.
+    Not retried (the server will refuse again); the sample gets status ``error`` and the reason
+    "server refuses structured output: ...", logged once per manager.
     """
+
+
+def _refuses_structured_output(exc: HTTPStatusError) -> bool:
+    """Whether a failed request's reply refuses the ``response_format`` field: it names the field, and
+    is a client error that is not transient (400, 404, 422, ...), or a 500 / 501 that also says it
+    refuses (``_REFUSAL_WORDS``)."""
+    text = exc.body_head.lower()
+    if not any(word in text for word in _REFUSES_RESPONSE_FORMAT):
+        return False
+    if 400 <= exc.status < 500:
+        return not exc.transient  # a 408, 409 or 429 is about timing, not the field
+    return exc.status in (500, 501) and any(word in text for word in _REFUSAL_WORDS)
 
 
 @register_manager("llm_judge")
@@ -106,6 +145,8 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 {
                     "judge_expected_verdict": math.nan,
                     "judge_verdict_mass": math.nan,
+                    "judge_verdict_assumed": math.nan,
+                    "judge_verdict_not_favourite": math.nan,
                     "judge_weighted": math.nan,
                     "judge_weighting": "",
                 }
@@ -149,10 +190,14 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if parser == "structured":
             self._params["response_format"] = response_format()
         if self.judge.expected_verdict:
-            self._params.update(logprobs=True, top_logprobs=self.judge.top_logprobs)
+            self._params.update(logprobs=True, top_logprobs=self.judge.requested_top_logprobs)
+            # The sampler left as the model's distribution (top_p 1, no penalty), so the verdict is
+            # drawn from what the reply lists; a value the user set in extra_body wins.
+            for key, value in distribution_params(served=self.in_job).items():
+                self._params.setdefault(key, value)
         self._warned_unsupported = False
-        self._in_flight: dict[str, asyncio.Future[RewardResult]] = {}
-        self._cache: dict[str, RewardResult] = {}
+        self._in_flight: dict[str, asyncio.Future[PaidOnce[RewardResult]]] = {}
+        self._cache: dict[str, PaidOnce[RewardResult]] = {}
         self._waiters: dict[str, int] = {}
 
     @classmethod
@@ -191,9 +236,11 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             raise ConfigError(
                 "llm_judge with reward.reward_model.enable=true was built by verl's own RewardLoopWorker, "
                 "which sends every sample to the reward model's /classify endpoint and never calls "
-                "llm_judge; add the setup hook "
+                "llm_judge; our verl plugin installs async-reward's worker where verl builds it: check "
+                "that async-reward is installed where verl runs and that neither VERL_USE_EXTERNAL_PLUGINS "
+                "nor ASYNC_REWARD_VERL_PLUGIN turns it off, or add the setup hook "
                 "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook="
-                "async_reward.integration.setup_worker (it starts async-reward's worker), or call "
+                "async_reward.integration.setup_worker, or call "
                 "async_reward.judge_in_job.install_reward_loop_hooks() where you build RewardLoopManager",
                 key="ray_kwargs.ray_init.runtime_env.worker_process_setup_hook",
                 fix="set it to async_reward.integration.setup_worker",
@@ -225,30 +272,29 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         if cached is not None:
             return self._copy_of(cached, cache_hit=True)
         shared = self._in_flight.get(key)
-        leader = shared is None
         if shared is None:
             # The call runs as its own task so that a cancelled caller does not cancel the callers
             # sharing it; every caller is bounded by the same deadline and retry budget.
-            shared = asyncio.ensure_future(self.guard(self._ask_judge(messages, sample.admission_priority)))
+            call = self.guard(self._ask_judge(messages, sample.admission_priority))
+            shared = asyncio.ensure_future(paid_once(call))
             self._in_flight[key] = shared
             shared.add_done_callback(lambda done: self._forget_call(key, done))
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
-            result = await asyncio.shield(shared)
+            outcome = await asyncio.shield(shared)
         except asyncio.CancelledError:
-            self._waiters[key] = self._waiters.get(key, 1) - 1
-            if self._waiters[key] <= 0:
-                # Nobody waits for it any more: stop paying for its calls and retries. Forget it
-                # first, so an identical request arriving while it stops starts a call of its own
-                # instead of joining one that is being cancelled.
-                self._forget_call(key, shared)
-                shared.cancel()
+            # Counted against this call only while it is in flight under its key: once done, a newer
+            # call may hold the key, and its waiters are its own.
+            if self._in_flight.get(key) is shared:
+                self._waiters[key] -= 1
+                if self._waiters[key] <= 0:
+                    # Nobody waits for it any more: stop paying for its calls and retries. Forget it
+                    # first, so an identical request arriving while it stops starts a call of its own
+                    # instead of joining one that is being cancelled.
+                    self._forget_call(key, shared)
+                    shared.cancel()
             raise
-        if not leader:
-            return self._copy_of(result, cache_hit=False)
-        if self.judge.cache and result.ok:
-            self._cache[key] = result
-        return result
+        return self._copy_of(outcome, cache_hit=False)
 
     def prompt_refusal(self, messages: list[dict[str, str]]) -> str | None:
         """Why the served judge would refuse ``messages`` as too long for its context, or None (they
@@ -257,20 +303,38 @@ class LLMJudgeRewardManager(AsyncRewardManager):
             return None
         return self.prompt_budget.refusal(self.reward_model_tokenizer, messages)
 
-    def _forget_call(self, key: str, call: asyncio.Future[RewardResult]) -> None:
-        """Drop ``call`` from the shared calls, unless ``key`` already names a newer one."""
+    def _forget_call(self, key: str, call: asyncio.Future[PaidOnce[RewardResult]]) -> None:
+        """Drop ``call`` from the shared calls, unless ``key`` already names a newer one; with
+        ``judge.cache``, keep its ok verdict as soon as it is done, with its cost still to be taken
+        (the sample that started it may have been cancelled: see :meth:`_copy_of`)."""
         if self._in_flight.get(key) is call:
             del self._in_flight[key]
             self._waiters.pop(key, None)
+        if self.judge.cache and call.done() and not call.cancelled() and call.exception() is None:
+            outcome = call.result()
+            if outcome.value.ok:
+                self._cache[key] = outcome
 
     async def post_reply(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> tuple[Any, int]:
-        """One chat completion under admission, deadline and retries: (the reply, attempts made)."""
+        """One chat completion under admission, deadline and retries: (the reply, attempts made).
+
+        The tokens its ``usage`` reports are charged to ``limits.tokens_per_minute`` (read as the cost
+        extras are, ``cost.reported_total_tokens``), but never more than the call can use
+        (``cost.call_token_bound``): a reply claiming 10**12 tokens must not stall the job's budget.
+        A refusal of ``response_format`` (``judge.parser: structured``) is not retried."""
         body = {"model": self.judge.model, "messages": messages, **self._params}
+        most_tokens = call_token_bound(body)
 
         async def attempt(reservation: TokenReservation) -> dict[str, Any]:
             try:
-                reply, _headers = await post_json(self.url, body, headers=self._headers)
+                if self.in_job:  # waited for past timeout_s: verl's router cannot cancel it
+                    reply = await post_through_router(self.url, body, self._headers, self.settings)
+                else:
+                    reply, _headers = await post_json(self.url, body, headers=self._headers)
             except HTTPStatusError as exc:
+                unsupported = self._unsupported_structured_output(exc)
+                if unsupported is not None:  # refused for good, whatever the status: not retried
+                    raise unsupported from exc
                 if self.in_job and exc.status == 500:
                     # verl's router turns every replica error (a refused request, an overloaded,
                     # sleeping or dead replica) into a plain 500 after its own attempts. Still
@@ -282,16 +346,14 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                         "from verl's router, which hides the replica's own status (a refused request, "
                         f"an overloaded, asleep or dead replica): {exc.body_excerpt}",
                     ) from exc
-                unsupported = self._unsupported_structured_output(exc)
-                if unsupported is None:
-                    raise
-                raise unsupported from exc
-            usage = reply.get("usage") if isinstance(reply, dict) else None
-            if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-                reservation.settle(usage["total_tokens"])
+                raise
+            reported = reported_total_tokens(reply.get("usage") if isinstance(reply, dict) else None)
+            if reported is not None:  # charged up to what the call can use: see call_token_bound
+                reservation.settle(min(reported, most_tokens))
             return reply
 
-        return await self.call_with_policy(attempt, estimated_tokens=None, priority=priority)
+        policy = ROUTED_ATTEMPT_POLICY if self.in_job else {}
+        return await self.call_with_policy(attempt, estimated_tokens=None, priority=priority, **policy)
 
     async def _ask_judge(self, messages: list[dict[str, str]], priority: Priority = 0.0) -> RewardResult:
         """One judge call (shared by identical requests in flight), admitted at ``priority``: the
@@ -323,42 +385,55 @@ class LLMJudgeRewardManager(AsyncRewardManager):
 
     def _weigh(self, reply: Any, verdict: float) -> tuple[float, dict[str, Any]]:
         """The expected verdict and its extras; the plain verdict, with the reason, where the reply
-        cannot give one (said once, loudly, when the server sent no probabilities at all)."""
+        cannot give one (said once, loudly, when the server sent no probabilities at all).
+
+        Raises:
+            VerdictError: the written verdict is off the scale (``invalid``, as it is unweighted:
+                a weighted value on the scale must not hide a ``[[90]]`` on 0-10), or the reply
+                writes too many verdicts to weigh (``managers.span_weighting``).
+        """
         outcome = weigh_reply_verdict(
             reply, self.rules, verdict, min_score=self.judge.min_score, max_score=self.judge.max_score
         )
         if isinstance(outcome, ExpectedVerdict):
-            extras = {"judge_expected_verdict": outcome.value, "judge_verdict_mass": outcome.mass}
+            extras = weighted_extras(outcome, temperature=self.judge.temperature)
             return outcome.value, {**extras, "judge_weighted": 1.0, "judge_weighting": "expected"}
         say_unweighted(outcome)
         return verdict, {"judge_weighted": 0.0, "judge_weighting": f"plain: {outcome}"}
 
-    def _copy_of(self, result: RewardResult, *, cache_hit: bool) -> RewardResult:
-        """``result`` for a sample that made no call of its own: an identical request's call in
-        flight (``judge_shared``) or a cached verdict (``judge_cache_hit``). It spent nothing, so a sum
-        of the cost extras over samples is what the job paid."""
-        extras = {**result.extras, **unspent_extras(self.pricing, cache_hit=cache_hit)}
-        extras["judge_shared"] = not cache_hit
+    def _copy_of(self, outcome: PaidOnce[RewardResult], *, cache_hit: bool) -> RewardResult:
+        """A call's result for one of the samples that take it: an identical request's call in flight
+        (``judge_shared``) or a cached verdict (``judge_cache_hit``). The first to take it carries
+        what the call cost (its tokens and attempts), whichever sample started the call: that one may
+        have been cancelled. Every other spent nothing, so a sum of the cost extras over the samples
+        returned is what the job paid."""
+        result = outcome.value
+        if outcome.take():
+            extras = {**result.extras, "judge_cache_hit": False, "judge_shared": False}
+            attempts = result.attempts
+        else:
+            extras = {**result.extras, **unspent_extras(self.pricing, cache_hit=cache_hit)}
+            extras["judge_shared"] = not cache_hit
+            attempts = 0
         return RewardResult(
             score=result.score,
             status=result.status,
             extras=extras,
             failure_reason=result.failure_reason,
-            attempts=0,
+            attempts=attempts,
         )
 
     def _unsupported_structured_output(self, exc: HTTPStatusError) -> StructuredOutputUnsupported | None:
-        """The clear error for a 400 that refuses ``response_format``; None for any other failure."""
-        refused = exc.status == 400 and any(
-            word in exc.body_excerpt.lower() for word in _REFUSES_RESPONSE_FORMAT
-        )
-        if self.rules.parser != "structured" or not refused:
+        """The clear error for a reply that refuses ``response_format`` (see
+        :class:`StructuredOutputUnsupported`); None for any other failure, which keeps its status and
+        retries: a 502 / 503 / 504 (a gateway, an overloaded server) is never taken for a refusal."""
+        if self.rules.parser != "structured" or not _refuses_structured_output(exc):
             return None
         # Short, key facts first: the reason lands in a per-sample extra cut at 256 characters.
         error = StructuredOutputUnsupported(
-            "the judge server refused response_format json_schema, which judge.parser=structured "
-            "needs (use a server with structured output, or a text parser such as brackets): "
-            f"HTTP 400 from {exc.url}: {exc.body_excerpt}"
+            f"server refuses structured output: HTTP {exc.status} from {exc.url} refused response_format "
+            "json_schema, which judge.parser=structured needs (not retried; use a server with structured "
+            f"output, or a text parser such as brackets): {exc.body_excerpt}"
         )
         if not self._warned_unsupported:  # every sample will fail the same way: say it once, loudly
             self._warned_unsupported = True
@@ -383,15 +458,31 @@ def read_reply_verdict(reply: Any, rules: VerdictRules) -> float:
 def weigh_reply_verdict(
     reply: Any, rules: VerdictRules, verdict: float, *, min_score: float, max_score: float
 ) -> ExpectedVerdict | str:
-    """The expected verdict of a chat completion whose ``verdict`` :func:`read_reply_verdict` read
-    (``async_reward.expected_verdict``'s rule), or why it has none (the plain verdict stands)."""
+    """The expected verdict of a chat completion whose ``verdict`` :func:`read_reply_verdict` read,
+    or why the plain ``verdict`` stands (a short reason).
+
+    Every verdict the reply writes in the rules' format is weighed, not only the one the rules read
+    (which may be a quote: a reply can end with one), and the lowest value counts: each place's
+    expected verdict, or its written number where its tokens cannot be weighed
+    (``managers.span_weighting``). Where that lowest value is a written number, the plain verdict
+    stands (with ``on_conflict: min`` it is the lowest written one, so never above that number):
+    a planted verdict can lower the score, never raise it.
+
+    Raises:
+        VerdictError: ``verdict`` is off ``[min_score, max_score]`` (checked as the plain verdict is:
+            ``invalid``); the reply writes too many verdicts to weigh; see :func:`judge_reply`.
+        MalformedResponseError: see :func:`judge_reply`.
+    """
     answer = judge_reply(reply)
+    normalize_score(verdict, min_score=min_score, max_score=max_score, normalize_to=None)
     tokens = reply_tokens(reply["choices"][0])
     if tokens is None:
         return NO_LOGPROBS
-    span = verdict_span(
-        answer.content, replace(rules, think="none") if answer.reasoning_apart else rules, verdict
-    )
-    if isinstance(span, str):
-        return span
-    return expected_verdict(answer.content, tokens, span, min_score=min_score, max_score=max_score)
+    places = verdict_spans(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
+    if isinstance(places, str):
+        return places
+    refuse_too_many(len(places) - 1)
+    weighing = weigh_places(answer.content, tokens, places, min_score=min_score, max_score=max_score)
+    if weighing.lowest is None or weighing.written_wins():
+        return weighing.reason
+    return weighing.lowest

@@ -18,7 +18,7 @@ from verl import DataProto
 from async_reward.cost import add_cost, cost_metrics
 from async_reward.pipeline.chunks import ChunkBook, GroupLayout, neutral_value
 from async_reward.result import ScoredFloat, Status
-from async_reward.reward_metrics import status_metrics
+from async_reward.reward_metrics import sample_retries, status_metrics
 
 __all__ = ["RewardChunkTimeout", "Ticket", "TicketError", "TicketState"]
 
@@ -106,9 +106,7 @@ class TicketState:
             self.run_s[index] = float(run_s)
         self.status_counts[str(info.get("status", Status.OK.value))] += 1
         self.excluded += info.get("excluded") is True
-        attempts = info.get("attempts")
-        if isinstance(attempts, (int, float)) and not isinstance(attempts, bool) and attempts > 1:
-            self.retries += int(attempts) - 1
+        self.retries += sample_retries(info)
         add_cost(self.cost, info)
         for key, value in info.items():
             if key not in self.known_extras:

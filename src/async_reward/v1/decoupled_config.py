@@ -9,10 +9,12 @@ the pipeline, each derived from verl's own settings and the reward service's cap
 * ``generation_window`` G (prompt groups still generating), default ``(num_warmup_batches + 1) x
   train_batch_size``: as many groups as verl's ``separate_async`` keeps in flight, but only the
   generating ones count;
-* ``reward_backlog`` R (sessions generated and not yet scored), default ``2 x
-  limits.max_concurrency x reward.num_workers`` (the service's concurrency as our admission knows
-  it, once in service and once queued behind it; ``2 x limits.max_concurrency`` with
-  ``limits.admission: job``), clamped to at least one mini-batch of sessions and
+* ``reward_backlog`` R (sessions generated and not yet scored), default twice the calls the reward
+  manager admits at once (the service's concurrency as our admission knows it, once in service and
+  once queued behind it), derived as the manager derives it
+  (:func:`~async_reward.judge_in_job.admitted.manager_admission`: ``limits.max_concurrency`` or
+  verl's ``reward.max_concurrent``, or a served judge's capacity, per reward worker or for the
+  whole job with ``limits.admission: job``), clamped to at least one mini-batch of sessions and
   at most what the staleness bound allows;
 * ``sampleable_buffer`` S (scored groups waiting for the trainer), default ``train_batch_size``.
 
@@ -59,7 +61,8 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from async_reward._config_rules import bad_value, names_config_errors, parse_config, plain_container
-from async_reward.config import AsyncRewardConfig, ConfigError, LimitsConfig, RetryConfig
+from async_reward.config import ConfigError
+from async_reward.judge_in_job.admitted import manager_admission
 
 __all__ = [
     "DECOUPLED_MODE",
@@ -96,10 +99,10 @@ class DecoupledModeConfig:
     rollout follows the judge instead of idling while the backlog drains and then dispatching the
     whole window), and that is where the backlog peaks (counting the sessions generating against
     ``reward_backlog`` alone capped the rollout at ``reward_backlog`` sessions: measured slower, see
-    docs/benchmarks.md). Nothing is ever dropped. None: ``2 x
-    limits.max_concurrency x reward.num_workers`` (``2 x limits.max_concurrency`` with
-    ``limits.admission: job``, where it counts the whole job's calls), clamped to
-    ``[ppo_mini_batch_size x rollout.n, the largest value the staleness bound allows]``."""
+    docs/benchmarks.md). Nothing is ever dropped. None: twice
+    :attr:`~async_reward.judge_in_job.admitted.ManagerAdmission.calls_in_flight` (the manager's
+    ``limits.max_concurrency`` x ``reward.num_workers``, x 1 with ``limits.admission: job``),
+    clamped to ``[ppo_mini_batch_size x rollout.n, the largest value the staleness bound allows]``."""
 
     sampleable_buffer: int | None = None
     """Scored groups waiting for the trainer before dispatch pauses (while more groups are generating
@@ -120,10 +123,12 @@ class DecoupledModeConfig:
     stale_wait_timeout_s: float | None = None
     """Longest a sample waits for groups at their staleness limit to be scored (module docstring);
     then it samples without them and they are evicted ``stale`` (``decoupled/stale_overflow``, with a
-    warning naming this key). None: the longest one session's scoring can take under our managers'
-    deadlines, ``(retry.max_attempts + 1) x timeout_s + (retry.max_attempts - 1) x
-    retry.max_backoff_s`` (one ``timeout_s`` for the calls in service ahead of it; with
-    ``admission_timeout_s`` set, that instead)."""
+    warning naming this key). None: the longest one session's scoring can take under the manager's
+    deadlines (:attr:`~async_reward.judge_in_job.admitted.ManagerAdmission.longest_scoring_s`),
+    ``(retry.max_attempts + 1) x timeout_s + (retry.max_attempts - 1) x retry.max_backoff_s`` (one
+    ``timeout_s`` for the calls in service ahead of it; with ``admission_timeout_s`` set, that
+    instead); through verl's router a timed-out attempt lasts up to ``max(timeout_s,
+    retry.max_total_s)`` (the first and the last ``timeout_s``)."""
 
     ledger: Literal["warn", "raise"] = "warn"
     """What an unaccounted prompt does at the end of a step (every dispatched prompt must be trained,
@@ -259,13 +264,8 @@ def derive_windows(config: DecoupledModeConfig, verl_config: Any) -> DecoupledWi
     floor = mini * n  # one mini-batch of sessions: less and one update's groups could never all queue
     if config.reward_backlog is not None:
         backlog = config.reward_backlog
-    else:
-        concurrency = int(_select(verl_config, "reward.async_reward.limits.max_concurrency", None) or 0)
-        concurrency = concurrency or LimitsConfig.max_concurrency
-        workers = int(_select(verl_config, "reward.num_workers", 1) or 1)
-        if _select(verl_config, "reward.async_reward.limits.admission", "worker") == "job":
-            workers = 1  # max_concurrency is already the whole job's
-        backlog = max(2 * concurrency * workers, floor)
+    else:  # the calls the manager admits, as it derives them (verl's keys, the served judge's capacity)
+        backlog = max(2 * manager_admission(verl_config).calls_in_flight, floor)
         if room is not None:
             largest = (room - window - sampleable) * n
             if largest < floor:
@@ -303,14 +303,7 @@ def stale_wait_limit_s(config: DecoupledModeConfig, verl_config: Any) -> float:
     :attr:`DecoupledModeConfig.stale_wait_timeout_s`)."""
     if config.stale_wait_timeout_s is not None:
         return float(config.stale_wait_timeout_s)
-    reward = "reward.async_reward"
-    timeout = float(_select(verl_config, f"{reward}.timeout_s", None) or AsyncRewardConfig.timeout_s)
-    retry = RetryConfig()
-    attempts = int(_select(verl_config, f"{reward}.retry.max_attempts", None) or retry.max_attempts)
-    backoff = float(_select(verl_config, f"{reward}.retry.max_backoff_s", None) or retry.max_backoff_s)
-    admission = _select(verl_config, f"{reward}.admission_timeout_s", None)
-    ahead = float(admission) if admission else timeout
-    return ahead + attempts * timeout + max(0, attempts - 1) * backoff
+    return manager_admission(verl_config).longest_scoring_s
 
 
 def _too_stale(name: str, value: int, largest: int, threshold: Any, how: str) -> ConfigError:
