@@ -271,14 +271,22 @@ def test_a_task_runner_building_another_trainer_fails_loudly(assets):
 
 
 def test_verls_reward_loop_refuses_to_score_when_the_pipeline_is_configured(
-    server, verl_config_factory, reward_loop, batch_factory
+    server, verl_config_factory, reward_loop, batch_factory, monkeypatch
 ):
     """verl's own trainer with ``async_reward.pipeline`` set (e.g. ``python -m verl.trainer.main_ppo
-    +async_reward.pipeline.mini_batch=true``): our manager, called by verl's reward loop, refuses."""
+    +async_reward.pipeline.mini_batch=true``): our verl plugin refuses it where verl builds its reward
+    loop, naming the v1 line; and without the plugin's check, our manager, called by verl's reward
+    loop, refuses on its own."""
+    from async_reward import verl_plugin
+
     config = verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}})
     with open_dict(config):
         config.async_reward = {"pipeline": {"mini_batch": True}}
     batch = batch_factory([{"prompt": "What is 2+3?", "response": "5", "ground_truth": "5"}])
+    with pytest.raises(ConfigError, match=r"async_reward\.pipeline is set") as refused:
+        reward_loop(config)
+    assert "trainer.v1.trainer_mode=pipelined" in str(refused.value)
+    monkeypatch.setattr(verl_plugin, "prepare_where_verl_builds", lambda config: None)
     with pytest.raises(Exception, match="came from verl's own reward loop") as failure:
         reward_loop(config).compute_rm_score(batch)
     assert "python -m async_reward.pipeline.main_ppo" in str(failure.value)

@@ -1,14 +1,16 @@
-"""The legacy ``reward_model.*`` reward keys under verl's own entry point with our setup hook (issue 17,
-item 2).
+"""The legacy ``reward_model.*`` reward keys under verl's own entry point (issue 17, item 2), with
+nothing of ours on the command line but the legacy line (issue 43: the installed package is a verl
+plugin).
 
-verl 0.9's ``python -m verl.trainer.main_ppo`` never calls ``migrate_legacy_reward_impl``: without the
-hook, ``reward_model.reward_manager=llm_judge`` is silently dropped and verl builds ``naive``. The hook
-applies the legacy keys where verl builds its trainer, in the task-runner actor, before any GPU
-worker. The subprocess tests start verl's entry point as a user does (hydra, ``run_ppo``, the task
-runner on the session's Ray cluster) with the tiny local model of ``test_entry_point``; this machine
-has no GPU, so a run that passes our checks stops at verl's own resource check, which is where the
-output is read. Their three runs are one ``--multirun`` of the command (one interpreter start-up, each
-run its own task-runner actor and TransferQueue), each test reading its own run's error and lines.
+verl 0.9's ``python -m verl.trainer.main_ppo`` never calls ``migrate_legacy_reward_impl``: on its own,
+``reward_model.reward_manager=llm_judge`` is silently dropped and verl builds ``naive``. Our plugin
+(or the setup hook) applies the legacy keys where verl builds its trainer, in the task-runner actor,
+before any GPU worker. The subprocess tests start verl's entry point as a user does (hydra,
+``run_ppo``, the task runner on the session's Ray cluster) with the tiny local model of
+``test_entry_point``; this machine has no GPU, so a run that passes our checks stops at verl's own
+resource check, which is where the output is read. Their three runs are one ``--multirun`` of the
+command (one interpreter start-up, each run its own task-runner actor and TransferQueue), each test
+reading its own run's error and lines.
 """
 
 from __future__ import annotations
@@ -23,21 +25,21 @@ import pytest
 
 from async_reward.checks import apply_legacy_and_check
 from async_reward.config import ConfigError
-from async_reward.integration import SETUP_HOOK, prepare_verl_config
+from async_reward.integration import prepare_verl_config
 from tests.conftest import cluster_env, compose_verl_config
 from tests.test_entry_point import assets, overrides  # noqa: F401 (assets is a fixture)
 
 JUDGE = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
-HOOK = f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}"
 #: What verl prints when the GPU layout cannot be had: the run got past every reward check.
 NO_GPU = "Total available GPUs 0 is less than total desired GPUs"
 
 
 def legacy_overrides(assets_dir: Path, *extra: str) -> list[str]:
-    """``test_entry_point``'s GRPO run, with the reward manager left to the line under test."""
+    """``test_entry_point``'s GRPO run, with the reward manager left to the line under test, and no
+    setup-hook line: the legacy line alone selects our manager (issue 43, item 5)."""
     base = [o for o in overrides(assets_dir) if not o.startswith(("reward.reward_manager.name=", JUDGE))]
     # One TransferQueue storage actor (verl's default starts 8, more than the test cluster's CPUs hold).
-    return [*base, HOOK, "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", *extra]
+    return [*base, "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", *extra]
 
 
 #: The three runs of verl's entry point, one swept value of verl's ``reward`` node each (merged into it

@@ -488,10 +488,15 @@ def build_verls_reward_loop_manager(config: Any) -> str:
 
 
 def test_pipeline_settings_under_v1_are_refused_where_v1_builds_our_parts(
-    tmp_path, model_dir, rollout, transfer_queue
+    tmp_path, model_dir, rollout, transfer_queue, monkeypatch
 ):
     """The pipelined trainer's settings under verl's v1 trainer: a ConfigError at start-up naming the
-    fix, not groups that fail forever (async modes) or verl's "no materializable trajectories" (sync)."""
+    fix, not groups that fail forever (async modes) or verl's "no materializable trajectories" (sync).
+
+    The verl plugin (loaded in this process by ``import verl``) refuses them where verl builds its
+    trainer, before any of our parts; each part also refuses on its own, for a process without the
+    plugin (a launcher of your own with verl's plugins off), shown with the plugin's check switched
+    off here."""
     dataset = write_dataset(tmp_path / "train.parquet", ROWS)
     function = write_module(tmp_path, EXCLUDING_FUNCTION, "score.py")
     common = [
@@ -503,6 +508,14 @@ def test_pipeline_settings_under_v1_are_refused_where_v1_builds_our_parts(
         PIPELINE_LINE,
     ]
     fix = "python -m async_reward.pipeline.main_ppo"
+    # No line of ours: the plugin's check where verl builds its trainer refuses, before anything else.
+    config = compose_v1_config([*common, "trainer.v1.trainer_mode=colocate_async"])
+    with pytest.raises(ConfigError, match=fix) as refused:
+        run_v1_training(config, rollout, SCRIPT, tmp_path / "plugin.jsonl")
+    assert raised_in(refused, "async_reward/verl_plugin.py")
+    import async_reward.verl_plugin
+
+    monkeypatch.setattr(async_reward.verl_plugin, "prepare_where_verl_builds", lambda config: None)
     # The README's v1 lines: our replay buffer, the first part the v1 trainer builds, refuses.
     config = compose_v1_config([*common, "trainer.v1.trainer_mode=colocate_async", *V1_OVERRIDES])
     with pytest.raises(ConfigError, match=fix) as refused:

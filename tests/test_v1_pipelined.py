@@ -113,7 +113,13 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
             "max_off_policy_threshold",
         ),
         (["+async_reward.pipeline.mini_batch=true"], "trainer.v1.pipelined"),
-        (["+trainer.v1.pipelined.fill_rollout_tail_at=0.5"], "one_step_off_policy=true"),
+        (
+            [
+                "+trainer.v1.pipelined.one_step_off_policy=false",
+                "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
+            ],
+            "one_step_off_policy=true",
+        ),
         (
             [
                 "+trainer.v1.pipelined.one_step_off_policy=true",

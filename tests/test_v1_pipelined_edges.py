@@ -97,11 +97,11 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any], str]] = [
     ("poll_interval_s", math.inf, {}, "finite"),
     ("fill_rollout_tail_at", 0, {"one_step_off_policy": True}, "(0, 1]"),
     ("fill_rollout_tail_at", 1.5, {"one_step_off_policy": True}, "(0, 1]"),
-    ("fill_rollout_tail_at", 0.5, {}, "one_step_off_policy=true"),
+    ("fill_rollout_tail_at", 0.5, {"one_step_off_policy": False}, "one_step_off_policy=true"),
     ("max_staleness", 0, {"one_step_off_policy": True}, "from 1 to 7"),
     ("max_staleness", 8, {"one_step_off_policy": True}, "from 1 to 7"),
     ("max_staleness", 2.5, {"one_step_off_policy": True}, "not an integer"),
-    ("max_staleness", 2, {}, "one_step_off_policy=true"),
+    ("max_staleness", 2, {"one_step_off_policy": False}, "one_step_off_policy=true"),
     ("max_staleness", 1, {"one_step_off_policy": True, "fill_rollout_tail_at": 0.5}, "max_staleness=2"),
     ("typo", True, {}, "unknown key"),
 ]
@@ -357,6 +357,7 @@ def test_untrained_steps_past_max_untrained_skips_stop_the_run_naming_the_key(
         [
             *base_overrides(model_dir, dataset, steps=3, prompts=4, n=2),
             "trainer.v1.trainer_mode=pipelined",
+            *schedule_flags("baseline"),  # the mode pipelines by default; this run is about the outage
             "+trainer.v1.pipelined.poll_interval_s=0.02",
             "+trainer.v1.sampler.sampler_kwargs.max_untrained_skips=1",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
@@ -427,6 +428,7 @@ def test_a_dead_agent_loop_worker_stops_the_step_waiting_for_generation(
         [
             *base_overrides(model_dir, dataset, steps=1, prompts=4, n=2),
             "trainer.v1.trainer_mode=pipelined",
+            *schedule_flags("baseline"),  # the mode pipelines by default; this run is about the watchdog
             "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "reward.reward_manager.name=async_remote",

@@ -78,13 +78,19 @@ def served_judge_lines(root: Path) -> list[str]:
 
 
 def verl_main_ppo(
-    root: Path, tmp_path: Path, extra: list[str], timeout: int = 840, common: list[str] | None = None
+    root: Path,
+    tmp_path: Path,
+    extra: list[str],
+    timeout: int = 840,
+    common: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, int]:
     """``python -m verl.trainer.main_ppo`` (v1, the default) on the session's Ray cluster, with
     ``common`` (default: the tiny GRPO run of tests/test_entry_point.py, an external judge) and
-    ``extra``."""
+    ``extra``, and ``env`` added to the driver's environment. No setup-hook line: the package is
+    installed, so verl loads it as a plugin in every process (issue 43)."""
 
-    env = cluster_env()
+    env = {**cluster_env(), **(env or {})}
     # One TransferQueue storage unit: verl's default of 8 (a CPU each) does not fit the test cluster.
     tq_units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
     lines = overrides(root) if common is None else common
@@ -110,8 +116,9 @@ REFUSAL = re.compile(
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(900)
 def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
-    """verl's own entry point, ``trainer.v1.trainer_mode=pipelined`` and our setup-hook line: inside
-    verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
+    """verl's own entry point and ``trainer.v1.trainer_mode=pipelined``, nothing else of ours (no
+    setup-hook line, no agent-loop or sampler line: verl loads the installed package as a plugin):
+    inside verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
     with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set; and our
     mode's keys under verl's ``sync`` are refused there (issue 25.4), before anything trains.
 
@@ -136,7 +143,6 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
         [
             "--multirun",
             "trainer.use_v1=true",
-            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "++trainer.v1="
             "{trainer_mode:pipelined,pipelined:{mini_batch:true,one_step_off_policy:false,dry_run:true}},"
             "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,max_staleness:2,"
@@ -167,19 +173,39 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     assert [b["cls"] for b in decoupled_built] == [DECOUPLED], output[-6000:]
     assert int(decoupled_built[0]["pid"]) != driver_pid
     assert output.count("TaskRunnerV1 pid=") >= 4  # verl's own runner printed them
+    assert SETUP_HOOK not in output  # (verl prints its ray.init kwargs): the plugin did it all
 
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(600)
-def test_without_the_setup_hook_verl_refuses_the_mode_and_trains_nothing(assets, tmp_path):  # noqa: F811
+def test_with_the_plugin_turned_off_verl_refuses_the_mode_naming_why_and_the_fix(assets, tmp_path):  # noqa: F811
+    """``ASYNC_REWARD_VERL_PLUGIN=0`` in the driver and (through verl's runtime env) in every worker:
+    verl's task runner refuses ``trainer_mode=pipelined`` saying it is ours, turned off there, and how
+    to turn it on or use the setup-hook line instead; never verl's bare ``Unknown trainer``. (Before
+    issue 43 this run was the one without the hook line, and verl's bare error was all it said.)"""
     code, output, _ = verl_main_ppo(
         assets,
         tmp_path,
-        ["trainer.use_v1=true", "trainer.v1.trainer_mode=pipelined", "+trainer.v1.pipelined.dry_run=true"],
+        [
+            "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=pipelined",
+            "+trainer.v1.pipelined.dry_run=true",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.ASYNC_REWARD_VERL_PLUGIN='0'",  # a string, for Ray
+        ],
+        env={"ASYNC_REWARD_VERL_PLUGIN": "0"},
     )
     assert code != 0
-    assert "Unknown trainer 'pipelined'" in output
+    assert PLUGIN_OFF.search(output), output[-6000:]
+    assert f"or add +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}" in output
+    assert "Unknown trainer" not in output
     assert "async_reward: trainer" not in output and "dry run" not in output
+
+
+PLUGIN_OFF = re.compile(
+    r"NotRegistered: trainer\.v1\.trainer_mode=pipelined names async-reward's trainer mode, which is "
+    r"not registered in this process: async-reward's verl plugin is turned off in this process "
+    r"\(ASYNC_REWARD_VERL_PLUGIN=0\)\. Fix: unset ASYNC_REWARD_VERL_PLUGIN where verl runs"
+)
 
 
 IN_JOB_REFUSAL = re.compile(
@@ -200,7 +226,6 @@ def test_a_second_judge_beside_the_served_one_is_refused_in_verls_task_runner(as
         tmp_path,
         [
             "trainer.use_v1=true",
-            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "trainer.v1.trainer_mode=pipelined",
             "+trainer.v1.pipelined.dry_run=true",
             *served_judge_lines(assets),

@@ -4,6 +4,7 @@ the local server over loopback."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -222,3 +223,36 @@ class ReexecutedManager(AsyncRewardManager):
     # The re-executed definition left the first registration in place: every process resolves the name
     # to one class.
     assert REWARD_MANAGER["test_reexecuted_manager"] is first
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(600)
+def test_a_job_without_the_hook_builds_our_manager_in_verls_reward_workers(server, tokenizer_dir, tmp_path):
+    """Issue 43: a job's driver joined to the cluster with a runtime env of its own and no setup-hook
+    line (the session's own job has the hook: this one does not). verl's ``RewardLoopWorker``
+    processes find ``llm_judge`` through the installed package's verl plugin alone, and score with
+    it; a plain verl job in the same processes (``naive``, a legacy key) is scored by verl's manager
+    with its config left exactly as it was."""
+    import json
+    import subprocess
+    import sys
+
+    import ray
+
+    scorer = write_module(tmp_path, USER_FUNCTIONS)
+    arguments = (ray.get_runtime_context().gcs_address, str(tokenizer_dir), server.url + "/v1", scorer)
+    code = f"from tests.plugin_probe import score_in_a_job_without_the_hook as f; f(*{arguments!r})"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=str(Path(__file__).parents[1]),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
+    report = json.loads(line.removeprefix("REPORT "))
+    assert report["ours"]["classes"] == ["LLMJudgeRewardManager"] and report["ours"]["hooked"] == [False]
+    assert report["ours"]["scores"] == [1.0, 0.0] and report["ours"]["statuses"] == ["ok", "ok"]
+    assert report["plain"]["classes"] == ["NaiveRewardManager"] and report["plain"]["config_unchanged"]
+    assert report["plain"]["scores"] == [1.0, 0.0] and report["plain"]["statuses"] == []

@@ -52,13 +52,19 @@ def test_a_reused_worker_is_rebuilt_with_the_new_config(
 
 
 def test_a_worker_that_refuses_its_new_config_fails_as_a_fresh_one_would(
-    server, verl_config_factory, reward_loop, batch_factory
+    server, verl_config_factory, reward_loop, batch_factory, monkeypatch
 ):
+    from async_reward import ConfigError, verl_plugin
     from tests.conftest import shutdown_reward_loop
 
     shutdown_reward_loop(
         reward_loop(verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}}))
     )
+    # our verl plugin refuses the config where verl builds its reward loop, before any worker...
+    with pytest.raises(ConfigError, match=r"remote\.url"):
+        reward_loop(verl_config_factory("async_remote", {}))
+    # ...and without that check, a warm worker refuses it as a fresh one would
+    monkeypatch.setattr(verl_plugin, "prepare_where_verl_builds", lambda config: None)
     started = WARM.started["RewardLoopWorker"]
     refused = reward_loop(verl_config_factory("async_remote", {}))  # no remote.url: the manager refuses
     assert WARM.started["RewardLoopWorker"] == started + 1  # a fresh actor, built by verl's own call

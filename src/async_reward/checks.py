@@ -193,8 +193,9 @@ def check_on_failure(verl_config: Any) -> None:
     * async-reward's pipelined trainer (``python -m async_reward.pipeline.main_ppo`` in any mode,
       baseline included, or ``PipelinedRayPPOTrainer``): configs marked by
       :func:`async_reward.integration.declare_pipelined_trainer`;
-    * verl's v1 trainer with async-reward's v1 integration (``async_reward.v1.V1_OVERRIDES``: our
-      agent-loop manager masks excluded sessions and gives them groups of their own);
+    * verl's v1 trainer with async-reward's v1 integration (our agent-loop manager masks excluded
+      sessions and gives them groups of their own; the verl plugin names it where the user named no
+      other, ``async_reward.v1.V1_OVERRIDES`` without the plugin);
     * offline scoring (a config without ``actor_rollout_ref`` trains nothing): rows report
       ``excluded``.
 
@@ -225,8 +226,10 @@ def check_on_failure(verl_config: Any) -> None:
             "train with async-reward's pipelined trainer (python -m async_reward.pipeline.main_ppo, any "
             "mode, or PipelinedRayPPOTrainer; a StepSchedule loop of your own: call "
             "async_reward.integration.declare_pipelined_trainer(config) first), or with verl's v1 trainer "
-            "plus async_reward.v1.V1_OVERRIDES (docs: verl v1), both of which give excluded samples "
-            "no gradient; or use on_failure=fallback (explicit status, fallback_score) or raise",
+            "and async-reward's agent-loop manager and replay buffer (named by the verl plugin where you "
+            "name none; async_reward.v1.V1_OVERRIDES without it, docs: verl v1), both of which give "
+            "excluded samples no gradient; or use on_failure=fallback (explicit status, fallback_score) "
+            "or raise",
         )
     actor = "actor_rollout_ref.actor"
     _check_exclude_setting(f"{actor}.loss_agg_mode", select_key(verl_config, f"{actor}.loss_agg_mode"))

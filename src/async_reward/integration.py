@@ -1,50 +1,50 @@
 """Wiring async-reward into verl: the Ray setup hook, the runtime env and the config preparers.
 
-verl resolves ``reward.reward_manager.name`` in the driver (``RewardLoopManager.__init__``) *and*
-inside every ``RewardLoopWorker`` Ray process (``load_reward_manager``). Our managers register in
-verl's registry when ``async_reward`` is imported, so it must be imported in those worker processes
-too. Ray's ``worker_process_setup_hook`` does exactly that; it is the one line a user adds::
+verl resolves ``reward.reward_manager.name`` in its task runner (``RewardLoopManager.__init__``) *and*
+inside every ``RewardLoopWorker`` Ray process (``load_reward_manager``), and looks the trainer mode up
+in its task runner. Installed, the package is a verl plugin (:mod:`async_reward.verl_plugin`): every
+process that imports verl registers our managers and modes, and nothing needs adding to verl's
+command line. Where verl's plugins are off (``VERL_USE_EXTERNAL_PLUGINS=none``), Ray's
+``worker_process_setup_hook`` installs the same in every worker process::
 
-    ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_reward.integration.setup_worker
+    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_reward.integration.setup_worker
 
-(verl's ``main_ppo`` merges ``ray_kwargs.ray_init.runtime_env`` into its ``ray.init``).
-
-verl's own ``main_ppo`` never calls ``migrate_legacy_reward_impl``, so without our hook the legacy
-``reward_model.reward_manager=llm_judge`` key is silently ignored there. The setup hook applies it
-where verl builds its trainer (before any GPU worker) and its ``RewardLoopManager``, then runs the
+verl's own ``main_ppo`` never calls ``migrate_legacy_reward_impl``, so the legacy
+``reward_model.reward_manager=llm_judge`` key would be ignored there. The plugin (or the hook) applies
+it where verl builds its trainer (before any GPU worker) and its ``RewardLoopManager``, then runs the
 start-up checks (``async_reward.checks.apply_legacy_and_check``); a legacy key that verl reads
 earlier (the reward model's resources) is refused there, naming the new key.
 :func:`prepare_verl_config` applies verl's whole migration, adds the hook and runs every check; our
-entry point calls it. :func:`prepare_v1_config` does the same for verl's v1 trainer, with
+deprecated entry point calls it. :func:`prepare_v1_config` does the same for verl's v1 trainer, with
 :data:`V1_OVERRIDES`. What is refused, and why, is ``async_reward.checks``'s.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
 from async_reward._config_rules import bad_value, names_config_errors, plain_container, select_key
-from async_reward.checks import PIPELINED_TRAINER_KEY, apply_legacy_and_check, check_reward, check_v1
+from async_reward.checks import PIPELINED_TRAINER_KEY, check_reward, check_v1
 from async_reward.errors import ConfigError
 from async_reward.v1.decoupled_config import is_decoupled_mode
 from async_reward.v1.pipelined_config import is_pipelined_mode
-from async_reward.v1.registration import register_trainer_modes_on_lookup
 from async_reward.v1.settings import (
     AGENT_LOOP_MANAGER,
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
     uses_reward_replay_buffer,
 )
+from async_reward.verl_plugin import VERL_TRAINERS, VERL_V1_TRAINER_MODULE, install
 from async_reward.verl_settings import apply_legacy_reward_keys
 
 __all__ = [
     "SETUP_HOOK",
     "V1_OVERRIDES",
     "VERL_TRAINERS",
+    "VERL_V1_TRAINER_MODULE",
     "declare_pipelined_trainer",
     "init_local_ray",
     "install_judge_in_job_hooks",
@@ -56,8 +56,9 @@ __all__ = [
 
 #: Import path of the Ray worker setup hook.
 SETUP_HOOK = "async_reward.integration.setup_worker"
-#: The command-line overrides a user adds to ``python -m verl.trainer.main_ppo`` (v1 trainer), besides
-#: choosing a manager. The README quotes them; the tests compose verl's config with exactly these.
+#: What :func:`prepare_v1_config` sets, as command-line overrides: the setup hook and verl v1's two
+#: seams that the plugin implies for our managers under verl's own modes (a job without the plugin
+#: adds them; the tests compose verl's config with exactly these).
 V1_OVERRIDES: tuple[str, ...] = (
     f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
     f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={AGENT_LOOP_MANAGER}",
@@ -66,48 +67,18 @@ V1_OVERRIDES: tuple[str, ...] = (
 )
 
 
-#: verl's trainer classes whose ``__init__`` the setup hook wraps (module, class): built in the task
-#: runner before any GPU worker starts, so the legacy reward keys are migrated and the reward settings
-#: checked there, where verl's own entry point never calls ``migrate_legacy_reward_impl``.
-VERL_TRAINERS = (
-    ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer"),
-    ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer"),
-)
-
-
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: registers our managers in verl's registry once verl loads it in
-    this process, and our ``pipelined`` and ``decoupled`` verl v1 trainer modes where verl looks a mode up
-    (verl's task-runner actor; :mod:`async_reward.v1.registration`), applies the legacy
-    ``reward_model.*`` reward keys and checks the reward settings where verl's own trainer is built
-    (before its GPU workers) and where it builds its ``RewardLoopManager``. Nothing of verl is imported
-    here: a worker that never loads verl starts as fast as without the hook
-    (:mod:`async_reward.worker_imports`)."""
-    import wrapt
+    """Ray ``worker_process_setup_hook``: what our verl plugin installs (:func:`async_reward.verl_plugin.
+    install`), for a process where verl's plugins are off (``VERL_USE_EXTERNAL_PLUGINS``) or a launcher
+    that wants the line explicit. Idempotent beside the plugin: both install the same hooks, once.
 
-    from async_reward.worker_imports import check_where_verl_builds_its_reward_loop
-
-    # Each waits for verl: a worker that never loads verl (TransferQueue's, a server's) pays nothing.
-    # (Our managers' registration is installed by the package's __init__, which importing this ran.)
-    register_trainer_modes_on_lookup()
-    check_where_verl_builds_its_reward_loop(apply_legacy_and_check)  # + the judge-in-job routing
-    for module, name in VERL_TRAINERS:
-        # Wrapped when verl imports the module (most worker processes never do; importing it here
-        # would cost every one of them a second of start-up).
-        wrapt.register_post_import_hook(functools.partial(_wrap_trainer_init, name=name), module)
-    wrapt.register_post_import_hook(_install_colocate_step, VERL_V1_TRAINER_MODULE)
-
-
-#: verl v1's trainer module, whose colocated-judge scoring step the setup hook replaces for our managers.
-VERL_V1_TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
-
-
-def _install_colocate_step(module: Any) -> None:
-    """verl v1's score-the-batch step for a judge on the training GPUs, reading what our managers need
-    (:mod:`async_reward.judge_in_job.colocate`)."""
-    from async_reward.judge_in_job.colocate import install_colocate_step
-
-    install_colocate_step(module)
+    Registers our managers in verl's registry once verl loads it in this process, and our ``pipelined``
+    and ``decoupled`` verl v1 trainer modes where verl looks a mode up; where verl builds its trainer
+    (before its GPU workers) and its ``RewardLoopManager``, a config that asks for async-reward gets
+    the legacy ``reward_model.*`` reward keys applied, the v1 seams implied and the reward settings
+    checked. Nothing of verl is imported here: a worker that never loads verl starts as fast as
+    without the hook (:mod:`async_reward.worker_imports`)."""
+    install()
 
 
 def install_judge_in_job_hooks() -> None:
@@ -117,28 +88,11 @@ def install_judge_in_job_hooks() -> None:
     install_reward_loop_hooks`) and verl v1's colocated scoring step for our managers."""
     import importlib
 
+    from async_reward.judge_in_job.colocate import install_colocate_step
     from async_reward.judge_in_job.routing import install_reward_loop_hooks
 
     install_reward_loop_hooks()
-    _install_colocate_step(importlib.import_module(VERL_V1_TRAINER_MODULE))
-
-
-def _wrap_trainer_init(module: Any, name: str) -> None:
-    """Make ``module.<name>.__init__`` run :func:`apply_legacy_and_check` on its config first."""
-    trainer_cls = getattr(module, name, None)
-    original = getattr(trainer_cls, "__init__", None)
-    if original is None or getattr(original, "_async_reward_checked", False):
-        return
-
-    @functools.wraps(original)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        config = kwargs.get("config", args[0] if args else None)
-        if config is not None:
-            apply_legacy_and_check(config)
-        original(self, *args, **kwargs)
-
-    checked_init._async_reward_checked = True  # type: ignore[attr-defined]
-    trainer_cls.__init__ = checked_init  # type: ignore[misc]
+    install_colocate_step(importlib.import_module(VERL_V1_TRAINER_MODULE))
 
 
 def ray_runtime_env(base: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""What a Ray worker process pays for our setup hook: nothing of verl until verl needs us.
+"""What a process pays for our setup hook or verl plugin: nothing of verl until verl needs us.
 
-The setup hook (``async_reward.integration.setup_worker``) runs in every worker process of a job:
+The setup hook (``async_reward.integration.setup_worker``) runs in every worker process of a job, and
+our verl plugin (:mod:`async_reward.verl_plugin`) in every process that imports verl:
 the reward and agent-loop workers that use our managers, and also TransferQueue's controller and
 storage units, servers and every other actor, which never do. Importing our managers imports verl
 (``DataProto``, its Reward Loop, transformers), about 3.5 CPU-seconds on top of torch. So in a Ray
@@ -12,8 +13,8 @@ worker the package defers them, and they load when verl loads its own:
   every ``RewardLoopWorker``, or ``REWARD_MANAGER`` itself) imports that package first, so finds
   ours. Outside a Ray worker ``import async_reward`` still registers them at once.
 * :func:`check_where_verl_builds_its_reward_loop` wraps verl's ``RewardLoopManager.__init__`` once its
-  module is imported: the wrapper runs our start-up checks and installs the judge-in-job routing
-  (which imports verl) when the manager is built.
+  module is imported: the wrapper runs the check it was given (our start-up checks and the
+  judge-in-job routing, for a config that asks for async-reward) when the manager is built.
 
 Both act when verl's module has been imported (wrapt's post-import hook). An import from a
 post-import hook runs in the middle of whichever import loaded verl's module, and a module that
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -40,6 +42,8 @@ __all__ = [
     "register_managers_with_verls_registry",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: verl's reward-manager package: its registry (``REWARD_MANAGER``, ``get_reward_manager_cls``) and
 #: verl's own managers; every reader of the registry imports it first.
 VERL_REGISTRY_PACKAGE = "verl.experimental.reward_loop.reward_manager"
@@ -47,6 +51,7 @@ VERL_REGISTRY_PACKAGE = "verl.experimental.reward_loop.reward_manager"
 VERL_REWARD_LOOP_MODULE = "verl.experimental.reward_loop.reward_loop"
 #: The module whose import registers our managers.
 OUR_MANAGERS = "async_reward.managers"
+_managers_tried = False
 
 
 def in_ray_worker() -> bool:
@@ -70,14 +75,29 @@ def _import_our_managers(_package: ModuleType) -> None:
     cannot meet one of verl's half-initialised. When one of ours is the importer (a manager module
     imports verl's base class, which loads verl's package), ``async_reward.managers`` is already being
     imported and registers every manager as it completes: importing it again from here would read
-    it half-initialised."""
-    if OUR_MANAGERS not in sys.modules:
+    it half-initialised.
+
+    Our managers failing to import must not break verl's own import (a job with verl's managers would
+    stop on our error): it is logged at WARNING, and a lookup of one of our names then fails naming it
+    (``async_reward_verl_plugin.install_guard``)."""
+    global _managers_tried
+    if OUR_MANAGERS in sys.modules or _managers_tried:
+        return
+    _managers_tried = True  # once: the package's own import calls this again while it runs
+    try:
         importlib.import_module(OUR_MANAGERS)
+    except Exception as error:
+        from async_reward_verl_plugin import install_guard
+
+        cause = f"async-reward's managers failed to import in this process ({type(error).__name__}: {error})"
+        logger.warning("%s", cause, exc_info=True)
+        install_guard(cause, "fix the error logged with it", kinds=("reward manager",))
 
 
 def check_where_verl_builds_its_reward_loop(check: Callable[[Any], None]) -> None:
-    """Run ``check(config)`` and install the judge-in-job routing at the top of verl's
-    ``RewardLoopManager.__init__`` in this process, now if its module is loaded, else once it is."""
+    """Run ``check(config)`` at the top of verl's ``RewardLoopManager.__init__`` in this process, now
+    if its module is loaded, else once it is (``async_reward.verl_plugin`` passes the check that also
+    installs the judge-in-job routing, for a config of ours)."""
     wrap = functools.partial(_wrap_reward_loop_manager, check=check)
     wrapt.register_post_import_hook(wrap, VERL_REWARD_LOOP_MODULE)
 
@@ -95,9 +115,6 @@ def _wrap_reward_loop_manager(module: ModuleType, check: Callable[[Any], None]) 
 
     @functools.wraps(original)
     def checked_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        from async_reward.judge_in_job.routing import install_reward_loop_hooks
-
-        install_reward_loop_hooks()  # a judge served in the job: our reward worker, the judge awake
         check(config)
         original(self, config, *args, **kwargs)
 

@@ -50,6 +50,7 @@ from async_reward.pipeline.schedule import StepRecord, TimelineEvent
 from async_reward.result import DISPATCH_ORDER_KEY
 from async_reward.v1.decoupled_trainer import PPOTrainerDecoupled
 from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
+from async_reward.v1.replay_buffer import RewardReplayBuffer
 from async_reward_bench.calibration import StageMedians
 from async_reward_bench.gpu_split import SEPARATE_MODES
 from async_reward_bench.tag_store import TagStore
@@ -380,11 +381,13 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
     trainer._bench_batches = 0
     trainer._prefetched = {}
     trainer._leftover = None
-    if mode == "decoupled":
-        # Our RewardReplayBuffer wraps the mode's sampler to add reward/* metrics and `exclude`
+    if isinstance(trainer.replay_buffer, RewardReplayBuffer):
+        # Our RewardReplayBuffer (decoupled's, and the one our verl plugin implies under verl's own
+        # modes with our managers) wraps the mode's sampler to add reward/* metrics and `exclude`
         # handling, reading values TransferQueue holds (the tag store serves tags only); every sample
         # here is scored ok and trains, so the benchmark samples through the mode's sampler itself.
         trainer.replay_buffer = trainer.replay_buffer._builtin
+    if mode == "decoupled":
         trainer.replay_buffer.poll_interval = max(trainer.replay_buffer.poll_interval, DECOUPLED_POLL_S)
     # verl polls TransferQueue every poll_interval (2 s) of wall time: scale it like every duration.
     trainer.replay_buffer.poll_interval = trainer.replay_buffer.poll_interval * harness.time_scale

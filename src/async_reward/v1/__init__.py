@@ -1,6 +1,9 @@
 """async-reward under verl's v1 trainer (``trainer.use_v1=true``, verl's default).
 
-Add :data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_config` in a launcher):
+Installed, the package is a verl plugin (:mod:`async_reward.verl_plugin`): with one of our managers
+under verl's own v1 modes, it names these two classes in verl's config where you name none; our modes
+(``trainer.v1.trainer_mode=pipelined`` / ``decoupled``) name their own. Without the plugin, add
+:data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_config` in a launcher):
 
 * :class:`RewardAgentLoopManager` (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) runs
   group post-processing once per ``uid`` group and honours ``on_failure: exclude``;

@@ -1,17 +1,18 @@
 """``trainer.v1.pipelined.*``: the schedule of verl v1's ``pipelined`` trainer mode, checked at start-up.
 
 The node sits beside verl's own per-mode sections (``trainer.v1.sync``, ``trainer.v1.colocate_async``),
-so ``python -m verl.trainer.main_ppo trainer.use_v1=true trainer.v1.trainer_mode=pipelined
-+trainer.v1.pipelined.mini_batch=true +trainer.v1.pipelined.one_step_off_policy=true`` reads like any
-other v1 mode. The flags keep the names and meaning of the legacy trainer's ``async_reward.pipeline.*``
-(:class:`~async_reward.pipeline.trainer_config.PipelineConfig`); that node itself is refused under v1,
-with this one named as the fix.
+so ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=pipelined`` reads like any other v1 mode,
+and pipelines: ``mini_batch`` and ``one_step_off_policy`` are on unless set to false
+(``+trainer.v1.pipelined.mini_batch=false`` ...). The flags keep the names and meaning of the legacy
+trainer's ``async_reward.pipeline.*`` (:class:`~async_reward.pipeline.trainer_config.PipelineConfig`,
+off by default there); that node itself is refused under v1, with this one named as the fix.
 
 Kept free of verl's v1 modules (which import TransferQueue), like :mod:`async_reward.v1.settings`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from async_reward.config import ConfigError, parse_config
 from async_reward.pipeline.trainer_config import PipelineConfig, check_against_verl
 
 __all__ = [
+    "DEFAULT_ON",
     "PIPELINED_MODE",
     "PIPELINED_MODE_PATH",
     "PipelinedModeConfig",
@@ -36,9 +38,23 @@ PIPELINED_MODE = "pipelined"
 PIPELINED_MODE_PATH = "trainer.v1.pipelined"
 
 
+#: The schedule flags the mode turns on unless told otherwise: ``trainer_mode=pipelined`` alone runs
+#: the schedule the README recommends (mini-batch updates, the next batch generated one step off
+#: policy); ``+trainer.v1.pipelined.<flag>=false`` turns one off.
+DEFAULT_ON = ("mini_batch", "one_step_off_policy")
+
+
 @dataclass
 class PipelinedModeConfig(PipelineConfig):
-    """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs."""
+    """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs.
+
+    Unlike the legacy trainer's node (``async_reward.pipeline``, baseline unless told), the mode
+    pipelines by default: both flags of :data:`DEFAULT_ON` are on."""
+
+    mini_batch: bool = True
+    """As :attr:`PipelineConfig.mini_batch`; on by default in this mode."""
+    one_step_off_policy: bool = True
+    """As :attr:`PipelineConfig.one_step_off_policy`; on by default in this mode."""
 
     poll_interval_s: float = field(
         default=0.05,
@@ -126,7 +142,8 @@ def is_pipelined_mode(verl_config: Any) -> bool:
 
 @names_config_errors("trainer")
 def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelinedModeConfig:
-    """Read ``trainer.v1.pipelined`` (absent: baseline) and refuse what the mode cannot honour.
+    """Read ``trainer.v1.pipelined`` (absent: both schedule flags on, :data:`DEFAULT_ON`) and refuse
+    what the mode cannot honour; a refusal of a flag left at its default says so, with the override.
 
     Raises:
         ConfigError: an unknown key or bad value, and every verl setting the schedule would
@@ -142,10 +159,29 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
             f"write e.g. +{PIPELINED_MODE_PATH}.mini_batch=true",
         )
     config = parse_config(PipelinedModeConfig, node, PIPELINED_MODE_PATH)
-    config.validate()
-    check_against_verl(config, verl_config, path=PIPELINED_MODE_PATH, whole_gen_batch=False)
-    check_pipelined_mode_against_verl(config, verl_config)
+    defaulted = [flag for flag in DEFAULT_ON if flag not in node]
+    try:
+        config.validate()
+        check_against_verl(config, verl_config, path=PIPELINED_MODE_PATH, whole_gen_batch=False)
+        check_pipelined_mode_against_verl(config, verl_config)
+    except ConfigError as error:
+        raise _naming_the_default(error, defaulted) from None
     return config
+
+
+def _naming_the_default(error: ConfigError, defaulted: list[str]) -> ConfigError:
+    """``error`` refusing a flag the user did not set (on by default): said so, with the override."""
+    flags = [flag for flag in defaulted if re.search(rf"\b{flag}\b", str(error))]
+    if not flags:
+        return error
+    overrides = " ".join(f"+{PIPELINED_MODE_PATH}.{flag}=false" for flag in flags)
+    fix = f"{error.fix}; or turn the schedule off with {overrides}" if error.fix else f"or {overrides}"
+    return ConfigError(
+        f"{error} ({', '.join(flags)}: on by default under trainer.v1.trainer_mode={PIPELINED_MODE}; "
+        f"{overrides} turns it off)",
+        key=error.key or f"{PIPELINED_MODE_PATH}.{flags[0]}",
+        fix=fix,
+    )
 
 
 def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: Any) -> None:

@@ -2,9 +2,9 @@
 
 verl's ``TaskRunnerV1`` (a Ray actor) resolves ``trainer.v1.trainer_mode`` with
 ``verl.trainer.ppo.v1.get_trainer_cls``, so our trainer must be registered in that actor's process by
-then. The Ray setup hook runs in every worker process, but importing verl's v1 trainer costs about
-1.6 s and most workers (reward, agent loop, GPU) never need it. So the hook registers a post-import
-hook (wrapt's, the one the setup hook also uses for verl's trainer classes) that wraps verl's
+then. Our verl plugin (and the Ray setup hook) runs in every process that imports verl, but importing
+verl's v1 trainer costs about 1.6 s and most processes (reward, agent loop, GPU) never need it. So it
+registers a post-import hook (wrapt's, as for verl's trainer classes) that wraps verl's
 ``get_trainer_cls`` once ``verl.trainer.ppo.v1`` is imported; the wrapper imports our trainer module
 (which registers itself with verl's ``register_trainer``) when verl looks up one of our modes.
 

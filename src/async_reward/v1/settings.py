@@ -15,6 +15,12 @@ its replay buffer. Two verl seams carry our integration, both named in verl's ow
   :class:`~async_reward.v1.replay_buffer.RewardReplayBuffer` is verl's own replay buffer plus the
   ``reward/*`` metrics of every training step (the sampler's metrics are the only per-step metrics
   a configuration can add to v1's log).
+
+Under verl's own v1 modes (``sync``, ``colocate_async``, ``separate_async``) with one of our managers,
+:func:`async_reward.v1.implied_seams.imply_v1_seams` names both where the user named none (the
+plugin and the setup hook call it where verl builds its trainer); a user's own class there is kept,
+and refused by the start-up checks where it cannot honour what is configured (``on_failure: exclude``).
+Our own modes (``pipelined``, ``decoupled``) name their own classes.
 """
 
 from __future__ import annotations
