@@ -139,6 +139,19 @@ def test_request_share_holds_in_every_window_and_is_used(rpm: float, worker_coun
     assert admitted >= (0.95 if share > 1 else 0.9) * share * minutes
 
 
+def record_limiter_charges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, int]]:
+    """Every amount any ``AsyncLimiter`` charges from now on, with the loop's time of the charge."""
+    charges: list[tuple[float, int]] = []
+    acquire = AsyncLimiter.acquire
+
+    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
+        await acquire(self, amount)
+        charges.append((asyncio.get_running_loop().time(), int(amount)))
+
+    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    return charges
+
+
 @pytest.mark.parametrize(("tpm", "worker_count"), [(100_000, 4), (30_000, 1), (9_000, 3)])
 def test_token_share_holds_in_every_window_with_oversized_requests_and_debt(
     monkeypatch: pytest.MonkeyPatch, tpm: int, worker_count: int
@@ -148,14 +161,7 @@ def test_token_share_holds_in_every_window_with_oversized_requests_and_debt(
         LimitsConfig(max_concurrency=16, tokens_per_minute=tpm, estimated_tokens_per_request=512),
         worker_count,
     )
-    charges: list[tuple[float, int]] = []
-    acquire = AsyncLimiter.acquire
-
-    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
-        await acquire(self, amount)
-        charges.append((asyncio.get_running_loop().time(), int(amount)))
-
-    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    charges = record_limiter_charges(monkeypatch)
     minutes = 10
     rng = random.Random(0)
 
@@ -399,14 +405,7 @@ def test_token_budget_goes_to_the_oldest_step_first_and_an_overtaken_calls_token
     admission = Admission(
         LimitsConfig(max_concurrency=16, tokens_per_minute=12_000, estimated_tokens_per_request=500)
     )
-    charges: list[tuple[float, int]] = []
-    acquire = AsyncLimiter.acquire
-
-    async def recording_acquire(self: AsyncLimiter, amount: float = 1) -> None:
-        await acquire(self, amount)
-        charges.append((asyncio.get_running_loop().time(), int(amount)))
-
-    monkeypatch.setattr(AsyncLimiter, "acquire", recording_acquire)
+    charges = record_limiter_charges(monkeypatch)
     order: list[Any] = []
 
     async def main() -> None:
