@@ -239,6 +239,9 @@ def test_quoted_lines_with_probabilities_of_their_own_can_lower_a_criterion_neve
         "judge_criterion_b_expected": pytest.approx(3.5),
         "judge_criterion_b_mass": pytest.approx(1.0),
         "judge_weighting": "expected",
+        # the quoted line that set a's grade wrote a digit its own listing made unlikely
+        "judge_verdict_not_favourite": 1.0,
+        "judge_verdict_assumed": 0.0,
     }
 
 

@@ -395,3 +395,34 @@ async def test_the_local_judges_token_emulation_spells_the_reply_and_refuses_bad
     ):
         with pytest.raises(ValueError):
             server.update_config(**knob)
+
+
+@pytest.mark.parametrize("per_call", [None, 1])
+async def test_a_rubric_says_when_a_criterions_written_verdict_is_not_the_listed_favourite(
+    server, verl_config_factory, tokenizer, batch_factory, capsys, monkeypatch, per_call
+):
+    """The same check for a weighted rubric, in one call or a call per criterion: the sample says
+    whether any criterion's written verdict was off the favourite (the largest over its calls), the
+    log says it once at temperature 0, and ``repeat_penalty: 1.0`` puts it right."""
+    from async_reward import start_lines
+    from tests.test_criteria import CRITERIA
+
+    monkeypatch.setattr(start_lines, "_SAID", set())
+    server.update_config(verdict_probability=0.6, repeat_penalty=1.1)
+    rubric = {"criteria": CRITERIA, "criteria_per_call": per_call, "expected_verdict": True}
+    manager = LLMJudgeRewardManager(
+        verl_config_factory("llm_judge", judge_settings(server, judge=rubric)), tokenizer
+    )
+    infos = [out["reward_extra_info"] for out in await score_rows(manager, batch_factory, ROWS)]
+    assert [info["judge_weighting"] for info in infos] == ["expected", "expected"]
+    assert [info["judge_verdict_not_favourite"] for info in infos] == [1.0, 1.0]
+    assert all(info["judge_verdict_assumed"] >= 0.0 for info in infos)
+    said = [line for line in capsys.readouterr().out.splitlines() if "not the most probable" in line]
+    assert len(said) == 1, said
+
+    fixed = {**rubric, "extra_body": {"repeat_penalty": 1.0}}
+    manager = LLMJudgeRewardManager(
+        verl_config_factory("llm_judge", judge_settings(server, judge=fixed)), tokenizer
+    )
+    infos = [out["reward_extra_info"] for out in await score_rows(manager, batch_factory, ROWS)]
+    assert [info["judge_verdict_not_favourite"] for info in infos] == [0.0, 0.0]

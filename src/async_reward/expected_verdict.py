@@ -68,6 +68,7 @@ __all__ = [
     "distribution_params",
     "expected_verdict",
     "reply_tokens",
+    "say_if_not_favourite",
     "say_unweighted",
     "weighted_extras",
 ]
@@ -111,11 +112,10 @@ def distribution_params(*, served: bool) -> dict[str, int | float]:
     return {**_OPENAI_NEUTRAL, **(_SERVED_NEUTRAL if served else {})}
 
 
-def weighted_extras(outcome: ExpectedVerdict, *, temperature: float) -> dict[str, float]:
-    """A weighted sample's extras: the expected verdict, its mass, the part shared by the neighbour
-    rule, and whether the written verdict was off the listed favourite, said once at temperature 0
-    (where it means the server did not sample from what it reported)."""
-    if not outcome.favourite and temperature == 0.0:
+def say_if_not_favourite(favourite: bool, *, temperature: float) -> None:
+    """Say once in the log, at temperature 0, that a written verdict was not the listed favourite:
+    there it means the server did not sample from the probabilities it reported."""
+    if not favourite and temperature == 0.0:
         say_once(
             "judge.expected_verdict: at temperature 0 the judge wrote a verdict that is not the most "
             "probable one in its own top_logprobs, so the server samples from other probabilities than "
@@ -123,6 +123,13 @@ def weighted_extras(outcome: ExpectedVerdict, *, temperature: float) -> dict[str
             "judge.extra_body {repeat_penalty: 1.0} for llama.cpp, {repetition_penalty: 1.0} for vLLM "
             "or SGLang; reward/extra/judge_verdict_not_favourite/mean is the share of such samples"
         )
+
+
+def weighted_extras(outcome: ExpectedVerdict, *, temperature: float) -> dict[str, float]:
+    """A weighted sample's extras: the expected verdict, its mass, the part shared by the neighbour
+    rule, and whether the written verdict was off the listed favourite, said once at temperature 0
+    (where it means the server did not sample from what it reported)."""
+    say_if_not_favourite(outcome.favourite, temperature=temperature)
     return {
         "judge_expected_verdict": outcome.value,
         "judge_verdict_mass": outcome.mass,

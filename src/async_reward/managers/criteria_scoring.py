@@ -19,10 +19,17 @@ from typing import Any, Protocol
 from async_reward.config import JudgeConfig
 from async_reward.cost import JudgePricing, spent_extras
 from async_reward.criteria import CriteriaError, Criterion, aggregate, criteria_messages, read_criteria
+from async_reward.expected_verdict import say_if_not_favourite
 from async_reward.http import MalformedResponseError
 from async_reward.judge import JudgeTemplate, block, normalize_score
 from async_reward.limits import Priority
-from async_reward.managers.criteria_weighting import WEIGHTED_SUFFIXES, rubric_weighting, weigh_call
+from async_reward.managers.criteria_weighting import (
+    ASSUMED_KEY,
+    NOT_FAVOURITE_KEY,
+    WEIGHTED_SUFFIXES,
+    rubric_weighting,
+    weigh_call,
+)
 from async_reward.managers.judge_reply import judge_reply
 from async_reward.result import RewardResult, RewardSample, Status
 from async_reward.verdict import VerdictError, VerdictRules, strip_think
@@ -102,10 +109,12 @@ async def score_criteria(manager: CriteriaJudge, sample: RewardSample) -> Reward
         )
     graded: dict[str, Any] = {}
     weightings: list[str] = []
+    signs: list[dict[str, float]] = []
     for result in results:
         extras = dict(result.extras)
         if "judge_weighting" in extras:
             weightings.append(extras.pop("judge_weighting"))
+        signs.append({key: extras.pop(key) for key in (NOT_FAVOURITE_KEY, ASSUMED_KEY) if key in extras})
         graded.update(extras)
     plain = [graded[f"judge_criterion_{criterion.name}"] for criterion in judge.criteria]
     on_scale = _on_scale(
@@ -114,9 +123,10 @@ async def score_criteria(manager: CriteriaJudge, sample: RewardSample) -> Reward
     verdict_extras: dict[str, Any] = {"judge_verdict": on_scale}
     scored = on_scale
     if judge.expected_verdict:
-        expected, weighting = rubric_weighting(judge.criteria, graded, weightings)
+        expected, weighting = rubric_weighting(judge.criteria, graded, weightings, signs)
         verdict_extras.update(weighting)
         if expected is not None:
+            say_if_not_favourite(weighting[NOT_FAVOURITE_KEY] == 0.0, temperature=judge.temperature)
             share = aggregate(
                 judge.criteria, expected, min_score=judge.min_score, max_score=judge.max_score, plain=plain
             )

@@ -27,7 +27,13 @@ from async_reward.criteria import Criterion, CriterionVerdict
 from async_reward.expected_verdict import NO_LOGPROBS, reply_tokens, say_unweighted
 from async_reward.managers.span_weighting import Weighing, refuse_too_many, weigh_places
 
-__all__ = ["WEIGHTED_SUFFIXES", "rubric_weighting", "weigh_call"]
+__all__ = ["ASSUMED_KEY", "NOT_FAVOURITE_KEY", "WEIGHTED_SUFFIXES", "rubric_weighting", "weigh_call"]
+
+#: A weighted call's sample-level signs (as for a single weighted verdict): 1.0 when a criterion's
+#: written verdict was not the listed favourite, and the largest share placed by the neighbour rule.
+#: The sample takes the largest over its calls.
+NOT_FAVOURITE_KEY = "judge_verdict_not_favourite"
+ASSUMED_KEY = "judge_verdict_assumed"
 
 #: The per-criterion extras of a weighted verdict: ``judge_criterion_<name>_expected`` (the expected
 #: verdict on the judge's scale) and ``judge_criterion_<name>_mass`` (the probability its candidates
@@ -66,6 +72,7 @@ def weigh_call(
         refuse_too_many(sum(len(verdict.quoted) for _, verdict in graded))
     flaws = {criterion.name for criterion in criteria if criterion.polarity == "negative"}
     extras: dict[str, Any] = {}
+    not_favourite, assumed = 0.0, 0.0
     for name, verdict in graded:
         places = [
             (verdict.value, (visible_at + start, visible_at + end))
@@ -83,16 +90,27 @@ def weigh_call(
         value = weighing.written if weighing.written_wins(flaw) else weighing.lowest.value
         extras[f"judge_criterion_{name}_expected"] = value
         extras[f"judge_criterion_{name}_mass"] = weighing.lowest.mass
-    return {**extras, "judge_weighting": "expected"}
+        not_favourite = max(not_favourite, 0.0 if weighing.lowest.favourite else 1.0)
+        assumed = max(assumed, weighing.lowest.assumed)
+    return {
+        **extras,
+        "judge_weighting": "expected",
+        NOT_FAVOURITE_KEY: not_favourite,
+        ASSUMED_KEY: assumed,
+    }
 
 
 def rubric_weighting(
-    criteria: Sequence[Criterion], graded: dict[str, Any], weightings: Sequence[str]
+    criteria: Sequence[Criterion],
+    graded: dict[str, Any],
+    weightings: Sequence[str],
+    signs: Sequence[dict[str, float]] = (),
 ) -> tuple[list[float] | None, dict[str, Any]]:
     """The expected verdicts of the sample (None: it keeps its plain ones) and its sample-level
-    extras, from ``weightings`` (each call's ``judge_weighting``, in the rubric's order). On a plain
-    sample the weighted extras of the calls that were weighted are dropped from ``graded`` (they stay
-    NaN): nothing suggests a weighting that did not score."""
+    extras, from ``weightings`` (each call's ``judge_weighting``, in the rubric's order) and ``signs``
+    (each weighted call's :data:`NOT_FAVOURITE_KEY` and :data:`ASSUMED_KEY`). On a plain sample the
+    weighted extras of the calls that were weighted are dropped from ``graded`` (they stay NaN):
+    nothing suggests a weighting that did not score."""
     plain = next((weighting for weighting in weightings if weighting != "expected"), None)
     if plain is not None:
         for criterion in criteria:
@@ -106,4 +124,8 @@ def rubric_weighting(
         "judge_weighting": "expected",
         # The least-covered criterion: how much of the judge's probability the weakest weighing saw.
         "judge_verdict_mass": min(masses),
+        **{
+            key: max((sign.get(key, 0.0) for sign in signs), default=0.0)
+            for key in (NOT_FAVOURITE_KEY, ASSUMED_KEY)
+        },
     }
