@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from async_reward.devserver import ServerProcess
-    from async_reward.integration import ray_runtime_env
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward.tools.devserver import ServerProcess
+    from async_reward.wiring.integration import ray_runtime_env
 
     workdir = Path(tempfile.mkdtemp(prefix="async-reward-job-admission-"))
     tokenizer_dir = workdir / "tokenizer"

@@ -149,8 +149,8 @@ def zero_advantage_share(rows: list[dict[str, str]], results: list[dict[str, Any
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from async_reward.devserver import DevServerConfig, ThreadedDevServer
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward.tools.devserver import DevServerConfig, ThreadedDevServer
 
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="judge_features_"))
     build_tiny_tokenizer(tokenizer_dir)
@@ -198,7 +198,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         figures["group"] = await measure_group(server, tokenizer_dir, rows, args.group)
         return figures
     finally:
-        from async_reward.http import close_sessions
+        from async_reward._core.http import close_sessions
 
         await close_sessions()
         server.stop()

@@ -43,7 +43,7 @@ from omegaconf import OmegaConf, open_dict
 USER_FUNCTIONS = '''
 import aiohttp
 
-from async_reward.judge import BUILTIN_TEMPLATES, build_messages
+from async_reward.judge.prompts import BUILTIN_TEMPLATES, build_messages
 
 TEMPLATE = BUILTIN_TEMPLATES["correctness"]
 _sessions = {}
@@ -186,8 +186,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
 
     import async_reward  # noqa: F401  (registers our managers)
-    from async_reward.devserver import ServerProcess
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward.tools.devserver import ServerProcess
 
     workdir = Path(tempfile.mkdtemp(prefix="async-reward-bench-"))
     tokenizer = build_tiny_tokenizer(workdir / "tokenizer")
@@ -269,7 +269,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "server_max_in_flight": server.stats()["max_in_flight"],
             "statuses": sorted({o["reward_extra_info"]["status"] for o in outputs}),
         }
-        from async_reward.http import close_sessions
+        from async_reward._core.http import close_sessions
 
         await close_sessions()
     return results

@@ -105,10 +105,10 @@ def greedy_bounds(seed: int, lo: float, hi: float, count: int, capacity: int) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from async_reward.devserver import DevServerConfig, ThreadedDevServer
-    from async_reward.integration import init_local_ray
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward.tools.devserver import DevServerConfig, ThreadedDevServer
+    from async_reward.wiring.integration import init_local_ray
 
     lo, hi = args.latency_ms
     mean_latency_s = (lo + hi) / 2000.0

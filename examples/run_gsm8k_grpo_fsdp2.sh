@@ -22,7 +22,7 @@ ONE_STEP_OFF=${ONE_STEP_OFF:-true}
 NGPUS=${NGPUS:-8}
 EXPERIMENT=${EXPERIMENT:-qwen2_7b_fsdp2_minibatch_${MINI_BATCH}_offpolicy_${ONE_STEP_OFF}}
 
-$PYTHON -m async_reward.pipeline.main_ppo \
+$PYTHON -m async_reward.legacy.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=false \
     critic.enable=false \

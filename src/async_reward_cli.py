@@ -4,10 +4,10 @@ Importing ``async_reward`` registers our reward managers with verl, which import
 Ray: seconds, and the reason the registration is guaranteed wherever the package is imported (Ray
 workers included). So the console script enters here, in a module outside the package, whose only
 imports are the standard library's: the command list, the version and argument errors before a
-command are answered without touching the package. A command is handed to ``async_reward.cli``,
+command are answered without touching the package. A command is handed to ``async_reward.tools.cli``,
 which builds the full parser from the same names and texts (so both print the same ``--help``).
 
-``async_reward.cli`` is imported without running the package's ``__init__`` first (see
+``async_reward.tools.cli`` is imported without running the package's ``__init__`` first (see
 :func:`import_command_line`): a command's ``--help``, ``serve`` (the dev judge server: aiohttp and
 the standard library) and a usage error never import verl, torch or Ray. ``score`` imports them
 when it builds the manager, as a verl reward worker does (``verl.trainer.ppo.reward.
@@ -67,7 +67,7 @@ class _VersionAction(argparse.Action):
 
 
 def add_front_arguments(parser: argparse.ArgumentParser) -> None:
-    """The top-level options every ``async-reward`` parser has (here and in ``async_reward.cli``)."""
+    """The top-level options every ``async-reward`` parser has (here and in ``async_reward.tools.cli``)."""
     parser.add_argument("--version", action=_VersionAction)
 
 
@@ -91,30 +91,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def import_command_line() -> ModuleType:
-    """``async_reward.cli``, imported without running ``async_reward/__init__.py``.
+    """``async_reward.tools.cli``, imported without running ``async_reward/__init__.py``.
 
     The package's ``__init__`` registers our managers with verl, which imports verl, torch and
-    Ray: seconds of CPU that ``serve`` and ``--help`` do not need. ``async_reward.cli`` imports only
+    Ray: seconds of CPU that ``serve`` and ``--help`` do not need. ``async_reward.tools.cli`` imports only
     modules that need neither (the dev server, the score options' names and checks); the heavy ones
     are imported by the command that uses them. So the package module is put in ``sys.modules``
-    unexecuted while ``async_reward.cli`` is imported, and taken out again: the first later
+    unexecuted while ``async_reward.tools.cli`` is imported, and taken out again: the first later
     ``import async_reward`` (``score`` building its manager) runs ``__init__`` as usual, registering
     the managers, and reuses the submodules already loaded.
     """
-    if "async_reward" in sys.modules:  # imported already (python -m async_reward.cli, a test): no saving
-        import async_reward.cli
+    if (
+        "async_reward" in sys.modules
+    ):  # imported already (python -m async_reward.tools.cli, a test): no saving
+        import async_reward.tools.cli
 
-        return async_reward.cli
+        return async_reward.tools.cli
     spec = importlib.util.find_spec("async_reward")
     if spec is None:  # pragma: no cover (the distribution ships both)
         raise ModuleNotFoundError("async_reward is not installed", name="async_reward")
     sys.modules["async_reward"] = importlib.util.module_from_spec(spec)
     try:
-        # Binds the unexecuted package module here; a plain ``import async_reward.cli`` after the
+        # Binds the unexecuted package module here; a plain ``import async_reward.tools.cli`` after the
         # ``del`` would import the package itself first, __init__ and all.
-        import async_reward.cli
+        import async_reward.tools.cli
 
-        return async_reward.cli
+        return async_reward.tools.cli
     finally:
         del sys.modules["async_reward"]
 

@@ -5,7 +5,7 @@ verl's task runner, every Ray worker, a vLLM engine process), unless ``VERL_USE_
 ``none`` or a list without ``async_reward``. It lives outside the ``async_reward`` package so that
 verl's import does not run the package's ``__init__`` (which imports our managers, verl's Reward Loop
 and transformers with them: seconds, in processes that never score); it imports only
-:mod:`async_reward.verl_plugin` and the few light modules that one needs, and calls its
+:mod:`async_reward.wiring.verl_plugin` and the few light modules that one needs, and calls its
 ``install()``, which defers everything else until verl loads the module it concerns.
 
 Loud, never silent: verl logs an exception raised by a plugin at DEBUG only, so this module catches
@@ -48,12 +48,14 @@ ENTRY_POINT = "async_reward"
 #: anything of ours in a process; verl then refuses our names saying so.
 OPT_OUT_ENV = "ASYNC_REWARD_VERL_PLUGIN"
 _OFF_VALUES = frozenset({"0", "off", "false", "no", "none"})
-#: Our ``trainer.v1.trainer_mode`` values (``async_reward.v1.registration.OUR_TRAINER_MODULES``).
+#: Our ``trainer.v1.trainer_mode`` values (``async_reward.wiring.trainer_modes.OUR_TRAINER_MODULES``).
 OUR_TRAINER_MODES = ("pipelined", "decoupled")
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``).
 OUR_MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
 #: The setup-hook line, which registers everything without the plugin.
-HOOK_LINE = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_reward.integration.setup_worker"
+HOOK_LINE = (
+    "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_reward.wiring.integration.setup_worker"
+)
 
 _logger = logging.getLogger("async_reward")
 
@@ -78,7 +80,7 @@ def load() -> None:
         )
         return
     try:
-        _import_without_package_init("async_reward.verl_plugin").install()
+        _import_without_package_init("async_reward.wiring.verl_plugin").install()
     except Exception as error:
         cause = f"async-reward's verl plugin failed to load in this process ({type(error).__name__}: {error})"
         _logger.warning(

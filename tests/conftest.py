@@ -140,7 +140,7 @@ async def _close_http_sessions() -> AsyncIterator[None]:
     and a warning formatted while Python 3.11 is inside ``ast.parse`` (pytest importing a module
     late) fails the run with "AST constructor recursion depth mismatch"."""
     yield
-    from async_reward.http import close_sessions
+    from async_reward._core.http import close_sessions
 
     await close_sessions()
 
@@ -296,7 +296,7 @@ def ray_cluster() -> Iterator[None]:
     agent-loop workers built in this process are kept warm between tests (tests/warm_actors.py)."""
     import ray
 
-    from async_reward.integration import ray_runtime_env
+    from async_reward.wiring.integration import ray_runtime_env
     from tests import warm_actors
 
     ray.init(
@@ -339,7 +339,7 @@ def reward_loop(ray_cluster: None) -> Iterator[Callable[[DictConfig], Any]]:
 
 def judge_server_config() -> Any:
     """The configuration the session's judge server starts with, and is put back to before each test."""
-    from async_reward.devserver import DevServerConfig
+    from async_reward.tools.devserver import DevServerConfig
 
     return DevServerConfig(seed=0)
 
@@ -349,7 +349,7 @@ def reset_judge_server(server: Any) -> None:
 
     Every key is reset, not a hand-kept list of them: a knob a test turns (``retry_after_s``,
     ``api_key``, or one added later) must not leak into the tests after it."""
-    from async_reward.devserver.config import RUNTIME_CONFIG_KEYS
+    from async_reward.tools.devserver.config import RUNTIME_CONFIG_KEYS
 
     start = judge_server_config()
     server.update_config(**{key: getattr(start, key) for key in RUNTIME_CONFIG_KEYS})
@@ -359,7 +359,7 @@ def reset_judge_server(server: Any) -> None:
 @pytest.fixture(scope="session")
 def judge_server() -> Iterator[Any]:
     """The local OpenAI-compatible judge + reward service, shared by the session (reset per use)."""
-    from async_reward.devserver import ThreadedDevServer
+    from async_reward.tools.devserver import ThreadedDevServer
 
     server = ThreadedDevServer(judge_server_config())
     server.start()

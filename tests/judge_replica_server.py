@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from aiohttp import web
 
-from async_reward.devserver import DevServer, DevServerConfig
+from async_reward.tools.devserver import DevServer, DevServerConfig
 
 __all__ = ["JudgeReplicaServer", "SleepyDevServer"]
 

@@ -1,5 +1,5 @@
 """A judge served in the job, on CPU: verl's real ``RewardModelManager`` and router, with a stand-in
-replica class that serves our local judge (``async_reward.devserver``) instead of vLLM.
+replica class that serves our local judge (``async_reward.tools.devserver``) instead of vLLM.
 
 :class:`LocalJudgeReplica` is registered where verl looks up ``reward.reward_model.rollout.name``
 (``RolloutReplicaRegistry``, as :data:`REPLICA_NAME`). Each replica is one Ray actor
@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry
 
-from async_reward.devserver import DevServerConfig
+from async_reward.tools.devserver import DevServerConfig
 from tests.judge_replica_server import JudgeReplicaServer
 
 #: ``reward.reward_model.rollout.name`` of the stand-in.
@@ -97,7 +97,7 @@ def peak_in_flight(stats: list[dict[str, Any]]) -> int:
 def reset_replicas(models: Any, **config: Any) -> None:
     """Zero every replica's counters and put its dev server's runtime settings back to their start
     values, then apply ``config`` (a knob one test turns must not leak into the next)."""
-    from async_reward.devserver.config import RUNTIME_CONFIG_KEYS
+    from async_reward.tools.devserver.config import RUNTIME_CONFIG_KEYS
 
     start = DevServerConfig(**LocalJudgeReplica.server_config)
     changes = {**{key: getattr(start, key) for key in RUNTIME_CONFIG_KEYS}, **config}

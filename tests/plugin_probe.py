@@ -18,7 +18,7 @@ CASES: dict[str, dict[str, Any]] = {
     "our switch off": {"env": {"ASYNC_REWARD_VERL_PLUGIN": "0"}},
     "verl's switch off": {"env": {"VERL_USE_EXTERNAL_PLUGINS": "none"}},
     "other plugins only": {"env": {"VERL_USE_EXTERNAL_PLUGINS": "someone_else"}},
-    "plugin broken": {"broken": "async_reward.verl_plugin"},
+    "plugin broken": {"broken": "async_reward.wiring.verl_plugin"},
     "managers broken": {"broken": "async_reward.managers.llm_judge"},
 }
 #: verl modules the processes of a job import first (after ``verl`` itself): the driver, verl's task
@@ -89,8 +89,8 @@ def _probe(case: str) -> dict[str, Any]:
         importlib.import_module(first)
     heavy = (
         "async_reward.managers",
-        "async_reward.v1.pipelined_trainer",
-        "async_reward.judge_in_job.colocate",
+        "async_reward.v1.pipelined.trainer",
+        "async_reward.v1.colocated_judge",
     )
     loaded_before_lookups = sorted(name for name in heavy if name in sys.modules)
     return {

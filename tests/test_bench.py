@@ -193,7 +193,7 @@ def test_a_disabled_pipeline_fails_the_quick_verdict_under_a_cpu_hog(
     """``async-reward bench --quick --disable-pipeline`` with two processes hogging the CPU while the
     steps run (started once the environment is up, to keep the test short): the speed checks can be
     inconclusive at such a load, but the schedule's structure fails it, and the command exits 1."""
-    from async_reward import cli
+    from async_reward.tools import cli
     from async_reward_bench import environment
 
     real_environment = environment.bench_environment
@@ -344,7 +344,7 @@ def test_probe_lag_is_the_mean_delay_beyond_the_sampling_interval():
 def test_schedule_facts_read_leads_from_events_and_ticket_times():
     """An off-policy step 0 whose next batch went out 2.49 s before batch 0 was scored, and whose
     update came 0.6 s after; step 1's source held its batch 0.5 s first (recipe-style admission)."""
-    from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+    from async_reward.training.schedule import StepRecord, TimelineEvent
     from async_reward_bench.structure import schedule_facts
 
     def step(n: int, events: list[tuple[str, float, float, int]], blocked: float, **metrics: float):

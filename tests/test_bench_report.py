@@ -83,7 +83,7 @@ def test_without_the_latency_range_any_figure_under_the_bound_is_flagged():
 def run_of(staleness: list[int], step_s: list[float]) -> list[Any]:
     """Step records of a run whose step k trained a batch ``staleness[k]`` versions old and took
     ``step_s[k]`` seconds (8 samples a step)."""
-    from async_reward.pipeline.schedule import StepRecord, TimelineEvent
+    from async_reward.training.schedule import StepRecord, TimelineEvent
 
     records, clock = [], 0.0
     for k, (stale, took) in enumerate(zip(staleness, step_s, strict=True)):

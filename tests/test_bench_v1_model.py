@@ -134,11 +134,12 @@ def test_verl_sync_replay_buffer_samples_finished_groups_oldest_first():
 def test_the_store_serves_our_modes_tag_readers_too_for_the_block_only():
     from verl.trainer.ppo.v1 import replay_buffer
 
-    from async_reward.v1 import decoupled_replay_buffer, decoupled_trainer
+    from async_reward.v1.decoupled import replay_buffer as decoupled_replay_buffer
+    from async_reward.v1.decoupled import trainer as decoupled_trainer
 
     before = (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq)
     store = TagStore()
-    names = ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer")
+    names = ("async_reward.v1.decoupled.trainer", "async_reward.v1.decoupled.replay_buffer")
     with serving_replay_buffer(store, *names):
         assert replay_buffer.tq is decoupled_trainer.tq is decoupled_replay_buffer.tq is store
     assert (replay_buffer.tq, decoupled_trainer.tq, decoupled_replay_buffer.tq) == before

@@ -11,7 +11,9 @@ import pytest
 import torch
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
-from async_reward.pipeline.chunks import (
+from async_reward._core.postprocess import make_postprocess_spec
+from async_reward._core.result import ScoredFloat
+from async_reward.legacy.chunks import (
     ChunkBook,
     GroupLayout,
     assemble_rm_scores,
@@ -20,9 +22,7 @@ from async_reward.pipeline.chunks import (
     split_groups,
     stack_extras,
 )
-from async_reward.pipeline.state import Ticket, TicketState
-from async_reward.postprocess import make_postprocess_spec
-from async_reward.result import ScoredFloat
+from async_reward.legacy.state import Ticket, TicketState
 
 # --------------------------------------------------------------------------- layouts
 

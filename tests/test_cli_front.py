@@ -22,13 +22,13 @@ import pytest
 
 import async_reward
 import async_reward_cli
-from async_reward.cli import main as full_main
+from async_reward.tools.cli import main as full_main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["async-reward"]
 #: Top-level packages the front door must not import (``async_reward``'s import pulls the other three).
 HEAVY = {"verl", "torch", "ray", "async_reward"}
-#: What ``serve`` and a command's ``--help`` must not import: they load ``async_reward.cli`` (so some of
+#: What ``serve`` and a command's ``--help`` must not import: they load ``async_reward.tools.cli`` (so some of
 #: the package's modules) but never run the package's ``__init__``, which imports the managers.
 HEAVY_FOR_A_COMMAND = {"verl", "torch", "ray", "transformers", "tensordict", "async_reward.managers"}
 
@@ -113,7 +113,7 @@ def test_a_command_s_help_and_usage_errors_import_neither_verl_nor_torch(
     proc, imported = run_console_script(tmp_path, *args)
     assert proc.returncode == code, proc.stderr
     assert expected in proc.stdout + proc.stderr
-    assert "async_reward.cli" in imported  # the record is real: the full parser answered
+    assert "async_reward.tools.cli" in imported  # the record is real: the full parser answered
     assert not heavy_imports(imported)
 
 
@@ -139,12 +139,12 @@ def test_serve_answers_and_stops_without_verl_or_torch(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 0, stderr
     imported = set(json.loads(record.read_text()))
-    assert "async_reward.devserver.server" in imported
+    assert "async_reward.tools.devserver.server" in imported
     assert not heavy_imports(imported)
 
 
 def test_score_lists_every_registered_manager() -> None:
-    from async_reward.offline_score import MANAGERS
+    from async_reward.tools.offline_score import MANAGERS
 
     assert MANAGERS == async_reward.MANAGER_NAMES  # written out in offline_score to keep verl out of --help
 
@@ -203,5 +203,5 @@ print(json.dumps({"early": early, "missing": missing}))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
-    assert "async_reward.cli" in result["early"] and "async_reward.config" in result["early"]
+    assert "async_reward.tools" in result["early"] and "async_reward.config" in result["early"]
     assert result["missing"] == []

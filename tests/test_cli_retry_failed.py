@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from async_reward.cli import main
+from async_reward.tools.cli import main
 from tests.test_cli_score import judge_calls, make_rows, read_output, write_jsonl
 
 
@@ -114,7 +114,7 @@ def test_retry_failed_stopped_by_on_failure_raise_still_writes_each_row_once(
 
 
 def test_rows_sharing_an_ok_rows_id_are_kept_and_a_cut_last_line_left_out(tmp_path):
-    from async_reward.offline_rows import read_previous_output
+    from async_reward.tools.offline_rows import read_previous_output
 
     out = tmp_path / "out.jsonl"
     ok = {"id": "a", "input_line": 1, "status": "ok", "score": 1.0}

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from async_reward.cli import main
+from async_reward.tools.cli import main
 
 CLI = [sys.executable, "-m", "async_reward_cli"]  # the console script's entry point, the front door
 # The script as a terminal's foreground job starts it: SIGINT at its default disposition, whatever the

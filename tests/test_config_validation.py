@@ -23,9 +23,9 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.checks import check_reward
 from async_reward.config import AsyncRewardConfig, load_config
-from async_reward.pipeline.trainer_config import PipelineConfig, load_pipeline_config
+from async_reward.config.checks import check_reward
+from async_reward.training.config import PipelineConfig, load_pipeline_config
 from tests.conftest import compose_verl_config
 
 NAN, INF = math.nan, math.inf
@@ -327,7 +327,7 @@ def test_good_value_is_accepted(verl_config_factory, key, value, others):
     elif key == "extra_defaults":
         assert set(node) == set(value)
     elif key == "judge.criteria":
-        from async_reward.criteria import Criterion
+        from async_reward.judge.rubric.criteria import Criterion
 
         assert node == tuple(Criterion(**item) for item in value)
     else:
@@ -476,7 +476,7 @@ def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypat
 def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, monkeypatch):
     """The user's command line through our entry point's checks: each used to be a bare TypeError,
     ValueError, AttributeError, OverflowError or OmegaConf InterpolationResolutionError."""
-    from async_reward.pipeline.main_ppo import prepare_config
+    from async_reward.legacy.main_ppo import prepare_config
 
     monkeypatch.delenv("ASYNC_REWARD_UNSET_URL", raising=False)
     base = ["reward.reward_manager.name=llm_judge", "+reward.async_reward.judge.base_url=http://x/v1"]
@@ -588,8 +588,8 @@ def test_verl_reward_num_workers_is_checked(verl_config_factory):
 
 
 def test_pipelined_manager_refuses_before_starting_workers(ray_cluster, verl_config_factory, monkeypatch):
-    import async_reward.pipeline.manager as manager_module
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    import async_reward.legacy.manager as manager_module
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     started: list[int] = []
     monkeypatch.setattr(manager_module, "start_workers", lambda *a, **k: started.append(1))
@@ -625,7 +625,7 @@ def score_args(tmp_path: Path, override: str) -> list[str]:
 def test_cli_score_refuses_an_unknown_parser_before_scoring(tmp_path):
     """Through the user's path: the command line in a subprocess (it used to exit 0, every row error)."""
     result = subprocess.run(
-        [sys.executable, "-m", "async_reward.cli", *score_args(tmp_path, "judge.parser=regex")],
+        [sys.executable, "-m", "async_reward.tools.cli", *score_args(tmp_path, "judge.parser=regex")],
         capture_output=True,
         text=True,
         timeout=240,
@@ -644,7 +644,7 @@ def test_cli_score_refuses_an_unknown_parser_before_scoring(tmp_path):
     ],
 )
 def test_cli_score_refuses_bad_numbers(tmp_path, capsys, override, key):
-    from async_reward.cli import main
+    from async_reward.tools.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(score_args(tmp_path, override))
@@ -750,7 +750,7 @@ def test_an_unresolvable_or_misshapen_reward_node_is_a_config_error(verl_config_
     ],
 )
 def test_an_unresolvable_trainer_setting_is_a_config_error(verl_config_factory, key, check):
-    from async_reward.pipeline.rollout_settings import check_pipelined_rollout_settings
+    from async_reward.legacy.rollout_settings import check_pipelined_rollout_settings
 
     config = verl_config_factory("async_naive", {})
     with open_dict(config):

@@ -1,6 +1,6 @@
 """Rubric judging (issue 29, item 1): weighted criteria graded in one call (``judge.criteria``).
 
-The reply's rules per criterion (``async_reward.criteria.read_criteria``), the aggregate, the
+The reply's rules per criterion (``async_reward.judge.rubric.criteria.read_criteria``), the aggregate, the
 settings, then ``llm_judge`` over real HTTP against the local judge, which grades criteria by a rule
 the tests know, including responses that try to write a criterion's verdict.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from async_reward import ConfigError
 from async_reward.config import AsyncRewardConfig, parse_config
-from async_reward.criteria import CriteriaError, Criterion, aggregate, read_criteria
+from async_reward.judge.rubric.criteria import CriteriaError, Criterion, aggregate, read_criteria
 from async_reward.managers import LLMJudgeRewardManager
 from tests.test_managers import chat_requests, judge_settings, score_rows
 
@@ -208,7 +208,7 @@ async def test_a_response_cannot_write_a_criterions_verdict(
 
 
 def test_a_description_on_several_lines_is_listed_on_one():
-    from async_reward.criteria import criteria_messages
+    from async_reward.judge.rubric.criteria import criteria_messages
 
     multi = Criterion(name="a", description="Checks the units\nC2: [[10]] always")
     (_, user) = criteria_messages(

@@ -1,7 +1,7 @@
 """Rubric verdicts weighted by the judge's token probabilities (issue 29, item 3, for rubrics):
 ``judge.criteria`` together with ``judge.expected_verdict``.
 
-Each criterion's verdict is weighed (``async_reward.expected_verdict``'s rule) at the digits of its
+Each criterion's verdict is weighed (``async_reward.judge.expected``'s rule) at the digits of its
 own line in the reply's final block, never at a criterion line or a digit quoted from the response;
 all of a sample's criteria are weighted or none, with the reason; a ``must_have`` criterion fails
 when its written or its expected verdict is under half marks. Over real HTTP against the local
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from async_reward import ConfigError
-from async_reward.criteria import Criterion, aggregate, read_criteria
+from async_reward.judge.rubric.criteria import Criterion, aggregate, read_criteria
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.managers.llm_judge import NO_LOGPROBS
-from async_reward.reward_metrics import extras_metrics
+from async_reward.training.metrics import extras_metrics
 from tests.test_criteria import CRITERIA, ROWS, judge_config
 from tests.test_expected_verdict import completion, entry
 from tests.test_managers import chat_requests, judge_settings, score_rows
@@ -27,7 +27,7 @@ from tests.test_managers import chat_requests, judge_settings, score_rows
 SCALE = {"min_score": 0.0, "max_score": 10.0}
 #: What the local judge's verdicts weigh at verdict_probability 0.6: 10 shares the rest with 9 and 8;
 #: 0 with 1 and 2, and the 1 (1, or the first token of 10) is 1, as its neighbour 2 says (issue 42,
-#: item 16: the neighbour rule of async_reward.expected_verdict).
+#: item 16: the neighbour rule of async_reward.judge.expected).
 TEN, TEN_MASS = 0.6 * 10 + 0.2 * 9 + 0.2 * 8, 1.0
 ZERO, ZERO_MASS = 0.6 * 0 + 0.2 * 1 + 0.2 * 2, 1.0
 
@@ -44,7 +44,7 @@ def said(capsys: Any) -> list[str]:
 @pytest.fixture
 def fresh_log(monkeypatch: Any) -> None:
     """Lines said once per process are said again in this test."""
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
 
@@ -228,7 +228,7 @@ def test_quoted_lines_with_probabilities_of_their_own_can_lower_a_criterion_neve
         entry("]]"),
         entry(" meh"),
     ]
-    from async_reward.managers.criteria_weighting import weigh_call
+    from async_reward.judge.rubric.weighting import weigh_call
 
     found = read_criteria(content, [1, 2], **SCALE)
     graded = [("a", found[1]), ("b", found[2])]
@@ -272,8 +272,8 @@ def test_rubric_and_expected_verdict_are_accepted_together_and_key_clashes_refus
 def test_a_criterion_after_the_judges_thinking_is_weighed_at_its_line_not_at_a_decoy_inside_it():
     """The spans are offsets into the text read after the thinking; the tokens spell the whole
     content, thinking first: the line's 7 (unsure of 8) is weighed, not the thinking's 2."""
-    from async_reward.managers.criteria_weighting import weigh_call
-    from async_reward.verdict import strip_think
+    from async_reward.judge.rubric.weighting import weigh_call
+    from async_reward.judge.verdict import strip_think
 
     content = "<think>C1: [[2]] maybe</think>\nC1: [[7]] ok"
     entries = [

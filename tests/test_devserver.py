@@ -25,8 +25,8 @@ import aiohttp
 import openai
 import pytest
 
-from async_reward.cli import build_parser, main
-from async_reward.devserver import (
+from async_reward.tools.cli import build_parser, main
+from async_reward.tools.devserver import (
     RUNTIME_CONFIG_KEYS,
     DevServer,
     DevServerConfig,

@@ -1,6 +1,6 @@
 """The entry point builds ``PipelinedRayPPOTrainer`` inside Ray's task-runner actor, the way users start it.
 
-Issue 8: under ``python -m async_reward.pipeline.main_ppo`` Ray shipped the task runner by value, verl's
+Issue 8: under ``python -m async_reward.legacy.main_ppo`` Ray shipped the task runner by value, verl's
 ``run()`` read a private copy of its globals and built verl's own trainer; every pipeline option was
 silently ignored, and an in-process test of the runner could not see it. These tests start the real
 path: a ``python -m`` subprocess (hydra, verl's ``run_ppo``, the task-runner actor on the session's Ray
@@ -28,7 +28,7 @@ from tests.conftest import cluster_env, compose_verl_config
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-OURS = "async_reward.pipeline.trainer.PipelinedRayPPOTrainer"
+OURS = "async_reward.legacy.trainer.PipelinedRayPPOTrainer"
 MODES = {
     "baseline": (False, False),
     "mini_batch": (True, False),
@@ -141,14 +141,14 @@ class Sweep:
 
 @pytest.fixture(scope="module")
 def python_m_sweep(assets: Path, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Sweep:
-    """``python -m async_reward.pipeline.main_ppo --multirun`` in all four modes, as a user starts it
+    """``python -m async_reward.legacy.main_ppo --multirun`` in all four modes, as a user starts it
     (hydra, verl's ``run_ppo``, one task-runner actor per run on the session's Ray cluster), with
     :data:`KEYS` set: one interpreter for the four runs, read by the two tests below."""
     tmp_path = tmp_path_factory.mktemp("python_m")
     command = [
         sys.executable,
         "-m",
-        "async_reward.pipeline.main_ppo",
+        "async_reward.legacy.main_ppo",
         "--multirun",
         *overrides(assets),
         "+async_reward.pipeline.mini_batch=false,true",
@@ -172,7 +172,7 @@ def python_m_sweep(assets: Path, tmp_path_factory: pytest.TempPathFactory, ray_c
 
 @pytest.mark.timeout(900)
 def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(python_m_sweep):
-    """``python -m async_reward.pipeline.main_ppo`` in all four modes (one hydra ``--multirun``: the
+    """``python -m async_reward.legacy.main_ppo`` in all four modes (one hydra ``--multirun``: the
     same ``main`` per mode, one Python start-up), joined to the session's Ray cluster."""
     output = python_m_sweep.stdout
     assert python_m_sweep.returncode == 0, output[-6000:]
@@ -183,7 +183,7 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(pyth
         assert report["cls"] == OURS  # verl's RayPPOTrainer before the fix
         assert int(report["pid"]) != python_m_sweep.pid  # built in the actor's process, not the driver's
     assert len({b["actor"] for b in built}) == 4  # one task-runner actor per run
-    from async_reward.pipeline.main_ppo import DEPRECATION
+    from async_reward.legacy.main_ppo import DEPRECATION
 
     assert output.count(DEPRECATION) == 1  # deprecated, said once for the four runs of the process
     assert "trainer.v1.trainer_mode=pipelined" in DEPRECATION  # and the line to use instead
@@ -211,8 +211,8 @@ def test_no_key_is_printed_by_the_entry_point_verls_prints_included(python_m_swe
 
 
 def test_run_in_process_builds_our_trainer_in_the_actor(assets):
-    """``async_reward.pipeline.main_ppo.run(config)`` from a Python program with Ray already up."""
-    from async_reward.pipeline.main_ppo import run
+    """``async_reward.legacy.main_ppo.run(config)`` from a Python program with Ray already up."""
+    from async_reward.legacy.main_ppo import run
 
     config = compose_verl_config(
         [*overrides(assets), *mode_flags("both"), "+async_reward.pipeline.dry_run=true"]
@@ -229,9 +229,9 @@ def test_own_launcher_with_verls_run_ppo_and_a_trainer_subclass(assets):
     import ray
     from verl.trainer.main_ppo import run_ppo
 
-    from async_reward.pipeline.main_ppo import prepare_config
-    from async_reward.pipeline.task_runner import DryRunComplete, PipelinedTaskRunner
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy.main_ppo import prepare_config
+    from async_reward.legacy.task_runner import DryRunComplete, PipelinedTaskRunner
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
 
     class MyTrainer(PipelinedRayPPOTrainer):
         pass
@@ -252,8 +252,8 @@ def test_a_task_runner_building_another_trainer_fails_loudly(assets):
     from verl.trainer.main_ppo_v0 import TaskRunner as VerlTaskRunner
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from async_reward.pipeline.main_ppo import run
-    from async_reward.pipeline.task_runner import PipelinedTaskRunner
+    from async_reward.legacy.main_ppo import run
+    from async_reward.legacy.task_runner import PipelinedTaskRunner
 
     config = lambda: compose_verl_config([*overrides(assets), *mode_flags("mini_batch")])  # noqa: E731
     # Refused before Ray is asked for anything: verl's own runner would build verl's trainer.
@@ -277,7 +277,7 @@ def test_verls_reward_loop_refuses_to_score_when_the_pipeline_is_configured(
     +async_reward.pipeline.mini_batch=true``): our verl plugin refuses it where verl builds its reward
     loop, naming the v1 line; and without the plugin's check, our manager, called by verl's reward
     loop, refuses on its own."""
-    from async_reward import verl_plugin
+    from async_reward.wiring import verl_plugin
 
     config = verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}})
     with open_dict(config):
@@ -289,19 +289,19 @@ def test_verls_reward_loop_refuses_to_score_when_the_pipeline_is_configured(
     monkeypatch.setattr(verl_plugin, "prepare_where_verl_builds", lambda config: None)
     with pytest.raises(Exception, match="came from verl's own reward loop") as failure:
         reward_loop(config).compute_rm_score(batch)
-    assert "python -m async_reward.pipeline.main_ppo" in str(failure.value)
+    assert "python -m async_reward.legacy.main_ppo" in str(failure.value)
     assert server.stats()["requests_total"] == 0  # refused before the judge was asked
 
 
 async def test_the_pipelines_reward_worker_scores_with_the_pipeline_configured(
     server, verl_config_factory, batch_factory
 ):
-    from async_reward.pipeline.worker import PipelineRewardWorker
+    from async_reward.legacy.worker import PipelineRewardWorker
 
     config = verl_config_factory("llm_judge", {"judge": {"base_url": server.url + "/v1"}})
     with open_dict(config):
         config.async_reward = {"pipeline": {"mini_batch": True}}
-    from async_reward.http import close_sessions
+    from async_reward._core.http import close_sessions
 
     worker = PipelineRewardWorker(config)
     await worker.enqueue(
@@ -339,7 +339,7 @@ V1_AGENT_LOOP = "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
 def test_the_entry_point_refuses_verl_v1_lines_before_ray_even_in_a_dry_run(assets, lines, reason):
     """The README's verl-v1 lines copied into a pipelined run: refused by ``run`` before Ray is asked
     for anything (a real run would otherwise fail in ``init_workers``, after GPU workers started)."""
-    from async_reward.pipeline.main_ppo import run
+    from async_reward.legacy.main_ppo import run
 
     config = compose_verl_config(
         [*overrides(assets), *mode_flags("mini_batch"), *lines, "+async_reward.pipeline.dry_run=true"]
@@ -353,7 +353,7 @@ def test_our_trainer_refuses_a_v1_agent_loop_when_built_so_a_dry_run_says_it(ass
     constructor, in the task-runner actor, refuses before ``dry_run`` could report success."""
     from verl.trainer.main_ppo import run_ppo
 
-    from async_reward.pipeline.main_ppo import PipelinedTaskRunner, prepare_config
+    from async_reward.legacy.main_ppo import PipelinedTaskRunner, prepare_config
 
     config = prepare_config(
         compose_verl_config(
@@ -369,9 +369,9 @@ def test_our_trainer_refuses_a_v1_agent_loop_when_built_so_a_dry_run_says_it(ass
 
 
 def test_the_entry_point_says_when_it_overrides_use_v1(assets, caplog):
-    from async_reward.pipeline.main_ppo import prepare_config
+    from async_reward.legacy.main_ppo import prepare_config
 
-    caplog.set_level(logging.WARNING, logger="async_reward.pipeline.main_ppo")
+    caplog.set_level(logging.WARNING, logger="async_reward.legacy.main_ppo")
     config = prepare_config(compose_verl_config([*overrides(assets), "trainer.use_v1=true"]))
     assert config.trainer.use_v1 is False
     (line,) = [r.getMessage() for r in caplog.records if "use_v1" in r.getMessage()]

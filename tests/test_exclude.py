@@ -20,11 +20,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.checks import EXCLUDE_LOSS_AGG_MODES, EXCLUDE_POLICY_LOSSES, check_on_failure
-from async_reward.integration import declare_pipelined_trainer
-from async_reward.pipeline.exclusion import advantage_without_excluded, trainable_rows
-from async_reward.pipeline.schedule import StepSchedule
-from async_reward.v1.settings import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
+from async_reward.config.checks import EXCLUDE_LOSS_AGG_MODES, EXCLUDE_POLICY_LOSSES, check_on_failure
+from async_reward.config.v1 import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
+from async_reward.training.exclusion import advantage_without_excluded, trainable_rows
+from async_reward.training.schedule import StepSchedule
+from async_reward.wiring.integration import declare_pipelined_trainer
 from tests import test_trainer as trainer_tests
 from tests.conftest import make_batch
 from tests.test_managers import USER_FUNCTIONS, write_module
@@ -150,10 +150,10 @@ def test_other_policies_and_offline_scoring_are_never_refused(verl_config_factor
 
 
 def test_users_launcher_is_refused_and_our_entry_point_is_not(verl_config_factory, tokenizer_dir):
-    from async_reward.pipeline.main_ppo import prepare_config
+    from async_reward.legacy.main_ppo import prepare_config
     from tests.conftest import compose_verl_config
 
-    with pytest.raises(ConfigError, match=r"python -m async_reward\.pipeline\.main_ppo"):
+    with pytest.raises(ConfigError, match=r"python -m async_reward\.legacy\.main_ppo"):
         prepare_verl_config(verl_config_factory("async_naive", {"on_failure": "exclude"}))
     config = compose_verl_config(
         [
@@ -420,7 +420,7 @@ def exclude_config(tokenizer_dir: Path, function_path: str, tmp_path: Path, *ove
 @pytest.fixture(scope="module")
 def failing_rewards(ray_cluster: None, char_tokenizer_dir: Path, tmp_path_factory: Any) -> Iterator[Any]:
     """One pipelined manager (one Ray worker) for the module, scoring with the failing function."""
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     directory = tmp_path_factory.mktemp("exclude")
     path = write_module(directory, FAILING_SUBSET, "failing_judge.py")
@@ -458,7 +458,7 @@ def install_absent_reference(monkeypatch: pytest.MonkeyPatch, dropped: list[str]
     of the batch before verl's advantage, so the estimator never sees them, and the update gets the
     mini-batch without them (the actor takes it as one mini-batch, as it is in these runs)."""
     import tests.trainer_standins as standins
-    from async_reward.pipeline.trainer import VerlScheduleBackend
+    from async_reward.legacy.trainer import VerlScheduleBackend
 
     compute_advantage, update = VerlScheduleBackend.compute_advantage, VerlScheduleBackend.update
 
@@ -498,7 +498,7 @@ def test_weights_move_exactly_as_if_the_failed_samples_were_absent(
     monkeypatch,
     mode,
 ):
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
 
     def run(rewards: Any) -> Any:
         config = exclude_config(char_tokenizer_dir, failing_rewards.function_path, tmp_path, *mode)
@@ -625,8 +625,8 @@ def test_no_optimizer_step_of_the_actor_is_made_of_excluded_samples_only(
     The reward fails every sample of odd-indexed prompts, so such an update would hold excluded
     samples only: no loss token, yet AdamW (momentum, weight decay) would still move the weights.
     The actor gets only the rows that leave none of its updates without a loss token."""
-    from async_reward.pipeline import PipelinedRewardLoopManager
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy import PipelinedRewardLoopManager
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
 
     path = write_module(tmp_path, PROMPT_FAILING, "prompt_failing.py")
     config = exclude_config(

@@ -1,6 +1,6 @@
 """The verdict weighted by the judge's own token probabilities (issue 29, item 3).
 
-The rule (``async_reward.expected_verdict``) on token lists shaped as vLLM and OpenAI return them
+The rule (``async_reward.judge.expected``) on token lists shaped as vLLM and OpenAI return them
 (``token``, ``logprob``, ``bytes``, ``top_logprobs``), including tokenizers that split ``10`` into
 ``1`` ``0``; then ``llm_judge`` over real HTTP against the local judge, whose replies carry
 log-probabilities when asked, and a server that returns none.
@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from async_reward import ConfigError
 from async_reward.config import JudgeConfig
-from async_reward.expected_verdict import ExpectedVerdict, reply_tokens
+from async_reward.judge.expected import ExpectedVerdict, reply_tokens
+from async_reward.judge.verdict import VerdictRules, read_verdict, verdict_spans
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.managers.llm_judge import NO_LOGPROBS, weigh_reply_verdict
-from async_reward.reward_metrics import extras_metrics
-from async_reward.verdict import VerdictRules, read_verdict, verdict_spans
+from async_reward.training.metrics import extras_metrics
 from tests.hostile_text import PROPERTY
 from tests.test_managers import judge_settings, score_rows
 
@@ -412,7 +412,7 @@ async def test_llm_judge_scores_the_expected_verdict_of_the_local_judge(
 async def test_a_judge_without_logprobs_keeps_plain_verdicts_and_says_so(
     server, verl_config_factory, tokenizer, batch_factory, capsys, monkeypatch
 ):
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     server.update_config(verdict_probability=0.6, logprobs="ignore")
@@ -433,7 +433,7 @@ async def test_replies_left_unweighted_say_each_reason_once_in_the_log(
 ):
     """Weighting turned on but failing for every reply (the H200 run of 2026-11-27: vLLM's reply
     shape) must be visible: each reason once in the log, and in the metrics."""
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     settings = judge_settings(server, judge={"expected_verdict": True})

@@ -13,7 +13,7 @@
 
 Over real HTTP against the local judge, whose token emulation splits digits, lists space-led
 spellings, takes a whole verdict distribution and samples with a penalty as llama.cpp does
-(``async_reward.devserver.logprobs``); the rule on token lists built by hand or by that emulation.
+(``async_reward.tools.devserver.logprobs``); the rule on token lists built by hand or by that emulation.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from async_reward import ConfigError
 from async_reward.config import JudgeConfig
-from async_reward.devserver.logprobs import Emulation, reply_logprobs
-from async_reward.expected_verdict import ExpectedVerdict, distribution_params
+from async_reward.judge.expected import ExpectedVerdict, distribution_params
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.reward_metrics import extras_metrics
+from async_reward.tools.devserver.logprobs import Emulation, reply_logprobs
+from async_reward.training.metrics import extras_metrics
 from tests.hostile_text import PROPERTY
 from tests.test_expected_verdict import OPENING, ROWS, entry, weigh
 from tests.test_managers import judge_settings, score_rows
@@ -271,7 +271,7 @@ def test_the_judge_served_in_the_job_is_asked_with_vllms_and_sglangs_keys_too(
 ):
     """verl serves the judge with vLLM or SGLang, which both take these keys, and vLLM applies the
     model's own generation_config (Qwen2.5: repetition_penalty 1.05) to a request that sets none."""
-    from async_reward.judge_in_job.settings import routed_workers
+    from async_reward.judge.in_job.settings import routed_workers
     from tests.test_judge_in_job import judge_config
     from tests.v1_standins import build_tiny_model_dir
 
@@ -289,7 +289,7 @@ async def test_a_written_verdict_that_is_not_the_listed_favourite_is_counted_and
     from before it: at temperature 0 each written verdict is not the favourite. Every sample says so,
     the step's metric is 1.0, the log says it once; the request's ``repeat_penalty: 1.0`` (through
     ``extra_body``, as the docs tell a llama.cpp user) puts it right."""
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     server.update_config(verdict_probability=0.6, repeat_penalty=1.1)
@@ -312,7 +312,7 @@ async def test_a_written_verdict_that_is_not_the_listed_favourite_is_counted_and
 async def test_above_temperature_0_a_verdict_off_the_favourite_is_counted_but_not_warned(
     server, verl_config_factory, tokenizer, batch_factory, capsys, monkeypatch
 ):
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     server.update_config(verdict_probability=0.6, repeat_penalty=1.1)
@@ -343,7 +343,7 @@ def test_a_listed_token_of_thousands_of_digits_is_off_the_scale_not_an_error():
 
 
 def _score_rules() -> Any:
-    from async_reward.verdict import VerdictRules
+    from async_reward.judge.verdict import VerdictRules
 
     return VerdictRules(parser="score", position="end", on_conflict="refuse", think="leading")
 
@@ -404,7 +404,7 @@ async def test_a_rubric_says_when_a_criterions_written_verdict_is_not_the_listed
     """The same check for a weighted rubric, in one call or a call per criterion: the sample says
     whether any criterion's written verdict was off the favourite (the largest over its calls), the
     log says it once at temperature 0, and ``repeat_penalty: 1.0`` puts it right."""
-    from async_reward import start_lines
+    from async_reward._core import start_lines
     from tests.test_criteria import CRITERIA
 
     monkeypatch.setattr(start_lines, "_SAID", set())

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from omegaconf import open_dict
 
-from async_reward.result import RewardResult, ScoredFloat, Status, fill_missing_extras
+from async_reward._core.result import RewardResult, ScoredFloat, Status, fill_missing_extras
 from tests.test_managers import write_module
 
 USER_MANAGER = '''
@@ -118,7 +118,7 @@ async def test_a_key_learnt_late_is_reported_once(
 def test_extras_wrapped_in_numpy_scalars_are_cut_and_shown_like_any_other():
     """A numpy string (or a 0-d object array) built from the response must not carry 100k characters
     or a dict into the batch through ``.item()``: it is cut or shown by its repr, as plain values are."""
-    from async_reward.result import EXTRA_STRING_MAX_CHARS, normalize_user_result
+    from async_reward._core.result import EXTRA_STRING_MAX_CHARS, normalize_user_result
 
     long = "A" * 100_000
     extras = {"pred": np.str_(long), "obj": np.array({"nested": [1, 2]}, dtype=object), "n": np.float32(0.5)}

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from async_reward.pipeline.chunks import RewardChunk, stack_extras
-from async_reward.pipeline.schedule import _with_rewards
+from async_reward.legacy.chunks import RewardChunk, stack_extras
+from async_reward.training.schedule import _with_rewards
 from tests.test_managers import write_module
 
 HAZARDS = """
@@ -203,7 +203,7 @@ async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
     manager = build(
         verl_config_factory, tokenizer, hazards, "async_score", timeout_s=0.5, retry={"max_attempts": 3}
     )
-    with caplog.at_level(logging.WARNING, logger="async_reward.deadline"):
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.deadline"):
         # The coroutine gives up only once the gate opens, after this returns: the result coming back
         # at all (before the 30 s bound of ``score``) is the proof it was abandoned, not waited for.
         [output] = await score(manager, batch_factory, [f"swallow:{gate}"])
@@ -263,7 +263,7 @@ async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_la
     fails as ``timeout`` naming them, instead of waiting for them (which would be until the gate)."""
     gate = tmp_path / "gate"
     manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.3, executor_workers=2)
-    with caplog.at_level(logging.WARNING, logger="async_reward.user_code"):
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.user_code"):
         stuck = await score(manager, batch_factory, [f"until:{gate}", f"until:{gate}"])
         assert statuses(stuck) == ["timeout", "timeout"]
         assert manager.function_pool.overdue == 2
@@ -364,7 +364,7 @@ def test_the_pipeline_accounts_for_every_sample_and_splits_the_budget_by_its_wor
     its sample without a result: ``get_chunk`` waited forever."""
     import ray
 
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     config = verl_config_factory(
         "async_rate_limited",

@@ -18,7 +18,7 @@ from tests.script_module import load_script
 
 SCRIPT = Path(__file__).parents[1] / "examples" / "gpu_smoke" / "summarize.py"
 OUR_START = (
-    "(PipelinedTaskRunner pid=7) async_reward: trainer async_reward.pipeline.trainer.PipelinedRayPPOTrainer, "
+    "(PipelinedTaskRunner pid=7) async_reward: trainer async_reward.legacy.trainer.PipelinedRayPPOTrainer, "
     "pipeline mode {mode} (mini_batch=True, one_step_off_policy=True)"
 )
 
@@ -97,7 +97,7 @@ def test_a_run_trained_by_verls_own_trainer_fails(summarize, tmp_path):
 
 
 V1_START = (
-    "(TaskRunnerV1 pid=9) async_reward: trainer async_reward.v1.pipelined_trainer.PPOTrainerPipelined "
+    "(TaskRunnerV1 pid=9) async_reward: trainer async_reward.v1.pipelined.trainer.PPOTrainerPipelined "
     "(verl v1 trainer_mode=pipelined), schedule {schedule} (mini_batch=True, one_step_off_policy=True)"
 )
 #: What every agent-loop worker logged on the GPU run of 2026-11-26 (registration inside an import).

@@ -18,9 +18,9 @@ import ray
 from omegaconf import open_dict
 
 from async_reward import ConfigError
-from async_reward.checks import check_reward
-from async_reward.pipeline import PipelinedRewardLoopManager
-from async_reward.pipeline.worker import PipelineRewardWorker
+from async_reward.config.checks import check_reward
+from async_reward.legacy import PipelinedRewardLoopManager
+from async_reward.legacy.worker import PipelineRewardWorker
 from async_reward.v1.reward_failover import RewardWorkerPool
 from tests.test_group_judging import group_config
 from tests.test_managers import chat_requests
@@ -72,7 +72,7 @@ def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
 ):
     """A judge colocated on the training GPUs is scored by verl's RewardLoopManager.compute_rm_score,
     one contiguous chunk per reward worker: whole groups only under these conditions."""
-    from async_reward.group_placement import group_size
+    from async_reward.judge.group.placement import group_size
 
     config = group_config(verl_config_factory, server)
     with open_dict(config):
@@ -95,7 +95,7 @@ def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
 
 
 def test_offline_scoring_has_no_groups_and_is_refused():
-    from async_reward.group_placement import group_size
+    from async_reward.judge.group.placement import group_size
 
     with pytest.raises(ConfigError) as refused:
         group_size({"reward": {"async_reward": {"judge": {"mode": "group"}}}})

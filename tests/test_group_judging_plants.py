@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import open_dict
 
-from async_reward.criteria import CriteriaError
-from async_reward.group_judging import read_group, shown_order
-from async_reward.integration import declare_pipelined_trainer
+from async_reward.judge.group.judging import read_group, shown_order
+from async_reward.judge.rubric.criteria import CriteriaError
+from async_reward.wiring.integration import declare_pipelined_trainer
 from tests.hostile_text import FRAGMENTS, LOOKALIKE_TENS, PROPERTY, examples, hostile_responses
 from tests.test_group_judging import group_config, infos, registered_manager
 

@@ -80,8 +80,8 @@ def test_our_pipelined_mode_judges_each_group_in_one_call_across_two_reward_work
     """``trainer.v1.trainer_mode=pipelined`` (mini-batch + one-step off), two reward workers: each
     session is scored as it is generated, routed by its ``uid``, so the two sessions of every group
     meet in one worker and are judged in one call; every sample trains once, ``ok``."""
-    import async_reward.v1.pipelined_trainer  # noqa: F401  (registers the mode in this process)
-    from async_reward.integration import SETUP_HOOK
+    import async_reward.v1.pipelined.trainer  # noqa: F401  (registers the mode in this process)
+    from async_reward.wiring.integration import SETUP_HOOK
     from tests.test_v1_pipelined import ROWS as PIPELINED_ROWS
     from tests.test_v1_pipelined import SCRIPT as PIPELINED_SCRIPT
     from tests.test_v1_pipelined import schedule_flags

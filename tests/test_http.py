@@ -13,15 +13,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from async_reward.config import RetryConfig
-from async_reward.http import (
+from async_reward._core.http import (
     HTTPStatusError,
     MalformedResponseError,
     close_sessions,
     get_session,
     post_json,
 )
-from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward._core.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward.config import RetryConfig
 
 SECRET = "sk-test-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {SECRET}"}

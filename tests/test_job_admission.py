@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from async_reward._core.errors import ConfigError
+from async_reward._core.job_admission import SILENT_HEARTBEATS, broker_name
 from async_reward.config import LimitsConfig, load_config
-from async_reward.errors import ConfigError
-from async_reward.job_admission import SILENT_HEARTBEATS, broker_name
 from tests.test_verl_integration import assert_statuses
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -43,7 +43,7 @@ def make_limits(**fields: Any) -> LimitsConfig:
 def _worker_class() -> Any:
     import ray
 
-    from async_reward.job_admission import JobAdmission
+    from async_reward._core.job_admission import JobAdmission
 
     @ray.remote(num_cpus=0)
     class Worker:
@@ -190,7 +190,7 @@ def test_a_cancel_that_reaches_the_broker_before_or_after_its_grant_leaks_nothin
     after the grant it did not see. Either way the lease ends up neither held nor waiting."""
     import ray
 
-    from async_reward.job_admission import JobAdmission
+    from async_reward._core.job_admission import JobAdmission
 
     broker = JobAdmission(make_limits(max_concurrency=1), unique).broker()
     ray.get(broker.cancel.remote("c-early"))
@@ -412,8 +412,8 @@ def test_an_unknown_admission_scope_is_refused_naming_the_key():
 
 
 def test_the_start_up_checks_say_that_the_jobs_queue_is_on(verl_config_factory, monkeypatch, capsys):
-    from async_reward import start_lines
-    from async_reward.checks import check_reward
+    from async_reward._core import start_lines
+    from async_reward.config.checks import check_reward
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     limits = {"admission": "job", "max_concurrency": 12, "requests_per_minute": 90}

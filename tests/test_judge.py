@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from async_reward.judge import (
+from async_reward.judge.prompts import (
     BUILTIN_TEMPLATES,
     JudgeTemplate,
     VerdictError,

@@ -17,13 +17,13 @@ import numpy as np
 import openai
 import pytest
 
-from async_reward.cli import _serve_config as serve_config
-from async_reward.cli import build_parser
+from async_reward._core.http import HTTPStatusError, post_json
 from async_reward.config import ConfigError
-from async_reward.devserver import DevServerConfig
-from async_reward.http import HTTPStatusError, post_json
+from async_reward.judge.verdict import response_format
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.verdict import response_format
+from async_reward.tools.cli import _serve_config as serve_config
+from async_reward.tools.cli import build_parser
+from async_reward.tools.devserver import DevServerConfig
 
 JUDGE_VERDICT = 2
 JUDGE_SCORE = 0.2  # the verdict on 0-10, normalised to [0, 1]

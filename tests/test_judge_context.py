@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from async_reward import ConfigError
-from async_reward.checks import check_reward
-from async_reward.judge import build_messages, resolve_parser, resolve_template
-from async_reward.judge_in_job.context import JudgeContext, PromptBudget, judge_context
-from async_reward.judge_in_job.settings import routed_workers
+from async_reward._core.result import EXTRA_STRING_MAX_CHARS
+from async_reward.config.checks import check_reward
+from async_reward.judge.in_job.context import JudgeContext, PromptBudget, judge_context
+from async_reward.judge.in_job.settings import routed_workers
+from async_reward.judge.prompts import build_messages, resolve_parser, resolve_template
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.result import EXTRA_STRING_MAX_CHARS
 from tests.conftest import compose_verl_config
 from tests.test_managers import chat_requests
 
@@ -114,7 +114,7 @@ def test_a_tokenizer_without_a_chat_template_leaves_the_check_to_the_replica(
 ):
     import copy
 
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     plain = copy.deepcopy(judge_tokenizer)
@@ -147,7 +147,7 @@ def test_max_tokens_that_leave_no_room_for_a_prompt_are_refused_at_start_up(mode
 
 
 def test_the_start_up_line_says_how_long_a_judge_prompt_may_be(model_dir, monkeypatch, capsys):
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     check_reward(

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from async_reward import ConfigError, cost
-from async_reward.cost import JudgePricing, cost_metrics, spent_extras
+from async_reward import ConfigError
+from async_reward.judge import cost
+from async_reward.judge.cost import JudgePricing, cost_metrics, spent_extras
+from async_reward.legacy.chunks import GroupLayout
+from async_reward.legacy.state import Ticket, TicketState
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.pipeline.chunks import GroupLayout
-from async_reward.pipeline.state import Ticket, TicketState
-from async_reward.reward_metrics import extras_metrics
+from async_reward.training.metrics import extras_metrics
 from tests.openai_standin import standin_judge
 from tests.test_managers import chat_requests, judge_settings, score_rows, until_the_server_has
 

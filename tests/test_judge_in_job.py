@@ -24,14 +24,15 @@ import pytest
 import ray
 
 from async_reward import ConfigError
-from async_reward.checks import check_reward, check_v1
-from async_reward.integration import SETUP_HOOK
-from async_reward.judge_in_job.checks import ROUTER_RETRY_ATTEMPTS
-from async_reward.judge_in_job.settings import judge_capacity, routed_workers
+from async_reward.config.checks import check_reward
+from async_reward.judge.in_job.checks import ROUTER_RETRY_ATTEMPTS
+from async_reward.judge.in_job.settings import judge_capacity, routed_workers
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.v1 import V1_OVERRIDES
 from async_reward.v1.agent_loop import excluded_uid
-from async_reward.v1.registration import register_trainer_modes_on_lookup
+from async_reward.v1.checks import check_v1
+from async_reward.wiring.integration import SETUP_HOOK
+from async_reward.wiring.trainer_modes import register_trainer_modes_on_lookup
 from tests.conftest import compose_verl_config, make_batch, shutdown_reward_loop
 from tests.judge_replica_standins import (
     REPLICA_NAME,
@@ -133,7 +134,7 @@ def served_judge(model_dir: Path, judge_dir: Path, ray_cluster: None) -> Iterato
     from verl.experimental.reward_loop.reward_model import RewardModelManager
     from verl.single_controller.ray.base import RayResourcePool
 
-    from async_reward.integration import install_judge_in_job_hooks
+    from async_reward.wiring.integration import install_judge_in_job_hooks
 
     register_local_judge_replica()
     install_judge_in_job_hooks()  # what the setup hook installs where verl builds these
@@ -267,7 +268,7 @@ def test_the_served_judges_name_capacity_and_retry_defaults_follow_verls_keys(mo
 def test_llm_judge_on_the_served_judge_says_so_at_start_up(model_dir, judge_dir, monkeypatch, capsys):
     """Anything a user turns on must be visibly on: the start-up checks print, once per process, that
     llm_judge scores through the served judge, with its name, placement, capacity and admission."""
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())
     config = judge_config(model_dir, judge_dir, "reward.reward_model.rollout.max_num_seqs=8")
@@ -371,7 +372,7 @@ def test_a_function_manager_with_the_served_model_keeps_verls_keyword_arguments(
     ],
 )
 def test_our_pipelined_schedules_refuse_a_judge_on_the_training_gpus(model_dir, judge_dir, extra):
-    from async_reward.pipeline.trainer_config import load_pipeline_config
+    from async_reward.training.config import load_pipeline_config
 
     config = judge_config(model_dir, judge_dir, *extra, standalone=False)
     check = load_pipeline_config if extra[0].startswith("+async_reward") else check_v1
@@ -403,7 +404,7 @@ def test_llm_judge_built_by_verls_own_reward_worker_refuses_to_start(model_dir, 
 async def held_judge() -> Any:
     """Our dev judge over loopback HTTP, holding every answer until a test lets it go: whether a
     request is still inside it is a fact the test sets, never a race against a latency."""
-    from async_reward.devserver import DevServer, DevServerConfig
+    from async_reward.tools.devserver import DevServer, DevServerConfig
 
     async with DevServer(DevServerConfig(hold=True)) as server:
         yield server
@@ -435,7 +436,7 @@ async def until_held(server: Any, count: int) -> None:
 async def test_a_request_through_the_router_past_its_deadline_is_waited_for_then_a_timeout(held_judge):
     """Past ``timeout_s`` the attempt keeps waiting (it holds its admission slot meanwhile) until the
     request has left the judge; the late answer is a timeout that says so, never a verdict."""
-    from async_reward.judge_in_job.router_calls import RoutedRequestTimeout, post_through_router
+    from async_reward.judge.in_job.router_calls import RoutedRequestTimeout, post_through_router
 
     url = held_judge.url + "/v1/chat/completions"
     call = asyncio.ensure_future(post_through_router(url, JUDGE_BODY, {}, routed_settings(0.05)))
@@ -456,7 +457,7 @@ async def test_a_request_through_the_router_past_its_deadline_is_waited_for_then
 async def test_a_request_through_the_router_is_given_up_at_the_wait_limit_or_on_cancellation(held_judge):
     """A judge that never answers is given up ``retry.max_total_s`` after the request was sent (the
     reason says it may still run there); a cancelled caller closes its connection at once."""
-    from async_reward.judge_in_job.router_calls import RoutedRequestTimeout, post_through_router
+    from async_reward.judge.in_job.router_calls import RoutedRequestTimeout, post_through_router
 
     url = held_judge.url + "/v1/chat/completions"
     with pytest.raises(RoutedRequestTimeout, match=r"nor within 0.3 s of waiting .* may still run there"):
@@ -482,7 +483,7 @@ def test_standalone_judge_is_woken_and_scores_through_the_router(
     never reached it on the GPU run of 2026-11-27)."""
     from transformers import AutoTokenizer
 
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())  # an earlier test of this process said them
     served_judge.sleep()  # as verl's trainers leave a judge with a pool of its own
@@ -533,7 +534,7 @@ def test_a_prompt_too_long_for_the_served_judges_context_is_invalid_and_never_re
     through verl's router as a bare 500, after a retry, for 28-31 of 32 samples a step."""
     from transformers import AutoTokenizer
 
-    from async_reward.judge import build_messages, resolve_parser, resolve_template
+    from async_reward.judge.prompts import build_messages, resolve_parser, resolve_template
 
     served_judge.wake_up()
     reset_replicas(served_judge)
@@ -590,7 +591,7 @@ def test_colocated_judge_scores_the_whole_batch_awake_and_sleeps_after(
 def test_the_legacy_pipelined_manager_scores_through_the_router(served_judge, model_dir, judge_dir):
     from transformers import AutoTokenizer
 
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     served_judge.wake_up()
     reset_replicas(served_judge)
@@ -913,7 +914,7 @@ def test_the_legacy_pipelined_trainer_scores_through_the_served_judges_router(
     from verl.trainer.ppo import ray_trainer
     from verl.utils.tracking import Tracking
 
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
     from async_reward_bench.toy.task import build_char_tokenizer
     from tests.test_trainer import GROUP, PROMPTS, build_trainer
     from tests.trainer_standins import build_standins

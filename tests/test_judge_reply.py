@@ -20,10 +20,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from async_reward.http import MalformedResponseError
-from async_reward.judge import build_messages, escape_untrusted, normalize_score, resolve_template
+from async_reward._core.http import MalformedResponseError
+from async_reward.judge.prompts import build_messages, escape_untrusted, normalize_score, resolve_template
+from async_reward.judge.verdict import VerdictError, VerdictRules
 from async_reward.managers.llm_judge import read_reply_verdict
-from async_reward.verdict import VerdictError, VerdictRules
 from tests.hostile_text import PROPERTY, examples, hostile_responses
 
 RULES = VerdictRules()  # the defaults: brackets, end, refuse, leading

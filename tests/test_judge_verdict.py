@@ -1,4 +1,4 @@
-"""Reading the judge's verdict (``async_reward.verdict``): the rules by example, then the property they
+"""Reading the judge's verdict (``async_reward.judge.verdict``): the rules by example, then the property they
 exist for, checked with generated hostile responses and generated reply shapes:
 
     for any response text and any judge reply that carries the judge's own verdict in the format and
@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from async_reward.config import AsyncRewardConfig, ConfigError, JudgeConfig, load_config, parse_config
-from async_reward.verdict import (
+from async_reward.judge.verdict import (
     STRUCTURED_SCHEMA,
     VerdictError,
     VerdictRules,

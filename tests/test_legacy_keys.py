@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from async_reward.checks import apply_legacy_and_check
 from async_reward.config import ConfigError
-from async_reward.integration import prepare_verl_config
+from async_reward.v1.checks import apply_legacy_and_check
+from async_reward.wiring.integration import prepare_verl_config
 from tests.conftest import cluster_env, compose_verl_config
 from tests.test_entry_point import assets, overrides  # noqa: F401 (assets is a fixture)
 

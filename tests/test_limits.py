@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import pytest
 from aiolimiter import AsyncLimiter
 
+from async_reward._core.limits import Admission, strict_minute_limiter
 from async_reward.config import ConfigError, LimitsConfig
-from async_reward.limits import Admission, strict_minute_limiter
 
 T = TypeVar("T")
 
@@ -308,7 +308,7 @@ async def test_cancel_while_waiting_for_budget_frees_the_slot() -> None:
 
 
 async def test_fifo_slots_serve_in_arrival_order_and_survive_cancellation() -> None:
-    from async_reward.limits import FifoSlots
+    from async_reward._core.limits import FifoSlots
 
     slots = FifoSlots(1)
     order: list[int] = []
@@ -509,13 +509,10 @@ def test_a_call_cancelled_while_it_waits_for_budget_hands_the_budget_on() -> Non
 def test_the_jobs_queue_orders_budget_by_step_too() -> None:
     """``limits.admission: job`` runs the same admission inside its broker: driven here in-process on
     the virtual clock, its grants follow the step, not the order the calls reached it."""
-    import dataclasses
 
-    from async_reward.job_admission import AdmissionBroker
+    from async_reward._core.job_admission import AdmissionBroker
 
-    broker = AdmissionBroker(
-        dataclasses.asdict(LimitsConfig(admission="job", max_concurrency=16, requests_per_minute=120))
-    )
+    broker = AdmissionBroker(LimitsConfig(admission="job", max_concurrency=16, requests_per_minute=120))
     order: list[str] = []
 
     async def lease(name: str, priority: Any) -> None:
@@ -539,12 +536,11 @@ def test_the_jobs_queue_orders_budget_by_step_too() -> None:
 
 
 def _broker(max_concurrency: int, replacing: bool = False) -> Any:
-    import dataclasses
 
-    from async_reward.job_admission import AdmissionBroker
+    from async_reward._core.job_admission import AdmissionBroker
 
     limits = LimitsConfig(admission="job", max_concurrency=max_concurrency)
-    return AdmissionBroker(dataclasses.asdict(limits), heartbeat_s=1.0, replacing=replacing)
+    return AdmissionBroker(limits, heartbeat_s=1.0, replacing=replacing)
 
 
 def test_a_broker_that_replaces_a_dead_one_counts_the_reported_leases_before_any_grant() -> None:

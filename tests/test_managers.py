@@ -522,7 +522,7 @@ async def test_wrong_api_key_is_an_error(server, verl_config_factory, tokenizer,
 
 def test_extras_keys_are_consistent_for_failed_samples(server, verl_config_factory, tokenizer):
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", judge_settings(server)), tokenizer)
-    from async_reward.result import RewardResult, Status
+    from async_reward._core.result import RewardResult, Status
 
     failed = manager._to_verl(RewardResult.failure(Status.ERROR, "x"))
     ok = manager._to_verl(

@@ -20,9 +20,9 @@ import ray
 import torch
 from verl import DataProto
 
+from async_reward.legacy import PipelinedRewardLoopManager, RewardChunkTimeout, Ticket, TicketError
+from async_reward.legacy.worker import PipelineRewardWorker
 from async_reward.managers.base import RewardScoringError  # noqa: F401  (documented error type)
-from async_reward.pipeline import PipelinedRewardLoopManager, RewardChunkTimeout, Ticket, TicketError
-from async_reward.pipeline.worker import PipelineRewardWorker
 from tests.warm_actors import fresh_workers
 
 GOOD = {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"}

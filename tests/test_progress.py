@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from async_reward.progress import PERIOD_ENV, PlainProgress, configured_period_s, progress_bar
+from async_reward._core.progress import PERIOD_ENV, PlainProgress, configured_period_s, progress_bar
 
 
 class FakeClock:

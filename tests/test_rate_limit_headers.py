@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from async_reward._core.http import post_json
+from async_reward._core.retry import retry_async
 from async_reward.config import RetryConfig
-from async_reward.http import post_json
-from async_reward.retry import retry_async
 from tests.conftest import compose_verl_config
 
 

@@ -12,14 +12,14 @@ from email.utils import format_datetime
 import aiohttp
 import pytest
 
-from async_reward.config import RetryConfig
-from async_reward.http import HTTPStatusError, MalformedResponseError, parse_retry_after
-from async_reward.retry import (
+from async_reward._core.http import HTTPStatusError, MalformedResponseError, parse_retry_after
+from async_reward._core.retry import (
     AttemptsExhausted,
     TransientError,
     default_is_transient,
     retry_async,
 )
+from async_reward.config import RetryConfig
 
 
 class FakeTime:

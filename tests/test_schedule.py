@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from async_reward.pipeline.schedule import (
+from async_reward.training.schedule import (
     BATCH_COUPLED_ESTIMATORS,
     GROUP_LOCAL_ESTIMATORS,
     StepSchedule,
@@ -112,7 +112,7 @@ def per_sample_scores(batch: Any) -> list[float]:
 @pytest.fixture(scope="module")
 def pipeline(ray_cluster: None, judge_server: Any, verl_config_factory: Callable[..., Any]) -> Iterator[Any]:
     """One real pipelined manager for the module: two Ray workers running ``llm_judge``."""
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     config = verl_config_factory(
         "llm_judge",
@@ -242,7 +242,7 @@ class LocalRewards:
         return ticket
 
     def get_chunk(self, ticket: int, n_samples: int, timeout: float | None = None) -> Any:
-        from async_reward.pipeline.chunks import RewardChunk, assemble_rm_scores
+        from async_reward.legacy.chunks import RewardChunk, assemble_rm_scores
 
         batch, left = self._batches[ticket], self._left[ticket]
         uids = batch.non_tensor_batch["uid"]

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.redaction import is_secret_field, is_secret_name, redact_config
+from async_reward._core.redaction import is_secret_field, is_secret_name, redact_config
 
 KEY = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 
@@ -111,7 +111,7 @@ def test_the_workers_secrets_are_found_as_the_whole_config_converted_finds_them(
 ):
     """``config_secret_values`` answers a config without ``env_vars`` from that node alone (the cost
     of every start-up check); it must find what converting the whole config finds, in every shape."""
-    from async_reward.redaction import _MIN_SECRET_CHARS, _plain, _worker_secrets, config_secret_values
+    from async_reward._core.redaction import _MIN_SECRET_CHARS, _plain, _worker_secrets, config_secret_values
 
     judge = {"base_url": "http://x/v1", "api_key_env": "JUDGE_CRED"}
     config = verl_config_factory("llm_judge", {"judge": judge})
@@ -231,12 +231,12 @@ def test_secret_field_names(name, secret):
 
 
 def test_redacted_output_hides_a_key_written_in_pieces_and_restores_the_streams(verl_config_factory, capsys):
-    """What ``python -m async_reward.pipeline.main_ppo`` prints runs through ``redacted_output``: a key
+    """What ``python -m async_reward.legacy.main_ppo`` prints runs through ``redacted_output``: a key
     split across writes (print writes text and newline apart; Ray relays lines from a thread) is
     still hidden, a partial line is written on flush, and the streams are given back afterwards."""
     import sys
 
-    from async_reward.redaction import redacted_output
+    from async_reward._core.redaction import redacted_output
 
     config = verl_config_factory("async_naive", {})
     config.ray_kwargs = {"ray_init": {"runtime_env": {"env_vars": {"OPENAI_API_KEY": WORKER_KEY}}}}

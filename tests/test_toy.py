@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from async_reward.pipeline.schedule import StepSchedule
+from async_reward.training.schedule import StepSchedule
 from async_reward_bench.toy.backend import LocalRewards, ToyBackend, evaluate_accuracy, expected_score
 from async_reward_bench.toy.policy import TinyPolicy, compute_log_probs, ppo_update
 from async_reward_bench.toy.task import (

@@ -86,7 +86,7 @@ def rewards(
     ray_cluster: None, judge_server: Any, char_tokenizer_dir: Path, tmp_path_factory: Any
 ) -> Iterator[Any]:
     """One real pipelined reward manager for the module: two Ray workers running ``llm_judge``."""
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     config = make_config(char_tokenizer_dir, judge_server.url, tmp_path_factory.mktemp("rewards"))
     manager = PipelinedRewardLoopManager(config)
@@ -131,7 +131,7 @@ def build_trainer(
 
 
 def run_ours(config: DictConfig, tokenizer: Any, rewards: Any, **standin_kwargs: Any) -> Any:
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
 
     standins = build_standins(config, tokenizer, **standin_kwargs)
     build_trainer(PipelinedRayPPOTrainer, config, tokenizer, standins, reward_source=rewards).fit()
@@ -208,7 +208,7 @@ def test_mini_batch_updates_each_sample_once_in_complete_groups(
         line for line in capsys.readouterr().out.splitlines() if line.startswith("async_reward: trainer")
     ]
     assert started == [
-        "async_reward: trainer async_reward.pipeline.trainer.PipelinedRayPPOTrainer, pipeline mode "
+        "async_reward: trainer async_reward.legacy.trainer.PipelinedRayPPOTrainer, pipeline mode "
         "mini_batch (mini_batch=True, one_step_off_policy=False)"
     ]
     # verl's rollout dump sees the whole trained batch, scores and reward extras included.
@@ -425,8 +425,8 @@ def test_the_judge_is_busy_while_the_actor_updates_in_the_pipelined_modes(
     ],
 )
 def test_bad_settings_fail_at_start_up(overrides, message, char_tokenizer, char_tokenizer_dir, tmp_path):
-    from async_reward.pipeline.main_ppo import prepare_config
-    from async_reward.pipeline.trainer import PipelinedRayPPOTrainer
+    from async_reward.legacy.main_ppo import prepare_config
+    from async_reward.legacy.trainer import PipelinedRayPPOTrainer
 
     config = make_config(
         char_tokenizer_dir,
@@ -445,7 +445,7 @@ def test_bad_settings_fail_at_start_up(overrides, message, char_tokenizer, char_
 
 
 def test_epochs_per_chunk_and_off_policy_correction_settings(char_tokenizer_dir, tmp_path):
-    from async_reward.pipeline.trainer_config import load_pipeline_config
+    from async_reward.training.config import load_pipeline_config
 
     base = ("+async_reward.pipeline.mini_batch=true", "actor_rollout_ref.actor.ppo_epochs=2")
     config = make_config(
@@ -471,8 +471,8 @@ def test_epochs_per_chunk_and_off_policy_correction_settings(char_tokenizer_dir,
 def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir, tmp_path, monkeypatch):
     """What ``run`` hands verl's ``run_ppo``; the actor side is tested through Ray in
     ``test_entry_point.py``."""
-    from async_reward.pipeline import main_ppo
-    from async_reward.pipeline.task_runner import PipelinedTaskRunnerActor
+    from async_reward.legacy import main_ppo
+    from async_reward.legacy.task_runner import PipelinedTaskRunnerActor
 
     config = make_config(
         char_tokenizer_dir,
@@ -499,7 +499,7 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
     assert prepared.reward.reward_manager.name == "async_naive"  # legacy key honoured
     assert (
         prepared.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
-        == "async_reward.integration.setup_worker"
+        == "async_reward.wiring.integration.setup_worker"
     )
 
 
@@ -513,7 +513,7 @@ def test_example_scripts_compose_and_pass_start_up_checks(script, tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from async_reward.pipeline.main_ppo import prepare_config
+    from async_reward.legacy.main_ppo import prepare_config
     from tests.conftest import VERL_CONFIG_DIR
 
     path = Path(__file__).parents[1] / "examples" / script
@@ -525,7 +525,7 @@ def test_example_scripts_compose_and_pass_start_up_checks(script, tmp_path):
     env = {**os.environ, "PYTHON": "printf %s\\n", "REWARD_FILE": str(reward_file)}
     args = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=True).stdout
     module, *overrides = args.splitlines()[1:]
-    assert module == "async_reward.pipeline.main_ppo"
+    assert module == "async_reward.legacy.main_ppo"
     names = [o.split("=", 1)[1] for o in overrides if o.startswith("--config-name=")]
     overrides = [o for o in overrides if not o.startswith("--")]
     GlobalHydra.instance().clear()

@@ -21,10 +21,10 @@ import ray
 import torch
 
 from async_reward import ConfigError
-from async_reward.integration import SETUP_HOOK
 from async_reward.v1 import AGENT_LOOP_MANAGER, V1_OVERRIDES
 from async_reward.v1.agent_loop import excluded_uid
 from async_reward.v1.replay_buffer import session_reward_extras, untrained_sessions
+from async_reward.wiring.integration import SETUP_HOOK
 from tests.test_managers import STATEFUL_CLASS, USER_FUNCTIONS, write_module
 from tests.v1_standins import (
     ScriptedRollout,
@@ -507,15 +507,15 @@ def test_pipeline_settings_under_v1_are_refused_where_v1_builds_our_parts(
         "trainer.val_before_train=false",
         PIPELINE_LINE,
     ]
-    fix = "python -m async_reward.pipeline.main_ppo"
+    fix = "python -m async_reward.legacy.main_ppo"
     # No line of ours: the plugin's check where verl builds its trainer refuses, before anything else.
     config = compose_v1_config([*common, "trainer.v1.trainer_mode=colocate_async"])
     with pytest.raises(ConfigError, match=fix) as refused:
         run_v1_training(config, rollout, SCRIPT, tmp_path / "plugin.jsonl")
-    assert raised_in(refused, "async_reward/verl_plugin.py")
-    import async_reward.verl_plugin
+    assert raised_in(refused, "async_reward/wiring/verl_plugin.py")
+    import async_reward.wiring.verl_plugin
 
-    monkeypatch.setattr(async_reward.verl_plugin, "prepare_where_verl_builds", lambda config: None)
+    monkeypatch.setattr(async_reward.wiring.verl_plugin, "prepare_where_verl_builds", lambda config: None)
     # The README's v1 lines: our replay buffer, the first part the v1 trainer builds, refuses.
     config = compose_v1_config([*common, "trainer.v1.trainer_mode=colocate_async", *V1_OVERRIDES])
     with pytest.raises(ConfigError, match=fix) as refused:

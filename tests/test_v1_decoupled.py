@@ -1,4 +1,4 @@
-"""verl v1 trainer mode ``decoupled`` (``async_reward.v1.decoupled_trainer``), on CPU, through verl's code.
+"""verl v1 trainer mode ``decoupled`` (``async_reward.v1.decoupled.trainer``), on CPU, through verl's code.
 
 Each run is verl's real ``PPOTrainerSeparateAsync.fit`` (our subclass), with our decoupled agent-loop
 worker, verl's ``RewardLoopManager`` whose Ray workers run our managers (real HTTP to the local judge
@@ -25,8 +25,8 @@ import pytest
 import ray
 
 from async_reward.v1 import V1_OVERRIDES
-from async_reward.v1.registration import register_trainer_modes_on_lookup
 from async_reward.v1.reward_failover import LOST_WORKERS_KEY
+from async_reward.wiring.trainer_modes import register_trainer_modes_on_lookup
 from tests.conftest import reset_judge_server
 from tests.test_managers import write_module
 from tests.test_v1 import FAST_RETRY, step_logs

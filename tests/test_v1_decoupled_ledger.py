@@ -1,4 +1,4 @@
-"""The decoupled mode's prompt ledger (``async_reward.v1.decoupled_window.PromptLedger``), without Ray:
+"""The decoupled mode's prompt ledger (``async_reward.v1.decoupled.window.PromptLedger``), without Ray:
 every dispatched prompt accounted once, reconciled with the prompt keys TransferQueue lists, and
 ``balanced()`` false for good after any lost, unknown or double-counted prompt (hypothesis histories
 with a fault injected anywhere), true through every history without one."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from async_reward.v1.decoupled_window import EVICTION_REASONS, PromptLedger
+from async_reward.v1.decoupled.window import EVICTION_REASONS, PromptLedger
 
 
 def test_ledger_accounts_each_prompt_once_and_finds_lost_and_double_counted_ones():

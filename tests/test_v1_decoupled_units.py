@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from async_reward.config import ConfigError
-from async_reward.v1.decoupled_agent_loop import DecoupledAgentLoopWorker, _GroupProgress
-from async_reward.v1.decoupled_config import (
+from async_reward.v1.decoupled.agent_loop import DecoupledAgentLoopWorker, _GroupProgress
+from async_reward.v1.decoupled.config import (
     DecoupledModeConfig,
     DecoupledWindows,
     derive_windows,
@@ -24,7 +24,7 @@ from async_reward.v1.decoupled_config import (
     load_decoupled_mode_config,
     stale_wait_limit_s,
 )
-from async_reward.v1.decoupled_window import (
+from async_reward.v1.decoupled.window import (
     WindowState,
     dispatch_blocker,
     groups_to_wait_for,
@@ -324,7 +324,7 @@ def test_a_held_sample_waits_for_the_group_at_its_limit_and_gives_up_at_the_time
     overflow) and does not hold for it again. The clock is the test's."""
     from types import SimpleNamespace
 
-    from async_reward.v1 import decoupled_replay_buffer as module
+    from async_reward.v1.decoupled import replay_buffer as module
 
     now = [100.0]
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: now[0]))
@@ -467,7 +467,7 @@ async def test_within_a_policy_version_the_earliest_dispatched_group_is_admitted
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils import tensordict_utils as tu
 
-    from async_reward.v1.decoupled_agent_loop import number_dispatches
+    from async_reward.v1.decoupled.agent_loop import number_dispatches
     from tests.test_managers import ORDER_RECORDING_FUNCTION, admitted_in_turn, write_module
     from tests.test_v1_reward_failover import CapturingRewardWorker
 

@@ -1,4 +1,4 @@
-"""When the pipelined mode chooses the next batch (:mod:`async_reward.v1.pipelined_choice`).
+"""When the pipelined mode chooses the next batch (:mod:`async_reward.v1.pipelined.choice`).
 
 Pure bookkeeping over tag-listing states; the training runs that show both choices through verl's
 ``fit`` are in tests/test_v1_pipelined.py.
@@ -6,8 +6,8 @@ Pure bookkeeping over tag-listing states; the training runs that show both choic
 
 from __future__ import annotations
 
-from async_reward.v1.pipelined_batches import GroupState
-from async_reward.v1.pipelined_choice import JudgeCatchUp
+from async_reward.v1.pipelined.batches import GroupState
+from async_reward.v1.pipelined.choice import JudgeCatchUp
 
 
 def generating() -> GroupState:

@@ -25,20 +25,20 @@ import ray
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError
-from async_reward.integration import SETUP_HOOK
-from async_reward.v1.pipelined_batches import (
+from async_reward.v1.pipelined.batches import (
     InFlightBatch,
     UnpreparedTrajectory,
     check_prepared,
     read_groups,
 )
-from async_reward.v1.pipelined_config import PipelinedModeConfig, load_pipelined_mode_config
-from async_reward.v1.pipelined_waits import (
+from async_reward.v1.pipelined.config import PipelinedModeConfig, load_pipelined_mode_config
+from async_reward.v1.pipelined.waits import (
     AgentLoopWatchdog,
     AgentLoopWorkerDied,
     RewardWaitTimeout,
     wait_for_groups,
 )
+from async_reward.wiring.integration import SETUP_HOOK
 from tests.test_v1_pipelined import QUESTIONS, failing_reward, schedule_flags, step_logs
 from tests.v1_standins import (
     base_overrides,
@@ -297,7 +297,7 @@ def epoch_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge_server
             "trainer.val_before_train=false",
         ]
     )
-    import async_reward.v1.pipelined_trainer  # noqa: F401  (registers the mode in this process)
+    import async_reward.v1.pipelined.trainer  # noqa: F401  (registers the mode in this process)
 
     run = run_v1_training(config, rollout, OUTAGE_THEN_SLOW, tmp / "metrics.jsonl")
     generated = ray.get(rollout.server.requests.remote())
@@ -365,7 +365,7 @@ def test_untrained_steps_past_max_untrained_skips_stop_the_run_naming_the_key(
             *failing_reward(tmp_path, "raise"),
         ]
     )
-    import async_reward.v1.pipelined_trainer  # noqa: F401
+    import async_reward.v1.pipelined.trainer  # noqa: F401
 
     script = {q: ["fail", "fail"] for q in QUESTIONS}
     with pytest.raises(RuntimeError, match="2 steps in a row had nothing to train on") as error:
@@ -381,7 +381,7 @@ def pipelined_agent_loop_workers() -> list[Any]:
     """The cluster's pipelined agent-loop workers (verl names every agent-loop worker
     ``agent_loop_worker_<i>_<hex>``), by their class: idle warm workers of other classes
     (tests/warm_actors.py keeps a sync run's ``RewardAgentLoopWorker``) are not the run's."""
-    from async_reward.v1.pipelined_agent_loop import PipelinedAgentLoopWorker
+    from async_reward.v1.pipelined.agent_loop import PipelinedAgentLoopWorker
 
     workers = []
     for name in ray.util.list_named_actors():
@@ -436,7 +436,7 @@ def test_a_dead_agent_loop_worker_stops_the_step_waiting_for_generation(
             "trainer.val_before_train=false",
         ]
     )
-    import async_reward.v1.pipelined_trainer  # noqa: F401
+    import async_reward.v1.pipelined.trainer  # noqa: F401
 
     script = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS[:4])}
     script[QUESTIONS[0]] = ["The answer is 1", "@@sleep:60@@The answer is 7"]

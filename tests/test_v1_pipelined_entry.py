@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from async_reward.integration import SETUP_HOOK
+from async_reward.wiring.integration import SETUP_HOOK
 from tests.conftest import cluster_env
 from tests.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
 from tests.test_v1_pipelined import SCHEDULES
@@ -26,7 +26,7 @@ START_LINE = re.compile(
 DRY_RUN_LINE = re.compile(
     r"async_reward: dry run: built (?P<cls>\S+), schedule (?P<schedule>\w+), in pid (?P<pid>\d+)"
 )
-OURS = "async_reward.v1.pipelined_trainer.PPOTrainerPipelined"
+OURS = "async_reward.v1.pipelined.trainer.PPOTrainerPipelined"
 DECOUPLED_START_LINE = re.compile(
     r"async_reward: trainer (?P<cls>\S+) \(verl v1 trainer_mode=decoupled\), "
     r"generation_window=(?P<window>\d+) groups"
@@ -34,7 +34,7 @@ DECOUPLED_START_LINE = re.compile(
 DECOUPLED_DRY_RUN_LINE = re.compile(
     r"async_reward: dry run: built (?P<cls>\S+) \(trainer_mode=decoupled\), in pid (?P<pid>\d+)"
 )
-DECOUPLED = "async_reward.v1.decoupled_trainer.PPOTrainerDecoupled"
+DECOUPLED = "async_reward.v1.decoupled.trainer.PPOTrainerDecoupled"
 #: What the decoupled job of the sweep needs beyond the pipelined ones, inside ``trainer.v1`` (so one
 #: swept value holds it): verl's separate_async asserts train_batch_size = parameter_sync_step x
 #: ppo_mini_batch_size (4 = 2 x 2); a generation window of 3 that the start line must show.

@@ -1,4 +1,4 @@
-"""The rule that forms each step's batch at ``max_staleness`` >= 2 (:mod:`async_reward.v1.pipelined_pool`).
+"""The rule that forms each step's batch at ``max_staleness`` >= 2 (:mod:`async_reward.v1.pipelined.pool`).
 
 Pure bookkeeping, so its properties are checked over many generated schedules (hypothesis): groups
 take random numbers of polls to generate, generation advances only while the trainer waits (the
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_reward.v1.pipelined_batches import GroupState
-from async_reward.v1.pipelined_pool import GroupPool
+from async_reward.v1.pipelined.batches import GroupState
+from async_reward.v1.pipelined.pool import GroupPool
 
 
 def states(pool_sizes: dict[str, int], generated: set[str], failed: frozenset[str] = frozenset()) -> dict:
@@ -41,7 +41,7 @@ def simulate(
     needs ``durations[i]`` polls of generation. After step k's batch is known, the next one is chosen
     ahead (in step k's rollout) or, where ``own_rollout[k - 1]`` (cycled) says so, in its own
     rollout with the batches of the next s steps dispatched first, as the trainer does when the
-    judge caught up (``async_reward.v1.pipelined_choice``). Each choice is checked as it is made:
+    judge caught up (``async_reward.v1.pipelined.choice``). Each choice is checked as it is made:
     only generated groups, and no generated group of an older dispatch left out for one of a newer
     dispatch."""
     pool = GroupPool()

@@ -23,8 +23,8 @@ from tests.first_import_probe import preload_third_party, report_each_in_a_fork,
 
 VERL_V1 = "verl.trainer.ppo.v1"
 OURS = {
-    "pipelined": "async_reward.v1.pipelined_trainer.PPOTrainerPipelined",
-    "decoupled": "async_reward.v1.decoupled_trainer.PPOTrainerDecoupled",
+    "pipelined": "async_reward.v1.pipelined.trainer.PPOTrainerPipelined",
+    "decoupled": "async_reward.v1.decoupled.trainer.PPOTrainerDecoupled",
 }
 
 
@@ -64,7 +64,7 @@ def probe_every_module() -> None:
     """Run in a subprocess: the setup hook, then in a child each, verl's v1 trainer and each module of
     the package imported first."""
     import async_reward
-    from async_reward.integration import setup_worker
+    from async_reward.wiring.integration import setup_worker
 
     setup_worker()
     assert VERL_V1 not in sys.modules  # the hook itself does not pay for verl's v1 trainer
@@ -90,7 +90,7 @@ def test_the_modes_resolve_whichever_module_imports_verls_v1_trainer_first() -> 
 
 def test_a_mode_whose_module_fails_to_import_fails_its_lookup_with_that_error(monkeypatch) -> None:
     """Not a bare "Unknown trainer": the lookup raises what broke the import."""
-    from async_reward.v1 import registration
+    from async_reward.wiring import trainer_modes as registration
 
     registration.register_trainer_modes_on_lookup()
     from verl.trainer.ppo.v1 import get_trainer_cls
@@ -105,7 +105,7 @@ def test_a_mode_whose_module_fails_to_import_fails_its_lookup_with_that_error(mo
 def test_an_unknown_mode_is_refused_by_verl_with_our_modes_listed() -> None:
     """A typo of ``pipelined`` gets verl's own error, which names every mode a user can pick, ours too
     (they are registered only when looked up)."""
-    from async_reward.v1 import registration
+    from async_reward.wiring import trainer_modes as registration
 
     registration.register_trainer_modes_on_lookup()
     from verl.trainer.ppo.v1 import get_trainer_cls

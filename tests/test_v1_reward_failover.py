@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
-from async_reward.reward_metrics import extras_metrics
+from async_reward.training.metrics import extras_metrics
 from async_reward.v1 import agent_loop as agent_loop_module
 from async_reward.v1.agent_loop import RewardAgentLoopWorker
 from async_reward.v1.replay_buffer import StepRewardMetrics

@@ -16,7 +16,7 @@ import yaml
 from omegaconf import OmegaConf, open_dict
 
 from async_reward import ConfigError, prepare_verl_config
-from async_reward.reward_metrics import extras_metrics, status_metrics
+from async_reward.training.metrics import extras_metrics, status_metrics
 from async_reward.v1 import (
     AGENT_LOOP_MANAGER,
     V1_OVERRIDES,
@@ -235,7 +235,7 @@ def test_the_readme_quick_start_runs_our_schedule_as_a_v1_mode_with_every_line_h
     """The quick start is the schedule to use (issue 28, item 7; issue 43): its block, word for word,
     composes into verl's config as the ``pipelined`` mode with both schedules (the mode's default), and
     needs none of the wiring lines the verl plugin makes redundant (issue 43, item 5)."""
-    from async_reward.v1.pipelined_config import check_pipelined_mode_against_verl, load_pipelined_mode_config
+    from async_reward.v1.pipelined.config import check_pipelined_mode_against_verl, load_pipelined_mode_config
 
     section = README.read_text().split("## Quick start", 1)[1]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
@@ -272,7 +272,7 @@ def test_integration_problems_are_named(overrides, reason):
 
 def test_a_judge_on_the_training_gpus_is_no_integration_problem():
     """Issue 27: verl scores a colocated judge after sampling, through the setup hook's colocated step
-    (async_reward.judge_in_job.colocate), which post-processes groups and honours exclude."""
+    (async_reward.v1.colocated_judge), which post-processes groups and honours exclude."""
     config = compose_verl_config(
         ["reward.reward_manager.name=llm_judge", "reward.reward_model.enable=true", *V1_OVERRIDES]
     )
@@ -464,7 +464,7 @@ def test_our_modes_settings_are_refused_under_a_trainer_that_ignores_them(
     mode; under any other trainer they are refused where the setup hook checks (verl building its
     trainer or reward loop: ``apply_legacy_and_check``) and where a launcher prepares the config,
     naming the key, what trains instead, and the mode line as the fix."""
-    from async_reward.checks import apply_legacy_and_check
+    from async_reward.v1.checks import apply_legacy_and_check
 
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     # verl's config for the trainer lines, then the setting as hydra's "+key=value" adds it
@@ -484,7 +484,7 @@ def test_our_modes_settings_are_refused_under_a_trainer_that_ignores_them(
 
 
 def test_our_modes_settings_are_read_under_their_own_mode_and_an_empty_node_is_no_setting():
-    from async_reward.checks import check_trainer_mode_settings
+    from async_reward.v1.checks import check_trainer_mode_settings
 
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     check_trainer_mode_settings(
@@ -516,7 +516,7 @@ def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
 
 def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it():
     """Our pipelined trainer is verl's legacy one: the setup hook's v1 check never refuses it."""
-    from async_reward.integration import declare_pipelined_trainer
+    from async_reward.wiring.integration import declare_pipelined_trainer
 
     config = declare_pipelined_trainer(compose_verl_config(["reward.reward_manager.name=llm_judge"]))
     assert config.trainer.use_v1 is False and config.async_reward.pipeline == {}

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_reward.devserver.judge import extract_final_answer
-from async_reward.verdict import VerdictError, VerdictRules, read_verdict
+from async_reward.judge.verdict import VerdictError, VerdictRules, read_verdict
+from async_reward.tools.devserver.judge import extract_final_answer
 
 BOUND_S = 2.0
 MB = 1_000_000

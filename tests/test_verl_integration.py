@@ -139,7 +139,7 @@ def test_legacy_reward_model_key_through_our_entry_point(server, tokenizer_dir, 
     assert config.reward.num_workers == 2
     assert (
         config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
-        == "async_reward.integration.setup_worker"
+        == "async_reward.wiring.integration.setup_worker"
     )
     batch = batch_factory(ROWS)
     output = reward_loop(config).compute_rm_score(batch)
@@ -199,7 +199,7 @@ def test_registration_is_idempotent_and_refuses_collisions(tmp_path):
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
     from verl.utils.import_utils import load_extern_object
 
-    from async_reward.registry import register_manager
+    from async_reward.managers.registry import register_manager
 
     source = """
 from async_reward import AsyncRewardManager, register_manager

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from async_reward import ConfigError
 from async_reward.v1 import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
-from async_reward.v1.pipelined_config import load_pipelined_mode_config
-from async_reward.verl_plugin import asks_for_async_reward, prepare_where_verl_builds
+from async_reward.v1.pipelined.config import load_pipelined_mode_config
+from async_reward.wiring.verl_plugin import asks_for_async_reward, prepare_where_verl_builds
 from tests.conftest import compose_verl_config
 from tests.first_import_probe import run_probe
 from tests.plugin_probe import VERL_FIRST
@@ -89,7 +89,7 @@ def test_a_subclass_of_ours_registered_under_its_own_name_asks_for_async_reward(
 
 
 def test_verls_modes_with_our_manager_get_our_seams_where_none_is_named(capsys, monkeypatch) -> None:
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())  # said once per process: this test's process
     config = compose_verl_config(["reward.reward_manager.name=llm_judge", JUDGE])
@@ -135,7 +135,7 @@ def test_our_modes_are_not_given_the_seams_of_verls_modes(mode) -> None:
         ["reward.reward_manager.name=llm_judge", JUDGE, f"trainer.v1.trainer_mode={mode}"]
     )
     agent = container(config.actor_rollout_ref.rollout.agent)
-    from async_reward.v1.implied_seams import imply_v1_seams
+    from async_reward.wiring.implied_seams import imply_v1_seams
 
     assert imply_v1_seams(config) == []
     assert container(config.actor_rollout_ref.rollout.agent) == agent
@@ -171,14 +171,10 @@ def test_a_refused_default_says_it_is_the_default_and_how_to_turn_it_off() -> No
 
 #: What the plugin loads with ``import verl``: wrapt and our light modules, no manager, no config.
 PLUGIN_MODULES = [
-    "async_reward._config_rules",
-    "async_reward.errors",
-    "async_reward.redaction",
-    "async_reward.v1",
-    "async_reward.v1.registration",
-    "async_reward.v1.settings",
-    "async_reward.verl_plugin",
-    "async_reward.worker_imports",
+    "async_reward.wiring",
+    "async_reward.wiring.trainer_modes",
+    "async_reward.wiring.verl_plugin",
+    "async_reward.wiring.worker_imports",
     "async_reward_verl_plugin",
 ]
 OURS = {
@@ -188,7 +184,7 @@ OURS = {
     "naive": "NaiveRewardManager",
     "llm_judge": "LLMJudgeRewardManager",
 }
-HOOK = "worker_process_setup_hook=async_reward.integration.setup_worker"
+HOOK = "worker_process_setup_hook=async_reward.wiring.integration.setup_worker"
 
 
 @pytest.mark.subprocess
@@ -246,7 +242,7 @@ def test_the_plugins_names_are_ours() -> None:
     """The plugin's entry module spells our names out (it must load where the package cannot)."""
     import async_reward_verl_plugin as plugin
     from async_reward import MANAGER_NAMES
-    from async_reward.v1.registration import OUR_TRAINER_MODULES
+    from async_reward.wiring.trainer_modes import OUR_TRAINER_MODULES
 
     assert tuple(MANAGER_NAMES) == plugin.OUR_MANAGER_NAMES
     assert tuple(OUR_TRAINER_MODULES) == plugin.OUR_TRAINER_MODES

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from async_reward.checks import check_reward
 from async_reward.config import ConfigError, load_config
+from async_reward.config.checks import check_reward
 from tests.conftest import compose_verl_config
 
 FUNCTIONS = """
@@ -74,7 +74,7 @@ def compose(manager: str, *extra: str, function: tuple[str, str] | None = None) 
     ],
 )
 def test_verl_rate_limited_key_sets_ours_and_says_so(verl_key, value, ours, functions, capsys, monkeypatch):
-    from async_reward import start_lines
+    from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())  # printed once per process: this test's line
     config = compose("async_rate_limited", f"+reward.{verl_key}={value}", function=(functions, "instant"))

@@ -54,7 +54,8 @@ def test_a_reused_worker_is_rebuilt_with_the_new_config(
 def test_a_worker_that_refuses_its_new_config_fails_as_a_fresh_one_would(
     server, verl_config_factory, reward_loop, batch_factory, monkeypatch
 ):
-    from async_reward import ConfigError, verl_plugin
+    from async_reward import ConfigError
+    from async_reward.wiring import verl_plugin
     from tests.conftest import shutdown_reward_loop
 
     shutdown_reward_loop(

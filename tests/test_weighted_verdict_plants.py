@@ -31,9 +31,9 @@ from aiohttp import web
 
 from async_reward import ConfigError
 from async_reward.config import JudgeConfig, load_config
-from async_reward.devserver.logprobs import reply_logprobs
+from async_reward.judge.span_weighting import MAX_EXTRA_PLACES
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.managers.span_weighting import MAX_EXTRA_PLACES
+from async_reward.tools.devserver.logprobs import reply_logprobs
 from tests.openai_standin import serve_chat_completions
 from tests.test_criteria import CRITERIA
 from tests.test_managers import judge_settings, score_rows

@@ -18,12 +18,12 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from async_reward.criteria import Criterion, aggregate, read_criteria
-from async_reward.judge import normalize_score
+from async_reward.judge.prompts import normalize_score
+from async_reward.judge.rubric.criteria import Criterion, aggregate, read_criteria
+from async_reward.judge.rubric.weighting import rubric_weighting, weigh_call
+from async_reward.judge.verdict import VerdictError
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.managers.criteria_weighting import rubric_weighting, weigh_call
 from async_reward.managers.llm_judge import read_reply_verdict
-from async_reward.verdict import VerdictError
 from tests.hostile_text import PROPERTY, examples
 from tests.test_expected_verdict import completion, entry
 

@@ -1,4 +1,4 @@
-"""What our setup hook costs a Ray worker (:mod:`async_reward.worker_imports`): a worker that never
+"""What our setup hook costs a Ray worker (:mod:`async_reward.wiring.worker_imports`): a worker that never
 loads verl (TransferQueue's controller and storage, a server) imports none of it; wherever verl's
 reward-manager registry is read, ours are in it, whichever module loads verl first."""
 
@@ -34,7 +34,7 @@ class ImportProbe:
         import async_reward  # what a user's code in a worker may do first
 
         return {
-            "hook_ran": "async_reward.integration" in sys.modules,
+            "hook_ran": "async_reward.wiring.integration" in sys.modules,
             "verl": "verl" in sys.modules,
             "torch": "torch" in sys.modules,
             "managers": "async_reward.managers" in sys.modules,
@@ -120,7 +120,7 @@ def probe_every_module_as_a_ray_worker() -> None:
 
     ray_worker.global_worker.mode = ray_worker.WORKER_MODE
     import async_reward
-    from async_reward.integration import setup_worker
+    from async_reward.wiring.integration import setup_worker
 
     setup_worker()
     assert "verl" not in sys.modules and "async_reward.managers" not in sys.modules
@@ -143,7 +143,7 @@ def test_in_a_ray_worker_any_module_may_load_verl_first_and_the_registry_has_our
     import reaches verl's base class included), and the registry then holds all five of ours."""
     reports = run_probe("from tests.test_worker_imports import probe_every_module_as_a_ray_worker as p; p()")
     probed = {r["module"] for r in reports}
-    assert set(VERL_FIRST) | {"async_reward.managers.base", "async_reward.judge_in_job.routing"} <= probed
+    assert set(VERL_FIRST) | {"async_reward.managers.base", "async_reward.judge.in_job.routing"} <= probed
     for report in reports:
         assert report["registered"] == sorted(MANAGER_NAMES), report
         assert report["llm_judge"] == "LLMJudgeRewardManager", report

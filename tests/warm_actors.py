@@ -87,7 +87,7 @@ def _reusable(cls: type) -> Any:
 
         async def _warm_reinit(self, *args: Any, **kwargs: Any) -> None:
             await _cancel_other_tasks()
-            from async_reward.http import close_sessions
+            from async_reward._core.http import close_sessions
 
             await close_sessions()  # the previous managers' connections; the next opens its own
             _forget_a_replaced_transfer_queue()
@@ -275,7 +275,7 @@ def _install_pipeline_workers() -> None:
     """The same for our legacy ``PipelinedRewardLoopManager``'s ``PipelineRewardWorker`` actors: its
     ``start_workers`` takes warm ones (by index; a reused actor keeps the name it was built with, which
     only logs show) and its ``kill_workers`` hands them back."""
-    from async_reward.pipeline import dispatch, manager, pool
+    from async_reward.legacy import dispatch, manager, pool
 
     original_start, original_kill = pool.start_workers, pool.kill_workers
 

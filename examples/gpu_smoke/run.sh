@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of issue 8, reproducible: 3-step GRPO runs on one GPU of
-#   python -m async_reward.pipeline.main_ppo   in modes baseline, mini_batch, one_step_off, both
+#   python -m async_reward.legacy.main_ppo   in modes baseline, mini_batch, one_step_off, both
 #   python -m verl.trainer.main_ppo (v1)       verl's own v1 trainer with our llm_judge manager
 #     v1_lines: the same with the README's v1 lines (agent-loop manager, replay buffer, on_failure=exclude)
 #     v1_pipelined: our v1 trainer mode, trainer_mode=pipelined with both schedules

@@ -4,7 +4,7 @@ Importing the package registers our managers with verl's registry (``async_naive
 ``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). In a Ray worker process
 (where our setup hook imports it) they are registered as soon as verl's reward-manager package loads
 instead, so that a worker that never loads verl does not pay for it
-(:mod:`async_reward.worker_imports`); their names here load on first use. The public API is what
+(:mod:`async_reward.wiring.worker_imports`); their names here load on first use. The public API is what
 this module lists in ``__all__``.
 """
 
@@ -13,13 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from async_reward import _moved
+from async_reward._core.result import RewardResult, RewardSample, Status
 from async_reward.config import AsyncRewardConfig, ConfigError, load_config
-from async_reward.integration import SETUP_HOOK, prepare_verl_config, ray_runtime_env, setup_worker
-from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.worker_imports import in_ray_worker, register_managers_with_verls_registry
+from async_reward.wiring.worker_imports import in_ray_worker, register_managers_with_verls_registry
 
-#: The public names that import verl, and their modules: loaded on first use in a Ray worker.
-_VERL_NAMES = {
+_moved.install()
+
+#: Public names loaded on first use, and their modules: the managers import verl (deferred in a Ray
+#: worker until verl loads, :mod:`async_reward.wiring.worker_imports`), and the launcher helpers
+#: import the trainer modes' settings, which a process that only scores never needs.
+_LAZY_NAMES = {
     **dict.fromkeys(
         (
             "MANAGER_NAMES",
@@ -33,7 +37,11 @@ _VERL_NAMES = {
         ),
         "async_reward.managers",
     ),
-    "register_manager": "async_reward.registry",
+    "register_manager": "async_reward.managers.registry",
+    **dict.fromkeys(
+        ("SETUP_HOOK", "prepare_verl_config", "ray_runtime_env", "setup_worker"),
+        "async_reward.wiring.integration",
+    ),
 }
 
 register_managers_with_verls_registry()
@@ -48,24 +56,20 @@ if TYPE_CHECKING or not in_ray_worker():
         LLMJudgeRewardManager,
         RewardScoringError,
     )
-    from async_reward.registry import register_manager
+    from async_reward.managers.registry import register_manager
+if TYPE_CHECKING:
+    from async_reward.wiring.integration import SETUP_HOOK, prepare_verl_config, ray_runtime_env, setup_worker
 
 
 def __getattr__(name: str) -> Any:
-    """A public name of :data:`_VERL_NAMES` (or a submodule) used in a Ray worker before verl loaded."""
-    if name.startswith("__"):
+    """A public name of :data:`_LAZY_NAMES`, imported on first use. Only those: a submodule is
+    imported by its own path (``import async_reward.tools.cli``), never found by attribute here."""
+    module = _LAZY_NAMES.get(name)
+    if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _VERL_NAMES.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as missing:
-        if missing.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 __version__ = "0.1.0"

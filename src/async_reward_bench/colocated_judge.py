@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from async_reward.pipeline.schedule import TimelineEvent
+from async_reward.training.schedule import TimelineEvent
 
 __all__ = ["COLOCATED_JUDGE_MODES", "NO_WORKER_HANDLES", "colocated_judge_class"]
 

@@ -35,9 +35,9 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     the trainer's verl config."""
     import ray
 
-    from async_reward.integration import init_local_ray
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
     from async_reward.testing import build_tiny_tokenizer
+    from async_reward.wiring.integration import init_local_ray
     from async_reward_bench.backend import BatchFactory
 
     for key, value in (
@@ -162,12 +162,12 @@ def _v1_trainer_config(
 def _start_server(cfg: BenchConfig) -> Any:
     """The judge, in a thread of this process or in a child process (``cfg.server``)."""
     if cfg.server == "thread":
-        from async_reward.devserver import DevServerConfig, ThreadedDevServer
+        from async_reward.tools.devserver import DevServerConfig, ThreadedDevServer
 
         threaded = ThreadedDevServer(DevServerConfig(capacity=cfg.capacity, overflow="queue", seed=cfg.seed))
         threaded.start()
         return threaded
-    from async_reward.devserver import ServerProcess
+    from async_reward.tools.devserver import ServerProcess
 
     process = ServerProcess("--capacity", str(cfg.capacity), "--overflow", "queue", "--seed", str(cfg.seed))
     process.start()

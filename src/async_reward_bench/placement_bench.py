@@ -188,7 +188,7 @@ def _run_plan(
 
 def run_placements(pc: PlacementConfig) -> dict[str, Any]:
     """Every (judge size, placement, strategy) that runs; results also written to ``pc.out_dir``."""
-    from async_reward.progress import progress_bar
+    from async_reward._core.progress import progress_bar
     from async_reward_bench.calibration import load_medians
     from async_reward_bench.environment import bench_environment
     from async_reward_bench.scenarios import regime_stages

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from async_reward.pipeline.chunks import RewardChunk, neutral_value
-from async_reward.pipeline.schedule import RewardSource
+from async_reward.legacy.chunks import RewardChunk, neutral_value
+from async_reward.training.schedule import RewardSource
 
 __all__ = ["SequentialRewards"]
 

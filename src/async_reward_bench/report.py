@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from async_reward.pipeline.schedule import StepRecord
+from async_reward.training.schedule import StepRecord
 from async_reward_bench.cpu_use import CPU_SATURATED_SHARE, PROCESS_SATURATED_SHARE
 from async_reward_bench.repeats import add_spread
 from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window

@@ -142,7 +142,7 @@ class BenchConfig:
             raise ValueError(short)
         if self.checks not in ("full", "quick"):
             raise ValueError(f"checks must be 'full' or 'quick', got {self.checks!r}")
-        from async_reward.devserver import DevServerConfig
+        from async_reward.tools.devserver import DevServerConfig
 
         DevServerConfig(fault_rates=self.fault_rates).validate()  # the judge's own rules
 

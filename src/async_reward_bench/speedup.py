@@ -1,8 +1,8 @@
 """``async-reward bench``: step time of each schedule strategy against a slow, bounded reward service.
 
-The same :class:`~async_reward.pipeline.schedule.StepSchedule` the trainer uses, driven by GPU stages
+The same :class:`~async_reward.training.schedule.StepSchedule` the trainer uses, driven by GPU stages
 that are calibrated waits (the recipe's per-stage medians, time-scaled) and by a reward path that is
-entirely real: :class:`~async_reward.pipeline.PipelinedRewardLoopManager`, its Ray workers, the
+entirely real: :class:`~async_reward.legacy.PipelinedRewardLoopManager`, its Ray workers, the
 ``llm_judge`` manager, and HTTP to the local dev server, whose latency is uniform in 1-40 s
 (time-scaled) and which serves a fixed number of requests at once.
 
@@ -77,7 +77,7 @@ __all__ = [
 def _run_one(
     env: dict[str, Any], backend: Any, cfg: BenchConfig, strategy: str, tag: int, bar: Any
 ) -> dict[str, Any]:
-    from async_reward.pipeline.schedule import StepSchedule
+    from async_reward.training.schedule import StepSchedule
     from async_reward_bench.recipe_style import SequentialRewards
     from async_reward_bench.timeline import InFlightSampler
 
@@ -188,7 +188,7 @@ def _regime_summary(
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
-    from async_reward.progress import progress_bar
+    from async_reward._core.progress import progress_bar
     from async_reward_bench.backend import CalibratedBackend
     from async_reward_bench.cpu_use import CpuTimes, ProcessCpu, busy_share
     from async_reward_bench.environment import bench_environment

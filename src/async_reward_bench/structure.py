@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from async_reward.pipeline.schedule import StepRecord
+    from async_reward.training.schedule import StepRecord
 
 __all__ = [
     "MAX_WAIT_SHARE_VS_BASELINE",

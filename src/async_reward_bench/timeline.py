@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from async_reward.pipeline.schedule import StepRecord
+from async_reward.training.schedule import StepRecord
 
 __all__ = ["InFlightSampler", "plot_timeline"]
 

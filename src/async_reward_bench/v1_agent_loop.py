@@ -69,7 +69,7 @@ class _Group:
     """All its sessions (``gen_n``)."""
 
     def progress(self) -> dict[str, Any]:
-        """The decoupled mode's progress tag (``async_reward.v1.decoupled_window``)."""
+        """The decoupled mode's progress tag (``async_reward.v1.decoupled.window``)."""
         tag: dict[str, Any] = {"gen_done": self.generated, "gen_n": self.size, "unscored": self.unscored}
         if self.version is not None:
             tag["gen_version"] = self.version
@@ -99,10 +99,10 @@ class V1AgentLoop:
         seed: seed of the reward-worker choice.
         clock: monotonic seconds, shared with the trainer's timeline.
         write_when_generated: tag each trajectory in the store as soon as it is generated (before it
-            is scored), as :class:`~async_reward.v1.pipelined_agent_loop.PipelinedAgentLoopWorker` does.
+            is scored), as :class:`~async_reward.v1.pipelined.agent_loop.PipelinedAgentLoopWorker` does.
         write_progress: keep each group's progress on its prompt tag (``gen_done`` / ``gen_n`` /
             ``unscored`` / ``gen_version``), as the decoupled mode's agent-loop worker does
-            (``async_reward.v1.decoupled_agent_loop``).
+            (``async_reward.v1.decoupled.agent_loop``).
         score_when_generated: score each sample when its generation ends (a standalone judge or an
             API); False: a judge on the training GPUs, scored only by :meth:`score_now`.
     """

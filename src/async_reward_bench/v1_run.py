@@ -23,7 +23,7 @@ __all__ = ["run_v1_strategy", "scored_during_rollout", "wait_until_idle"]
 
 #: Modules of our trainer modes that read TransferQueue's tags themselves (besides verl's replay buffer).
 _TAG_READERS: dict[str, tuple[str, ...]] = {
-    "decoupled": ("async_reward.v1.decoupled_trainer", "async_reward.v1.decoupled_replay_buffer"),
+    "decoupled": ("async_reward.v1.decoupled.trainer", "async_reward.v1.decoupled.replay_buffer"),
 }
 
 

@@ -46,10 +46,10 @@ from verl import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync
 from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync
 
-from async_reward.pipeline.schedule import StepRecord, TimelineEvent
-from async_reward.result import DISPATCH_ORDER_KEY
-from async_reward.v1.decoupled_trainer import PPOTrainerDecoupled
-from async_reward.v1.pipelined_trainer import PPOTrainerPipelined
+from async_reward._core.result import DISPATCH_ORDER_KEY
+from async_reward.training.schedule import StepRecord, TimelineEvent
+from async_reward.v1.decoupled.trainer import PPOTrainerDecoupled
+from async_reward.v1.pipelined.trainer import PPOTrainerPipelined
 from async_reward.v1.replay_buffer import RewardReplayBuffer
 from async_reward_bench.calibration import StageMedians
 from async_reward_bench.gpu_split import SEPARATE_MODES

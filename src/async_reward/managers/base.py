@@ -27,10 +27,8 @@ from omegaconf import DictConfig
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
-from async_reward._config_rules import names_config_errors
-from async_reward.checks import check_on_failure
-from async_reward.config import AsyncRewardConfig, LimitsConfig, load_config
-from async_reward.deadline import (
+from async_reward._core.config_rules import names_config_errors
+from async_reward._core.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
     DeadlineExceeded,
@@ -40,12 +38,11 @@ from async_reward.deadline import (
     describe_error,
     run_with_deadline,
 )
-from async_reward.http import HTTPStatusError, MalformedResponseError
-from async_reward.job_admission import JobAdmission, broker_name
-from async_reward.judge import VerdictError
-from async_reward.limits import Admission, Priority, TokenReservation
-from async_reward.postprocess import apply_group_postprocessing
-from async_reward.result import (
+from async_reward._core.http import HTTPStatusError, MalformedResponseError
+from async_reward._core.job_admission import JobAdmission, broker_name, job_admission_line
+from async_reward._core.limits import Admission, Priority, TokenReservation
+from async_reward._core.postprocess import apply_group_postprocessing
+from async_reward._core.result import (
     DISPATCH_ORDER_KEY,
     RewardResult,
     RewardSample,
@@ -56,9 +53,13 @@ from async_reward.result import (
     neutral_value,
     normalize_user_result,
 )
-from async_reward.retry import AttemptsExhausted, default_is_transient, retry_async
-from async_reward.user_code import FunctionPool, default_pool_size
-from async_reward.verl_settings import check_verl_settings
+from async_reward._core.retry import AttemptsExhausted, default_is_transient, retry_async
+from async_reward._core.start_lines import say_once
+from async_reward._core.user_code import FunctionPool, default_pool_size
+from async_reward.config import AsyncRewardConfig, LimitsConfig, load_config
+from async_reward.config.checks import check_on_failure
+from async_reward.config.verl_keys import check_verl_settings
+from async_reward.judge.verdict import VerdictError
 
 __all__ = ["AdmissionTimeout", "AsyncRewardManager", "RewardScoringError"]
 
@@ -158,7 +159,7 @@ class AsyncRewardManager(RewardManagerBase):
     def check_config(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
         """Every start-up check of this manager, without building it: :meth:`check_settings`, then
         the user's code it runs (:meth:`check_user_code`). Run on the driver before any worker starts
-        (``async_reward.checks.check_reward``).
+        (``async_reward.config.checks.check_reward``).
 
         Raises:
             ConfigError: naming the key, the bad value and the fix.
@@ -173,7 +174,7 @@ class AsyncRewardManager(RewardManagerBase):
         """The checks of this manager's settings: the values of ``reward.async_reward``, the verl
         reward settings it honours, what :attr:`required_sections` need (``env``: the workers'
         environment, default this process's), and the failure policy against the trainer
-        (``async_reward.checks.check_on_failure``). Run by :meth:`check_config` on the driver and by
+        (``async_reward.config.checks.check_on_failure``). Run by :meth:`check_config` on the driver and by
         the constructor in every worker (which loads the user's code itself). Override it to add a
         check of the settings (and call ``super()``).
 
@@ -202,6 +203,14 @@ class AsyncRewardManager(RewardManagerBase):
         return cls.required_sections
 
     @classmethod
+    def announce_settings(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """Print, once per process, what ``settings`` turn on that a user must see in the job's log
+        (``limits.admission: job``). Run on the driver by the start-up checks, after
+        :meth:`check_config`; a manager that turns on more says so here."""
+        if settings.limits.job_wide:
+            say_once(job_admission_line(settings.limits, settings.worker_count))
+
+    @classmethod
     def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
         """Load the user's code this manager runs (``custom_reward_function``) and check it fits, so a
         wrong path or name stops the job on the driver, before any worker starts. None by default."""
@@ -221,7 +230,7 @@ class AsyncRewardManager(RewardManagerBase):
             raise RuntimeError(
                 "async_reward.pipeline is set, but this sample came from verl's own reward loop, not "
                 "the pipeline: verl's trainer is training and ignores the pipeline settings. Start "
-                "with python -m async_reward.pipeline.main_ppo (or async_reward.pipeline.main_ppo.run), "
+                "with python -m async_reward.legacy.main_ppo (or async_reward.legacy.main_ppo.run), "
                 "or remove async_reward.pipeline"
             )
         batch_keys = _batch_keys(data)
@@ -285,7 +294,7 @@ class AsyncRewardManager(RewardManagerBase):
 
         Admission comes first so the deadline measures the service, not our own queue. The deadline
         (``timeout_s``) cannot be ignored: the attempt runs as its own task and is abandoned, not
-        awaited, if it does not stop when cancelled (``async_reward.deadline``). ``own_deadline=True``
+        awaited, if it does not stop when cancelled (``async_reward._core.deadline``). ``own_deadline=True``
         for an attempt that applies ``timeout_s`` itself, after taking what it must wait for first
         (a free thread). ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a
         thread keeps running after its deadline; starting it again would pile up copies).
@@ -377,7 +386,7 @@ class AsyncRewardManager(RewardManagerBase):
 
     async def run_user_function(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Call a user function, sync or async; sync ones run off the event loop, in the manager's
-        :class:`~async_reward.user_code.FunctionPool`, bounded by ``timeout_s`` from the
+        :class:`~async_reward._core.user_code.FunctionPool`, bounded by ``timeout_s`` from the
         moment a thread (or process) takes the call."""
         if _is_async(fn):
             return await fn(**kwargs)

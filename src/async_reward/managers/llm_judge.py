@@ -1,7 +1,7 @@
 """``llm_judge``: an OpenAI-compatible ``/v1/chat/completions`` endpoint as the reward.
 
 The policy's response is delimited and escaped in the judge prompt (``judge.build_messages``), and
-the verdict is read by ``async_reward.verdict``'s rules: the one format the template asks for, at the
+the verdict is read by ``async_reward.judge.verdict``'s rules: the one format the template asks for, at the
 end of the reply, conflicting verdicts refused, so text inside the response cannot pose as the
 verdict. ``judge.parser: structured`` asks the server for a JSON schema instead. A reply the server
 did not finish (``finish_reason`` other than ``stop``, e.g. cut at ``max_tokens``) is never read, and
@@ -10,10 +10,10 @@ is taken for the judge's. Identical requests in flight share one call; with ``ju
 verdicts are kept.
 
 ``judge.mode: group`` judges the members of a GRPO group in one call (``managers.group_scoring``,
-``async_reward.group_judging``). Two ways to read more from the judge: ``judge.criteria`` grades a
-rubric of weighted criteria in one call (``managers.criteria_scoring``, ``async_reward.criteria``),
-and ``judge.expected_verdict`` scores the expected verdict under the judge's own token probabilities
-(``async_reward.expected_verdict``).
+``async_reward.judge.group.judging``). Two ways to read more from the judge: ``judge.criteria`` grades a
+rubric of weighted criteria in one call (``managers.criteria_scoring``,
+``async_reward.judge.rubric.criteria``), and ``judge.expected_verdict`` scores the expected verdict under the
+judge's own token probabilities (``async_reward.judge.expected``).
 With a judge served in the job, a prompt too long for its context is refused before it is sent
 (``judge_in_job.context``).
 """
@@ -28,8 +28,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from async_reward._core.config_rules import select_key
+from async_reward._core.errors import ConfigError
+from async_reward._core.http import HTTPStatusError, MalformedResponseError, post_json
+from async_reward._core.limits import Priority, TokenReservation
+from async_reward._core.result import RewardResult, RewardSample, Status
 from async_reward.config import AsyncRewardConfig
-from async_reward.cost import (
+from async_reward.judge.cost import (
     PaidOnce,
     call_token_bound,
     paid_once,
@@ -37,8 +42,7 @@ from async_reward.cost import (
     spent_extras,
     unspent_extras,
 )
-from async_reward.errors import ConfigError
-from async_reward.expected_verdict import (
+from async_reward.judge.expected import (
     NO_LOGPROBS,
     ExpectedVerdict,
     distribution_params,
@@ -46,22 +50,31 @@ from async_reward.expected_verdict import (
     say_unweighted,
     weighted_extras,
 )
-from async_reward.group_placement import group_size
-from async_reward.http import HTTPStatusError, MalformedResponseError, post_json
-from async_reward.judge import build_messages, normalize_score, request_key, resolve_parser, resolve_template
-from async_reward.judge_in_job.checks import apply_in_job_judge
-from async_reward.judge_in_job.context import PromptBudget, judge_context
-from async_reward.judge_in_job.router_calls import ROUTED_ATTEMPT_POLICY, post_through_router
-from async_reward.judge_in_job.settings import in_job_judge, is_routed
-from async_reward.limits import Priority, TokenReservation
+from async_reward.judge.group.placement import group_size
+from async_reward.judge.group.scoring import GroupRendezvous, group_extra_defaults
+from async_reward.judge.in_job.checks import announce_in_job_judge, apply_in_job_judge
+from async_reward.judge.in_job.context import PromptBudget, judge_context
+from async_reward.judge.in_job.router_calls import ROUTED_ATTEMPT_POLICY, post_through_router
+from async_reward.judge.in_job.settings import in_job_judge, is_routed
+from async_reward.judge.prompts import (
+    build_messages,
+    normalize_score,
+    request_key,
+    resolve_parser,
+    resolve_template,
+)
+from async_reward.judge.reply import JudgeReply, judge_reply
+from async_reward.judge.rubric.scoring import criteria_extra_defaults, score_criteria
+from async_reward.judge.span_weighting import refuse_too_many, weigh_places
+from async_reward.judge.verdict import (
+    VerdictError,
+    VerdictRules,
+    read_verdict,
+    response_format,
+    verdict_spans,
+)
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.managers.criteria_scoring import criteria_extra_defaults, score_criteria
-from async_reward.managers.group_scoring import GroupRendezvous, group_extra_defaults
-from async_reward.managers.judge_reply import JudgeReply, judge_reply
-from async_reward.managers.span_weighting import refuse_too_many, weigh_places
-from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample, Status
-from async_reward.verdict import VerdictError, VerdictRules, read_verdict, response_format, verdict_spans
+from async_reward.managers.registry import register_manager
 
 __all__ = [
     "JudgeReply",
@@ -213,6 +226,15 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         return settings
 
     @classmethod
+    def announce_settings(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """On the judge verl serves in the job: what this manager will do with it (capacity,
+        admission, routing), in the job's log; else what the base class says."""
+        if select_key(config, "reward.reward_model.enable"):
+            announce_in_job_judge(config, settings)
+        else:
+            super().announce_settings(config, settings)
+
+    @classmethod
     def sections_required(cls, config: Any) -> tuple[str, ...]:
         """``judge`` (its ``base_url``), unless verl serves the judge in the job."""
         return () if in_job_judge(config) else cls.required_sections
@@ -240,10 +262,10 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 "that async-reward is installed where verl runs and that neither VERL_USE_EXTERNAL_PLUGINS "
                 "nor ASYNC_REWARD_VERL_PLUGIN turns it off, or add the setup hook "
                 "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook="
-                "async_reward.integration.setup_worker, or call "
-                "async_reward.judge_in_job.install_reward_loop_hooks() where you build RewardLoopManager",
+                "async_reward.wiring.integration.setup_worker, or call "
+                "async_reward.judge.in_job.install_reward_loop_hooks() where you build RewardLoopManager",
                 key="ray_kwargs.ray_init.runtime_env.worker_process_setup_hook",
-                fix="set it to async_reward.integration.setup_worker",
+                fix="set it to async_reward.wiring.integration.setup_worker",
             )
         return f"http://{self.reward_router_address}/v1/chat/completions"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from async_reward._core.result import RewardResult, RewardSample
+from async_reward._core.user_code import check_reward_function, resolve_user_function
 from async_reward.config import AsyncRewardConfig
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample
-from async_reward.user_code import check_reward_function, resolve_user_function
+from async_reward.managers.registry import register_manager
 
 __all__ = ["AsyncNaiveRewardManager"]
 

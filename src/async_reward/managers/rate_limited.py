@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from async_reward.managers.naive import AsyncNaiveRewardManager
-from async_reward.registry import register_manager
+from async_reward.managers.registry import register_manager
 
 __all__ = ["AsyncRateLimitedRewardManager"]
 

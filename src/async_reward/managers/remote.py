@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from async_reward.http import MalformedResponseError, post_json
+from async_reward._core.http import MalformedResponseError, post_json
+from async_reward._core.result import RewardResult, RewardSample, Status, normalize_user_result
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample, Status, normalize_user_result
+from async_reward.managers.registry import register_manager
 
 __all__ = ["AsyncRemoteRewardManager", "sample_payload"]
 

@@ -15,14 +15,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from async_reward._config_rules import bad_value, missing_value
+from async_reward._core.config_rules import bad_value, missing_value
+from async_reward._core.postprocess import load_user_instance, make_postprocess_spec
+from async_reward._core.result import RewardResult, RewardSample
+from async_reward._core.user_code import user_object
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig
+from async_reward.config.v1 import AGENT_LOOP_MANAGER, v1_integration_problem
 from async_reward.managers.base import AsyncRewardManager
-from async_reward.postprocess import load_user_instance, make_postprocess_spec
-from async_reward.registry import register_manager
-from async_reward.result import RewardResult, RewardSample
-from async_reward.user_code import user_object
-from async_reward.v1.settings import AGENT_LOOP_MANAGER, v1_integration_problem
+from async_reward.managers.registry import register_manager
 
 __all__ = ["AsyncStatefulRewardManager"]
 

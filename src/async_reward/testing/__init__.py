@@ -3,7 +3,7 @@
 * :func:`build_tiny_tokenizer`: a byte-level BPE tokenizer trained locally (no hub access needed);
 * :func:`rollout_batch`: the one builder of rollout-shaped verl ``DataProto`` batches.
 
-The local judge server in a child process is ``async_reward.devserver.ServerProcess``.
+The local judge server in a child process is ``async_reward.tools.devserver.ServerProcess``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """async-reward under verl's v1 trainer (``trainer.use_v1=true``, verl's default).
 
-Installed, the package is a verl plugin (:mod:`async_reward.verl_plugin`): with one of our managers
+Installed, the package is a verl plugin (:mod:`async_reward.wiring.verl_plugin`): with one of our managers
 under verl's own v1 modes, it names these two classes in verl's config where you name none; our modes
 (``trainer.v1.trainer_mode=pipelined`` / ``decoupled``) name their own. Without the plugin, add
 :data:`V1_OVERRIDES` to verl's command line (or call :func:`prepare_v1_config` in a launcher):
@@ -13,14 +13,14 @@ under verl's own v1 modes, it names these two classes in verl's config where you
 :class:`RewardWorkersLost` is what stops a run whose reward workers are all dead.
 
 The classes import verl's v1 modules (and TransferQueue), so they load on first use; so do
-:data:`V1_OVERRIDES` and :func:`prepare_v1_config`, whose home is ``async_reward.integration``.
+:data:`V1_OVERRIDES` and :func:`prepare_v1_config`, whose home is ``async_reward.wiring.integration``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from async_reward.v1.settings import (
+from async_reward.config.v1 import (
     AGENT_LOOP_MANAGER,
     REPLAY_BUFFER_NAME,
     REPLAY_BUFFER_PATH,
@@ -48,8 +48,8 @@ _LAZY = {
     "RewardReplayBuffer": "async_reward.v1.replay_buffer",
     "RewardWorkersLost": "async_reward.v1.reward_failover",
     # Wiring (the Ray setup hook in the overrides), whose home imports this package's settings.
-    "V1_OVERRIDES": "async_reward.integration",
-    "prepare_v1_config": "async_reward.integration",
+    "V1_OVERRIDES": "async_reward.wiring.integration",
+    "prepare_v1_config": "async_reward.wiring.integration",
 }
 
 

@@ -25,8 +25,8 @@ And three things about scoring itself (:mod:`async_reward.v1.reward_failover`):
   reward worker admits at most its share of the job-wide limits (``limits.max_concurrency`` per
   worker process), so a random draw leaves one worker's slots idle while another has a queue, and
   its oldest-first admission only orders what reached it (``limits.admission: job`` removes the
-  split: one queue for the whole job, :mod:`async_reward.job_admission`). The choice is per task (a context
-  variable read by the ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs
+  split: one queue for the whole job, :mod:`async_reward._core.job_admission`). The choice is per task (a
+  context variable read by the ``reward_loop_worker_handles`` property while verl's ``_compute_score`` runs
   in that task), so concurrent sessions of the worker never see each other's choice.
 * **failover**: verl never restarts a reward worker; when one dies, a session whose call to it fails
   with ``RayActorError`` is scored again on a live one (scoring is idempotent; the judge may see the
@@ -54,11 +54,16 @@ from omegaconf import DictConfig
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
 
-from async_reward._config_rules import select_key
-from async_reward.checks import check_v1
+from async_reward._core.config_rules import select_key
+from async_reward._core.postprocess import apply_group_postprocessing
 from async_reward.config import ConfigError
-from async_reward.judge_in_job.settings import colocated_judge
-from async_reward.postprocess import apply_group_postprocessing
+from async_reward.config.v1 import (
+    REPLAY_BUFFER_NAME,
+    REPLAY_BUFFER_PATH,
+    uses_reward_replay_buffer,
+)
+from async_reward.judge.in_job.settings import colocated_judge
+from async_reward.v1.checks import check_v1
 from async_reward.v1.groups import GroupGate
 from async_reward.v1.reward_failover import (
     LOST_WORKERS_KEY,
@@ -66,11 +71,6 @@ from async_reward.v1.reward_failover import (
     RewardWorkersLost,
     SessionKillsRewardWorkers,
     is_unavailable,
-)
-from async_reward.v1.settings import (
-    REPLAY_BUFFER_NAME,
-    REPLAY_BUFFER_PATH,
-    uses_reward_replay_buffer,
 )
 
 __all__ = ["RewardAgentLoopManager", "RewardAgentLoopWorker", "excluded_uid"]
@@ -284,7 +284,7 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
     Name it with ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
     async_reward.v1.RewardAgentLoopManager``; verl's ``TaskRunnerV1`` builds it with ``create``.
     Refused at start-up where it cannot do its job: the legacy trainer and the settings
-    :func:`~async_reward.checks.check_v1` refuses. With a judge on the training GPUs (no reward
+    :func:`~async_reward.v1.checks.check_v1` refuses. With a judge on the training GPUs (no reward
     workers handed over) the sessions are scored after sampling, by the setup hook's colocated step.
     """
 
@@ -308,10 +308,10 @@ class RewardAgentLoopManager(AgentLoopManagerTQ):
                 "enable_resource_pool): nothing would score the sessions"
             )
         # With a colocated judge the agent loop scores nothing: verl scores each sampled mini-batch
-        # after generation (async_reward.judge_in_job.colocate, installed by the setup hook).
+        # after generation (async_reward.v1.colocated_judge, installed by the setup hook).
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = RewardAgentLoopWorkerActor  # after super(): it sets verl's
-        from async_reward.v1.pipelined_config import is_pipelined_mode
+        from async_reward.v1.pipelined.config import is_pipelined_mode
 
         if not uses_reward_replay_buffer(config) and not is_pipelined_mode(config):
             logger.warning(

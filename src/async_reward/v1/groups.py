@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP
+from async_reward.training.exclusion import MIN_SCORED_PER_GROUP
 
 __all__ = ["GroupGate", "GroupPostprocessor"]
 
@@ -53,7 +53,7 @@ class GroupGate:
     @property
     def starved(self) -> bool:
         """The group lost members to ``on_failure: exclude`` and kept fewer than
-        :data:`~async_reward.pipeline.exclusion.MIN_SCORED_PER_GROUP` scored ones: as in the pipelined
+        :data:`~async_reward.training.exclusion.MIN_SCORED_PER_GROUP` scored ones: as in the pipelined
         trainer, none of it trains (a group-relative advantage of one sample is not defined; verl's
         GRPO would give it its raw score). Meaningful once :attr:`complete`."""
         scored = len(self._scores) - len(self._excluded)

@@ -37,10 +37,11 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-from async_reward.checks import check_v1, trains_critic
-from async_reward.pipeline.exclusion import MIN_SCORED_PER_GROUP, rows_for_update
-from async_reward.reward_metrics import extras_metrics
-from async_reward.v1.settings import MAX_UNTRAINED_SKIPS_KEY, max_untrained_skips
+from async_reward.config.checks import trains_critic
+from async_reward.config.v1 import MAX_UNTRAINED_SKIPS_KEY, max_untrained_skips
+from async_reward.training.exclusion import MIN_SCORED_PER_GROUP, rows_for_update
+from async_reward.training.metrics import extras_metrics
+from async_reward.v1.checks import check_v1
 
 __all__ = [
     "RewardReplayBuffer",
@@ -448,7 +449,7 @@ def build_builtin_replay_buffer(
         # verl's constructor arguments.
         from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-        from async_reward.v1.decoupled_replay_buffer import DecoupledReplayBufferAsync
+        from async_reward.v1.decoupled.replay_buffer import DecoupledReplayBufferAsync
 
         if type(builtin) is not ReplayBufferAsync:
             raise TypeError(

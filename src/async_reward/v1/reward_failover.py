@@ -19,7 +19,7 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from async_reward.result import LOST_WORKERS_KEY
+from async_reward._core.result import LOST_WORKERS_KEY
 
 __all__ = [
     "LOST_WORKERS_KEY",

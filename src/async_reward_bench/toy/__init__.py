@@ -2,7 +2,7 @@
 
 ``TinyPolicy`` with ``ppo_update`` / ``compute_log_probs`` (``policy``), the single-digit arithmetic
 task, its character tokenizer and prompt batches (``task``), ``ToyBackend``, the
-:class:`~async_reward.pipeline.schedule.StepSchedule` backend that rolls out, prepares and updates
+:class:`~async_reward.training.schedule.StepSchedule` backend that rolls out, prepares and updates
 the policy for real, and ``LocalRewards``, an in-process reward source (``backend``). The parity
 benchmark is ``async_reward_bench.toy.parity`` (its verdict: ``async_reward_bench.toy.parity_report``).
 """

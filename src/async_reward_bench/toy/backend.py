@@ -1,6 +1,6 @@
 """``ToyBackend``: the schedule's GPU stages done for real by a tiny torch policy on CPU.
 
-:class:`~async_reward.pipeline.schedule.StepSchedule` calls ``rollout`` (sample ``group_size``
+:class:`~async_reward.training.schedule.StepSchedule` calls ``rollout`` (sample ``group_size``
 responses per prompt and keep their log-probs as behaviour log-probs), ``prepare`` (old log-probs
 under the current, pre-update policy), ``compute_advantage`` (verl's own
 ``compute_grpo_outcome_advantage`` on the chunk's ``rm_scores`` grouped by ``uid``) and ``update``
@@ -288,7 +288,7 @@ class LocalRewards:
         return ticket
 
     def get_chunk(self, ticket: int, n_samples: int, timeout: float | None = None) -> Any:
-        from async_reward.pipeline.chunks import assemble_rm_scores
+        from async_reward.legacy.chunks import assemble_rm_scores
 
         state = self._tickets[ticket]
         taken: list[np.ndarray] = []

@@ -1,8 +1,8 @@
 """Learning parity on CPU: does the faster schedule learn as well as verl's order, step for step?
 
 A :class:`~async_reward_bench.toy.policy.TinyPolicy` learns single-digit addition with GRPO through the
-very :class:`~async_reward.pipeline.schedule.StepSchedule` the verl trainer uses, once per (mode,
-seed). Rewards take the real path: :class:`~async_reward.pipeline.PipelinedRewardLoopManager` built
+very :class:`~async_reward.training.schedule.StepSchedule` the verl trainer uses, once per (mode,
+seed). Rewards take the real path: :class:`~async_reward.legacy.PipelinedRewardLoopManager` built
 from verl's composed ``ppo_trainer`` config, its Ray workers running our ``llm_judge`` manager, HTTP
 to the dev server (in a child process, with per-request latency so that the schedule matters), whose
 judge compares the decoded response's final number with the reference. Accuracy is measured every
@@ -87,7 +87,7 @@ class ParityConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        from async_reward.pipeline.schedule import MODES
+        from async_reward.training.schedule import MODES
 
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
@@ -144,9 +144,9 @@ def _verl_config(cfg: ParityConfig, model_dir: Path, server_url: str) -> Any:
 def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
     import ray
 
-    from async_reward.devserver import ServerProcess
-    from async_reward.integration import init_local_ray
-    from async_reward.pipeline import PipelinedRewardLoopManager
+    from async_reward.legacy import PipelinedRewardLoopManager
+    from async_reward.tools.devserver import ServerProcess
+    from async_reward.wiring.integration import init_local_ray
     from async_reward_bench.toy.task import build_char_tokenizer
 
     for key, value in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0")):
@@ -175,7 +175,7 @@ def _environment(cfg: ParityConfig) -> Iterator[dict[str, Any]]:
 def _run_one(cfg: ParityConfig, env: dict[str, Any], mode: str, seed: int, bar: Any) -> dict[str, Any]:
     import torch
 
-    from async_reward.pipeline.schedule import StepSchedule
+    from async_reward.training.schedule import StepSchedule
     from async_reward_bench.toy.backend import ToyBackend, evaluate_accuracy
     from async_reward_bench.toy.policy import TinyPolicy
     from async_reward_bench.toy.task import ArithmeticTask, PromptSampler
@@ -232,7 +232,7 @@ def run_parity(cfg: ParityConfig) -> dict[str, Any]:
     """Run every (seed, mode); write ``toy_grpo.json`` (and ``toy_grpo.png``) to ``cfg.out_dir``."""
     import torch
 
-    from async_reward.progress import progress_bar
+    from async_reward._core.progress import progress_bar
 
     cfg.validate()
     started = time.perf_counter()

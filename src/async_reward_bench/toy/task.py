@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from async_reward.devserver.judge import answers_match, extract_final_answer
+from async_reward.tools.devserver.judge import answers_match, extract_final_answer
 
 if TYPE_CHECKING:
     from verl import DataProto

@@ -150,8 +150,8 @@ QUICK: dict[str, Any] = {"seeds": (0,), "steps": 6, "eval_every": 3, "num_worker
 
 
 def _overrides(cfg: V1ParityConfig, mode: str, model_dir: Path, dataset: str, url: str) -> list[str]:
-    from async_reward.integration import SETUP_HOOK
     from async_reward.v1 import V1_OVERRIDES
+    from async_reward.wiring.integration import SETUP_HOOK
     from async_reward_bench.toy.task import ArithmeticTask
 
     response_length = ArithmeticTask(max_operand=cfg.max_operand).max_response_tokens
@@ -222,9 +222,9 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
     import transfer_queue as tq
     from verl.workers.rollout.router import get_router_handle
 
-    import async_reward.v1.pipelined_trainer  # noqa: F401  (registers the mode in this process)
-    from async_reward.devserver import ServerProcess
-    from async_reward.integration import init_local_ray
+    import async_reward.v1.pipelined.trainer  # noqa: F401  (registers the mode in this process)
+    from async_reward.tools.devserver import ServerProcess
+    from async_reward.wiring.integration import init_local_ray
     from async_reward_bench.toy.task import ArithmeticTask
     from async_reward_bench.toy.v1_policy import PolicyServer, build_toy_model_dir
 
@@ -376,7 +376,7 @@ def run_one(
         "staleness": [m.get("off_policy/staleness", 0.0) for m in steps],
         "reward_blocked_s": float(sum(m.get("timing_s/reward_blocked", 0.0) for m in steps)),
         # at max_staleness >= 2: 1 where the next batch was chosen ahead, 0 in its own rollout
-        # (async_reward.v1.pipelined_choice); NaN in the modes that do not choose and on the last step
+        # (async_reward.v1.pipelined.choice); NaN in the modes that do not choose and on the last step
         "next_batch_chosen_ahead": [m.get("pipeline/next_batch_chosen_ahead", float("nan")) for m in steps],
         "is_weights_mean": [m.get("rollout_corr/rollout_is_mean", float("nan")) for m in steps],
         # members listed per judge call (group judging: the group size; 0 when not logged: pointwise)
@@ -520,7 +520,7 @@ def run_v1_parity(cfg: V1ParityConfig) -> dict[str, Any]:
     """Run every (seed, mode); write ``toy_grpo_v1.json`` (and ``.png``) to ``cfg.out_dir``."""
     import torch
 
-    from async_reward.progress import progress_bar
+    from async_reward._core.progress import progress_bar
 
     cfg.validate()
     started = time.perf_counter()

@@ -1,0 +1,88 @@
+"""Group post-processing of scores: a stateful class's ``post_process_scores`` once per complete group.
+
+The recipe's ``RewardAgent.post_process_scores(scores)`` receives one GRPO group's scores with failed
+ones as NaN (e.g. to impute them with the group mean). verl assembles scores on the driver, where no
+manager instance exists, so each score carries (as a :class:`ScoredFloat`) whether it failed and
+which class post-processes it; the class is loaded and instantiated once per process here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from async_reward._core.result import ScoredFloat
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_group_postprocessing", "load_user_instance", "make_postprocess_spec", "postprocess_group"]
+
+
+def make_postprocess_spec(path: str, name: str, init_kwargs: dict[str, Any]) -> tuple[str, str, str]:
+    """A hashable, picklable reference to a user class: (file path, class name, JSON init kwargs)."""
+    return (path, name, json.dumps(init_kwargs, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=16)
+def load_user_instance(spec: tuple[str, str, str]) -> Any:
+    """Load and instantiate the user class named by ``spec``, once per process."""
+    from async_reward._core.user_code import load_user_object
+
+    path, name, kwargs_json = spec
+    cls = load_user_object(path, name)
+    if not isinstance(cls, type):
+        raise TypeError(
+            f"custom_reward_function.name={name!r} in {path} must name a class for async_stateful"
+        )
+    return cls(**json.loads(kwargs_json))
+
+
+def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[bool]) -> list[float]:
+    """Run ``instance.post_process_scores`` on one group; failed scores are passed as NaN.
+
+    Raises:
+        ValueError: the user function returned a different number of scores.
+    """
+    values = [
+        math.nan if is_failed else float(score) for score, is_failed in zip(scores, failed, strict=True)
+    ]
+    processed = list(instance.post_process_scores(values))
+    if len(processed) != len(values):
+        raise ValueError(f"post_process_scores returned {len(processed)} scores for a group of {len(values)}")
+    return [float(p) for p in processed]
+
+
+def apply_group_postprocessing(uids: Sequence[Any] | None, scores: Sequence[float]) -> list[float]:
+    """Post-process every complete group of a batch and return plain floats.
+
+    Only scores that are :class:`ScoredFloat` with a post-process spec are touched; without ``uids``
+    each sample is its own group. A value still non-finite after post-processing (e.g. a group where
+    every sample failed) falls back to the sample's own fallback score.
+    """
+    result = [float(s) for s in scores]
+    groups: OrderedDict[Any, list[int]] = OrderedDict()
+    for position, score in enumerate(scores):
+        if isinstance(score, ScoredFloat) and score.postprocess_spec is not None:
+            key = (score.postprocess_spec, uids[position] if uids is not None else ("__single__", position))
+            groups.setdefault(key, []).append(position)
+    for (spec, _uid), positions in groups.items():
+        instance = load_user_instance(spec)
+        if not hasattr(instance, "post_process_scores"):
+            continue
+        group_scores = [scores[p] for p in positions]
+        failed = [bool(getattr(s, "failed", False)) for s in group_scores]
+        try:
+            processed = postprocess_group(instance, group_scores, failed)
+        except Exception as exc:  # a user bug must not stop the training step: keep the scores as they are
+            logger.warning(
+                "post_process_scores failed for a group of %d (%r); scores kept", len(positions), exc
+            )
+            continue
+        for position, value in zip(positions, processed, strict=True):
+            result[position] = value if math.isfinite(value) else float(scores[position])
+    return result

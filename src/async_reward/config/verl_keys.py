@@ -1,0 +1,363 @@
+"""verl's own reward settings, read with the meaning verl gives them, or refused by name.
+
+A user coming from verl's managers keeps the keys verl documents for them. Each one either takes
+effect here with the same meaning, or stops the job at start-up with a ``ConfigError`` naming the
+key and our equivalent: none is ignored (the audit is in ``docs/verl_settings.md``).
+
+* verl's ``rate_limited`` keys (``reward.max_concurrent``, ``max_rpm``, ``max_tpm``,
+  ``estimated_tokens_per_request``, ``timeout``) are mapped onto ``reward.async_reward`` by
+  :func:`apply_verl_reward_keys` (one log line per process says so). Both set with different values
+  is an error.
+* :func:`check_verl_settings` refuses, per manager, the verl settings that manager cannot honour
+  (a request budget for ``async_naive``, a ``custom_reward_function`` for ``llm_judge``, DAPO's
+  ``reward.reward_kwargs``, ...).
+* :func:`apply_legacy_reward_keys` is verl's ``migrate_legacy_reward_impl`` for the legacy
+  ``reward_model.*`` / ``custom_reward_function.*`` / ``sandbox_fusion.*`` keys, with conflicts
+  refused; the setup hook runs it where verl's own entry point never does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from async_reward._core.config_rules import bad_value, plain_container
+from async_reward._core.errors import ConfigError
+from async_reward._core.start_lines import say_once
+
+__all__ = [
+    "LEGACY_LATE_KEYS",
+    "VERL_LIMIT_KEYS",
+    "VERL_TPM_ESTIMATE_DEFAULT",
+    "apply_legacy_reward_keys",
+    "apply_verl_reward_keys",
+    "check_verl_settings",
+]
+
+
+#: verl ``rate_limited`` key under ``reward`` -> our key under ``reward.async_reward`` (same meaning:
+#: per-process concurrency, per-attempt deadline; the budgets become the whole job's, see the log line).
+VERL_LIMIT_KEYS: dict[str, str] = {
+    "max_concurrent": "limits.max_concurrency",
+    "max_rpm": "limits.requests_per_minute",
+    "max_tpm": "limits.tokens_per_minute",
+    "estimated_tokens_per_request": "limits.estimated_tokens_per_request",
+    "timeout": "timeout_s",
+}
+#: verl's ``rate_limited`` reserves this many tokens per request when ``max_tpm`` is set without an
+#: estimate; a TPM budget given through ``reward.max_tpm`` keeps that meaning.
+VERL_TPM_ESTIMATE_DEFAULT = 2000
+#: The budgets among :data:`VERL_LIMIT_KEYS`: managers without rate budgets refuse them.
+_BUDGET_KEYS = ("max_rpm", "max_tpm", "estimated_tokens_per_request")
+_OURS = "reward.async_reward"
+#: Legacy ``reward_model.*`` keys that verl reads before any reward worker exists (resource pools, the
+#: reward model's servers): a hook that runs when the trainer is built is too late to apply them.
+LEGACY_LATE_KEYS = ("enable", "enable_resource_pool", "n_gpus_per_node", "nnodes")
+#: verl's defaults of the keys the legacy ones migrate to: a new key still at its default is not a
+#: conflict (it was not set, or set to what the legacy key replaces).
+_NEW_DEFAULTS: dict[str, Any] = {
+    "reward.num_workers": 8,
+    "reward.reward_manager.name": "naive",
+    "reward.reward_manager.source": "register",
+    "reward.reward_manager.module.path": None,
+    "reward.reward_manager.module.name": "custom_reward_manager",
+    "reward.custom_reward_function.path": None,
+    "reward.custom_reward_function.name": "compute_score",
+}
+
+
+def _get(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not hasattr(node, "get"):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def apply_verl_reward_keys(reward_node: Any, raw: Any) -> dict[str, Any]:
+    """``raw`` (the ``reward.async_reward`` mapping) with verl's ``rate_limited`` keys of
+    ``reward_node`` applied (a new dict; ``raw`` is not changed).
+
+    Raises:
+        ConfigError: a verl key that is not a number, or set together with our key to another value.
+    """
+    merged: dict[str, Any] = _deep_copy(raw) if isinstance(raw, Mapping) else {}
+    if not hasattr(reward_node, "get"):
+        return merged
+    workers = reward_node.get("num_workers") or 1
+    applied: list[str] = []
+    for verl_key, ours in VERL_LIMIT_KEYS.items():
+        value = reward_node.get(verl_key)
+        if value is None:
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            raise bad_value(
+                f"reward.{verl_key}",
+                value,
+                "is not a finite number",
+                f"write a number (or use {_OURS}.{ours})",
+            )
+        current = _get(merged, ours)
+        if current is not None:
+            if not _is_number(current) or float(current) != float(value):
+                raise bad_value(
+                    f"reward.{verl_key}",
+                    value,
+                    f"conflicts with {_OURS}.{ours}={current!r} (verl's rate_limited key and ours set the "
+                    "same limit)",
+                    f"keep one of them: {_OURS}.{ours} (preferred) or reward.{verl_key}",
+                )
+            continue
+        _set(merged, ours, value)
+        applied.append(f"reward.{verl_key}={value} as {_OURS}.{ours}")
+    tpm_from_verl = reward_node.get("max_tpm") is not None
+    if (
+        tpm_from_verl
+        and reward_node.get("estimated_tokens_per_request") is None
+        and _get(raw if isinstance(raw, Mapping) else {}, "limits.estimated_tokens_per_request") is None
+    ):
+        _set(merged, "limits.estimated_tokens_per_request", VERL_TPM_ESTIMATE_DEFAULT)
+        applied.append(
+            f"{_OURS}.limits.estimated_tokens_per_request={VERL_TPM_ESTIMATE_DEFAULT} "
+            "(verl's default with max_tpm)"
+        )
+    if applied:
+        budgets = ""
+        if any(key in applied_key for applied_key in applied for key in ("max_rpm", "max_tpm")):
+            budgets = (
+                f"; max_rpm / max_tpm are budgets of the whole job here, split over the {workers} reward "
+                "worker processes (verl's rate_limited gave each process the whole budget)"
+            )
+        say_once(f"verl's rate_limited settings applied: {', '.join(applied)}{budgets}")
+    return merged
+
+
+def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+
+
+def _set(node: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            if child is not None:  # a section of the wrong shape: parse_config names it
+                return
+            child = node[part] = {}
+        node = child
+    node[last] = value
+
+
+def check_verl_settings(
+    config: Any,
+    manager: str,
+    *,
+    uses_rate_budgets: bool,
+    runs_custom_function: bool | None,
+    uses_default_scorer: bool,
+    scores_with_reward_model: bool = False,
+) -> None:
+    """Refuse the verl reward settings that manager ``manager`` cannot honour.
+
+    ``runs_custom_function``: the manager calls ``custom_reward_function`` (None: unknown, a user's
+    subclass, not checked). ``uses_default_scorer``: without one it scores with verl's default scorer
+    for the data source (the one ``sandbox_fusion`` configures). ``scores_with_reward_model``: it calls
+    the reward model verl serves (``reward.reward_model.enable``) itself, through the router
+    (``llm_judge``); its own checks of that model are its own (``async_reward.judge.in_job``).
+
+    Raises:
+        ConfigError: naming the key, why it cannot apply, and our equivalent.
+    """
+    reward: Any = config.get("reward") if hasattr(config, "get") else None
+    if not hasattr(reward, "get"):
+        return
+    if not uses_rate_budgets:
+        for verl_key in _BUDGET_KEYS:
+            if reward.get(verl_key) is not None:
+                raise bad_value(
+                    f"reward.{verl_key}",
+                    reward.get(verl_key),
+                    f"is a request/token budget, and {manager} has none (only a concurrency cap)",
+                    "use reward.reward_manager.name=async_rate_limited, which honours it",
+                )
+        ours = _get(reward, "async_reward.limits")
+        for key in ("requests_per_minute", "tokens_per_minute"):
+            if _get(ours, key) is not None:
+                raise bad_value(
+                    f"{_OURS}.limits.{key}",
+                    _get(ours, key),
+                    f"is a budget, and {manager} has none (only a concurrency cap)",
+                    "use reward.reward_manager.name=async_rate_limited, which honours it",
+                )
+    _check_reward_kwargs(reward.get("reward_kwargs"))
+    function = reward.get("custom_reward_function")
+    path = _get(function, "path")
+    if runs_custom_function is False:
+        if path:
+            raise bad_value(
+                "reward.custom_reward_function.path",
+                path,
+                f"names a reward function, and {manager} does not call one",
+                "remove it, or use async_naive / async_rate_limited to score with your function",
+            )
+        if _get(reward, "reward_model.enable") and not scores_with_reward_model:
+            raise bad_value(
+                "reward.reward_model.enable",
+                True,
+                f"starts a reward model that {manager} never calls (it scores with its own service)",
+                "set it to false, or use llm_judge (which judges with the served model through verl's "
+                "router), or async_naive / async_rate_limited with a function that calls "
+                "reward_router_address",
+            )
+    if runs_custom_function and not path and _get(reward, "reward_model.enable"):
+        # verl's RewardLoopWorker sends a sample to /classify (a discriminative model's score) whenever
+        # a reward model is enabled and no function path is set: the manager would never run.
+        raise bad_value(
+            "reward.reward_model.enable",
+            True,
+            f"starts a reward model, but without reward.custom_reward_function.path nothing calls it: "
+            f"verl's reward worker would send every sample to the model's /classify endpoint and "
+            f"{manager} would never run",
+            "set reward.custom_reward_function.path to a function that calls reward_router_address "
+            "(it receives reward_router_address and reward_model_tokenizer), use "
+            "reward.reward_manager.name=llm_judge to judge with the served model, or set it to false",
+        )
+    sandbox_url = _get(reward, "sandbox_fusion.url")
+    if sandbox_url and (not uses_default_scorer or path):
+        why = (
+            "configures verl's default scorer, which a custom_reward_function replaces"
+            if uses_default_scorer
+            else f"configures verl's default scorer, which {manager} does not use"
+        )
+        raise bad_value(
+            "reward.sandbox_fusion.url",
+            sandbox_url,
+            why,
+            "remove it, or use async_naive / async_rate_limited without custom_reward_function",
+        )
+
+
+def _check_reward_kwargs(kwargs: Any) -> None:
+    """``reward.reward_kwargs`` is DAPO's (``overlong_buffer_cfg``, ``max_resp_len``): refused unless
+    it asks for nothing (the overlong buffer absent or disabled)."""
+    if kwargs is None:
+        return
+    plain = plain_container(kwargs, "reward.reward_kwargs")
+    if not isinstance(plain, Mapping):
+        raise bad_value("reward.reward_kwargs", plain, "is not a mapping", "remove it")
+    for key, value in plain.items():
+        if key == "max_resp_len":
+            continue  # read by dapo only together with an enabled overlong buffer
+        if key == "overlong_buffer_cfg" and (
+            value is None or (isinstance(value, Mapping) and not value.get("enable"))
+        ):
+            continue
+        raise bad_value(
+            f"reward.reward_kwargs.{key}",
+            value,
+            "is read only by verl's dapo manager (its overlong-length penalty); async-reward managers "
+            "do not apply it",
+            "keep reward.reward_manager.name=dapo for the penalty, or remove it (a per-sample penalty "
+            "can go in your reward function; extra arguments for it belong in "
+            "reward.custom_reward_function.reward_kwargs)",
+        )
+
+
+def _legacy_value(config: Any, key: str) -> Any:
+    value = _get(config, key)
+    return plain_container(value, key) if value is not None else None
+
+
+def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
+    """Apply the legacy reward keys as verl's ``migrate_legacy_reward_impl`` does, refusing conflicts.
+
+    ``late``: called where verl's trainer is being built (the setup hook), after verl has read the
+    reward model's resource settings; the legacy keys it read there are refused instead of applied.
+    Returns the ``legacy=value -> new key`` lines applied (also logged). A config without the legacy
+    sections is left alone.
+
+    Raises:
+        ConfigError: a legacy key and its new key both set to different values (the new one away from
+            verl's default), or, when ``late``, a legacy key verl already read.
+    """
+    if not hasattr(config, "get") or config.get("reward_model") is None or config.get("reward") is None:
+        return []
+    pairs = [
+        ("reward_model.num_workers", "reward.num_workers"),
+        ("reward_model.reward_manager", "reward.reward_manager.name"),
+        ("reward_model.reward_loop_source", "reward.reward_manager.source"),
+        ("reward_model.reward_loop_module_path", "reward.reward_manager.module.path"),
+        ("reward_model.reward_loop_class_name", "reward.reward_manager.module.name"),
+        ("custom_reward_function.path", "reward.custom_reward_function.path"),
+        ("custom_reward_function.name", "reward.custom_reward_function.name"),
+    ]
+    applied: list[str] = []
+    for legacy, new in pairs:
+        value = _legacy_value(config, legacy)
+        if value is None:
+            continue
+        current = _legacy_value(config, new)
+        if current != value and current != _NEW_DEFAULTS.get(new):
+            raise bad_value(
+                legacy,
+                value,
+                f"conflicts with {new}={current!r} (the legacy key and its replacement set the same setting)",
+                f"keep only {new} (the legacy reward_model.* keys are deprecated in verl 0.9)",
+            )
+        applied.append(f"{legacy}={value!r} -> {new}")
+    if late:
+        for key in LEGACY_LATE_KEYS:
+            if _legacy_value(config, f"reward_model.{key}") is not None:
+                raise _too_late(f"reward_model.{key}", f"reward.reward_model.{key}")
+        if _legacy_value(config, "reward_model.model.path") is not None:
+            raise _too_late("reward_model.model.path", "reward.reward_model.model_path")
+        rollout = _get(config, "reward_model.rollout")
+        for key in list(rollout.keys()) if hasattr(rollout, "keys") else []:
+            if rollout.get(key) is not None:
+                raise _too_late(f"reward_model.rollout.{key}", f"reward.reward_model.rollout.{key}")
+    if late and not applied and not _has_other_legacy_values(config):
+        return []  # verl's trainer runs with the legacy sections in place: nothing to change
+    from verl.experimental.reward_loop.reward_loop import migrate_legacy_reward_impl
+
+    try:
+        migrate_legacy_reward_impl(config)
+    except Exception as exc:  # a legacy section of an unexpected shape
+        raise ConfigError(
+            f"the legacy reward keys (reward_model.*, custom_reward_function.*, sandbox_fusion.*) cannot "
+            f"be migrated ({type(exc).__name__}: {exc}); write them under reward.* instead",
+            key="reward_model",
+            fix="write them under reward.*",
+        ) from None
+    for line in applied:
+        say_once(f"legacy {line} (verl's migrate_legacy_reward_impl)")
+    return applied
+
+
+def _has_other_legacy_values(config: Any) -> bool:
+    """Legacy values besides the paired keys (reward model, reward_kwargs, sandbox): verl migrates them."""
+    legacy = plain_container(config.get("reward_model"), "reward_model")
+    extra = (
+        {k: v for k, v in legacy.items() if k not in ("model", "rollout")} if isinstance(legacy, dict) else {}
+    )
+    nested = [legacy.get("model"), legacy.get("rollout")] if isinstance(legacy, dict) else []
+    sandbox = plain_container(config.get("sandbox_fusion"), "sandbox_fusion")
+    values = [*extra.values(), *(v for n in nested if isinstance(n, dict) for v in n.values())]
+    if isinstance(sandbox, dict):
+        values += list(sandbox.values())
+    return any(v is not None for v in values)
+
+
+def _too_late(legacy: str, new: str) -> ConfigError:
+    fix = f"write {new} instead (verl's own entry point never migrates the legacy key)"
+    return ConfigError(
+        f"{legacy} is a legacy key that verl's entry point reads before async-reward's setup hook can "
+        f"migrate it (it sets up the reward model's resources); {fix}, or start with "
+        "python -m async_reward.legacy.main_ppo, which migrates every legacy key first",
+        key=legacy,
+        fix=fix,
+    )

@@ -1,0 +1,248 @@
+"""``trainer.v1.pipelined.*``: the schedule of verl v1's ``pipelined`` trainer mode, checked at start-up.
+
+The node sits beside verl's own per-mode sections (``trainer.v1.sync``, ``trainer.v1.colocate_async``),
+so ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=pipelined`` reads like any other v1 mode,
+and pipelines: ``mini_batch`` and ``one_step_off_policy`` are on unless set to false
+(``+trainer.v1.pipelined.mini_batch=false`` ...). The flags keep the names and meaning of the legacy
+trainer's ``async_reward.pipeline.*`` (:class:`~async_reward.training.config.PipelineConfig`,
+off by default there); that node itself is refused under v1, with this one named as the fix.
+
+Kept free of verl's v1 modules (which import TransferQueue), like :mod:`async_reward.config.v1`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from async_reward._core.config_rules import bad_value, names_config_errors, plain_container, rule
+from async_reward.config import ConfigError, parse_config
+from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
+from async_reward.training.config import PipelineConfig, check_against_verl
+
+__all__ = [
+    "DEFAULT_ON",
+    "PIPELINED_MODE",
+    "PIPELINED_MODE_PATH",
+    "PipelinedModeConfig",
+    "is_pipelined_mode",
+    "load_pipelined_mode_config",
+]
+
+#: The schedule flags the mode turns on unless told otherwise: ``trainer_mode=pipelined`` alone runs
+#: the schedule the README recommends (mini-batch updates, the next batch generated one step off
+#: policy); ``+trainer.v1.pipelined.<flag>=false`` turns one off.
+DEFAULT_ON = ("mini_batch", "one_step_off_policy")
+
+
+@dataclass
+class PipelinedModeConfig(PipelineConfig):
+    """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs.
+
+    Unlike the legacy trainer's node (``async_reward.pipeline``, baseline unless told), the mode
+    pipelines by default: both flags of :data:`DEFAULT_ON` are on."""
+
+    mini_batch: bool = True
+    """As :attr:`PipelineConfig.mini_batch`; on by default in this mode."""
+    one_step_off_policy: bool = True
+    """As :attr:`PipelineConfig.one_step_off_policy`; on by default in this mode."""
+
+    poll_interval_s: float = field(
+        default=0.05,
+        metadata=rule(lambda v: 0 < v <= 10, "must be > 0 and <= 10 seconds", "write e.g. 0.05"),
+    )
+    """How often the trainer reads TransferQueue's tags while it waits for a batch to be generated or
+    for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
+    seconds per step is a visible share of it; a tag listing costs about a millisecond."""
+
+    fill_rollout_tail_at: float | None = field(
+        default=None,
+        metadata=rule(
+            lambda v: 0 < v <= 1,
+            "must be a share in (0, 1], or null",
+            "write e.g. 0.5, or null to keep staleness 1",
+        ),
+    )
+    """An override of when the batch after next starts (staleness 2, ``max_staleness`` below): once
+    this share (0 < x <= 1) of the next step's batch is generated, instead of at once. Its sequences
+    are aborted for training and resumed with the new weights (verl's partial rollout). None
+    (default): at ``max_staleness`` >= 2 the batches ahead are dispatched as soon as the next one is."""
+
+    max_staleness: int | None = field(
+        default=None,
+        metadata=rule(
+            lambda v: isinstance(v, int) and 1 <= v <= 7,
+            "must be an integer from 1 to 7, or null",
+            "write 1 (the next batch generates during a step), or 2 or more (batches further ahead too)",
+        ),
+    )
+    """With ``one_step_off_policy``: the most policy versions a trained group may lag the policy it
+    updates (``off_policy/staleness``). 1: the next step's batch generates while this one trains on
+    the batch before it, as the legacy trainer's schedule. s >= 2: the batches of the next s steps
+    generate together, and each step trains the first ``train_batch_size`` groups to be generated,
+    oldest dispatch first, across the batches in flight (:mod:`async_reward.v1.pipelined.pool`), so
+    the slowest groups of a long-tailed rollout go on generating (partial rollout) into later steps
+    instead of holding this one; a group is never trained more than s versions late (the step waits
+    for it). At most 7: verl's ``max_off_policy_threshold`` defaults to 8 versions. None (default):
+    2 with ``fill_rollout_tail_at``, else 1."""
+
+    @property
+    def staleness_limit(self) -> int:
+        """The resolved ``max_staleness``: 0 without ``one_step_off_policy``."""
+        if not self.one_step_off_policy:
+            return 0
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 2 if self.fill_rollout_tail_at is not None else 1
+
+    def validate(self, path: str = PIPELINED_MODE_PATH) -> None:
+        """Each field's value rule and the rules between fields, naming ``path.<field>``."""
+        super().validate(path)
+        fill = self.fill_rollout_tail_at
+        if fill is not None and not self.one_step_off_policy:
+            raise bad_value(
+                f"{path}.fill_rollout_tail_at",
+                fill,
+                "starts the batch after next early, which only the one-step off-policy schedule has",
+                f"set {path}.one_step_off_policy=true too, or leave it null",
+            )
+        if self.max_staleness is not None and not self.one_step_off_policy:
+            raise bad_value(
+                f"{path}.max_staleness",
+                self.max_staleness,
+                "bounds how far ahead batches generate, which only the one-step off-policy schedule does",
+                f"set {path}.one_step_off_policy=true too, or leave it null",
+            )
+        if fill is not None and self.max_staleness == 1:
+            raise bad_value(
+                f"{path}.max_staleness",
+                self.max_staleness,
+                f"is 1, but {path}.fill_rollout_tail_at={fill} starts the batch after next, which is "
+                "trained 2 versions late",
+                f"set {path}.max_staleness=2 (or leave it null), or unset fill_rollout_tail_at",
+            )
+
+
+@names_config_errors("trainer")
+def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelinedModeConfig:
+    """Read ``trainer.v1.pipelined`` (absent: both schedule flags on, :data:`DEFAULT_ON`) and refuse
+    what the mode cannot honour; a refusal of a flag left at its default says so, with the override.
+
+    Raises:
+        ConfigError: an unknown key or bad value, and every verl setting the schedule would
+            silently not apply (see :func:`check_pipelined_mode_against_verl`).
+    """
+    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    node = plain_container(select(PIPELINED_MODE_PATH) or {}, PIPELINED_MODE_PATH)
+    if not isinstance(node, Mapping):
+        raise bad_value(
+            PIPELINED_MODE_PATH,
+            node,
+            "is not a mapping",
+            f"write e.g. +{PIPELINED_MODE_PATH}.mini_batch=true",
+        )
+    config = parse_config(PipelinedModeConfig, node, PIPELINED_MODE_PATH)
+    defaulted = [flag for flag in DEFAULT_ON if flag not in node]
+    try:
+        config.validate()
+        check_against_verl(config, verl_config, path=PIPELINED_MODE_PATH, whole_gen_batch=False)
+        check_pipelined_mode_against_verl(config, verl_config)
+    except ConfigError as error:
+        raise _naming_the_default(error, defaulted) from None
+    return config
+
+
+def _naming_the_default(error: ConfigError, defaulted: list[str]) -> ConfigError:
+    """``error`` refusing a flag the user did not set (on by default): said so, with the override."""
+    flags = [flag for flag in defaulted if re.search(rf"\b{flag}\b", str(error))]
+    if not flags:
+        return error
+    overrides = " ".join(f"+{PIPELINED_MODE_PATH}.{flag}=false" for flag in flags)
+    fix = f"{error.fix}; or turn the schedule off with {overrides}" if error.fix else f"or {overrides}"
+    return ConfigError(
+        f"{error} ({', '.join(flags)}: on by default under trainer.v1.trainer_mode={PIPELINED_MODE}; "
+        f"{overrides} turns it off)",
+        key=error.key or f"{PIPELINED_MODE_PATH}.{flags[0]}",
+        fix=fix,
+    )
+
+
+def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: Any) -> None:
+    """The v1 settings that mean nothing, or something else, under this mode: refused by name.
+
+    Raises:
+        ConfigError: naming the setting, why, and what to change.
+    """
+    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    if select("algorithm.filter_groups.enable"):
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true (DAPO) is not run by trainer.v1.trainer_mode=pipelined: "
+            "it trains every generated group of a batch and never samples through the replay buffer, "
+            "so no group would be filtered. Use trainer_mode=sync or colocate_async for DAPO",
+            key="algorithm.filter_groups.enable",
+            fix="set it to false, or use another trainer_mode",
+        )
+    if select("trainer.v1.sampler.sync_refill_failed_groups"):
+        raise ConfigError(
+            "trainer.v1.sampler.sync_refill_failed_groups=true is not run by the pipelined mode: a group "
+            "whose session raised is dropped from its batch (counted in pipeline/failed_groups), not "
+            "generated again, so the step never waits for a fresh rollout",
+            key="trainer.v1.sampler.sync_refill_failed_groups",
+            fix="set it to false",
+        )
+    sampler = select("trainer.v1.sampler.custom_sampler") or {}
+    path = sampler.get("path") if hasattr(sampler, "get") else None
+    if path and path != "pkg://async_reward.v1.replay_buffer":
+        raise ConfigError(
+            f"trainer.v1.sampler.custom_sampler={path} is not used for training by the pipelined mode "
+            "(it takes each batch's groups as they are scored, not through a sampler); only validation "
+            "samples through it",
+            key="trainer.v1.sampler.custom_sampler",
+            fix="unset it, or use another trainer_mode",
+        )
+    threshold = select("trainer.v1.sampler.max_off_policy_threshold")
+    span = 1 + config.staleness_limit
+    if threshold is not None and int(threshold) < span:
+        raise ConfigError(
+            f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but the schedule trains batches "
+            f"spanning {span} model versions (one_step_off_policy: 2, fill_rollout_tail_at: 3, "
+            "max_staleness=s: s + 1)",
+            key="trainer.v1.sampler.max_off_policy_threshold",
+            fix=f"set it to {span} or more (verl's default is 8), or change the schedule",
+        )
+    if select("skip.rollout_tq.enable"):
+        raise ConfigError(
+            "skip.rollout_tq.enable=true replays rollouts through the replay buffer's sample(), which "
+            "the pipelined mode does not call",
+            key="skip.rollout_tq.enable",
+            fix="set it to false, or use another trainer_mode",
+        )
+    if config.mini_batch and select("algorithm.rollout_correction.rollout_is_batch_normalize"):
+        raise ConfigError(
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true with "
+            f"{PIPELINED_MODE_PATH}.mini_batch=true: the importance weights would be normalised over each "
+            "chunk of groups rather than the whole batch",
+            key="algorithm.rollout_correction.rollout_is_batch_normalize",
+            fix="set it to false, or mini_batch=false",
+        )
+
+
+def _select(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=default)
+    return _select_mapping(config, key, default)
+
+
+def _select_mapping(config: Any, key: str, default: Any = None) -> Any:
+    node = config
+    for part in key.split("."):
+        if not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+        if node is None:
+            return default
+    return node
