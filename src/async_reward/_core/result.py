@@ -4,6 +4,9 @@
 (``{"reward_score": float, "reward_extra_info": {...}}``) and always carries ``status``,
 ``latency_s`` and ``attempts``, so a failure is visible in every batch's extras instead of hiding
 as a 0.0.
+
+Longer than 400 lines: the sample, the result and the one reading of a user's result (a number,
+a dict, NaN, a bool) that every manager shares, with the extras rules verl's batching needs.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ SGLang) also ``repetition_penalty`` 1, ``top_k`` -1 and ``min_p`` 0, which OpenA
 A server that returns no log-probabilities leaves the plain verdict, said once in the log and on every
 such sample (``judge_weighting``), never a silent mix. With a rubric (``judge.criteria``) the same rule
 weighs each criterion's verdict at the digits of its own line (``managers.criteria_weighting``).
+
+Longer than 400 lines: one rule (the expected verdict from token probabilities), with the
+alignment of the reply's tokens to its text that the rule cannot do without.
 """
 
 from __future__ import annotations

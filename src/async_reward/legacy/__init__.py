@@ -1,4 +1,7 @@
-"""Pipelined rewards: submit a batch, take its rewards back in chunks of complete groups.
+"""The deprecated pipelined trainer on verl's legacy ``RayPPOTrainer`` (``python -m
+async_reward.legacy.main_ppo``), and its reward manager: submit a batch, take its rewards back in
+chunks of complete groups. Superseded by the v1 mode ``trainer.v1.trainer_mode=pipelined``. Nothing
+else in the library imports this package, so it can be deleted as a unit.
 
 ``PipelinedRewardLoopManager(config)`` takes the same verl config as verl's ``RewardLoopManager``::
 

@@ -9,6 +9,11 @@ consistent extras keys, and conversion to verl's ``{"reward_score", "reward_extr
 
 Fixes over verl's own managers, on purpose: a failed call is never a silent 0.0 (status says what
 happened), nothing waits without a deadline, and rate budgets are per job, not per worker process.
+
+Longer than 400 lines on purpose: it is the one path every sample takes (decode, admission,
+deadline, retry, status, extras, verl's return shape) and the subclass contract; split, the order of
+those steps would be spread over files that mean nothing alone. The primitives it calls are in
+:mod:`async_reward._core`.
 """
 
 from __future__ import annotations

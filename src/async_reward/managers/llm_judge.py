@@ -16,6 +16,10 @@ rubric of weighted criteria in one call (``managers.criteria_scoring``,
 judge's own token probabilities (``async_reward.judge.expected``).
 With a judge served in the job, a prompt too long for its context is refused before it is sent
 (``judge_in_job.context``).
+
+Longer than 400 lines: the request and reply path of one judge call, with the settings checks
+that belong to it; rubrics, group judging, weighting and the served judge live in
+:mod:`async_reward.judge`.
 """
 
 from __future__ import annotations

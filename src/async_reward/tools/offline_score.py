@@ -8,6 +8,9 @@ order): an interrupted run loses only the rows in flight, and a rerun with the s
 every id already in the output. A last output line cut short by a crash is removed before
 appending. Group post-processing (``post_process_scores``) is not applied: it needs complete
 groups, and rows are written as they are scored.
+
+Longer than 400 lines: the scoring run with its progress, resume and signal handling;
+the rows' format is :mod:`async_reward.tools.offline_rows`.
 """
 
 from __future__ import annotations

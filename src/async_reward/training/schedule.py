@@ -35,6 +35,9 @@ advantage runs on the scored rows only and the others get a zero loss mask
 (:mod:`async_reward.training.exclusion`); an update with nothing left to train on is skipped.
 ``reward/untrained`` counts the step's samples given no gradient (``reward/excluded``, from the
 reward source, counts the flagged ones).
+
+Longer than 400 lines: the loop of the four schedules and the protocols of its backends, kept
+together so the step reads top to bottom, as pseudocode would.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ could leave one of verl's optimizer updates (``ppo_mini_batch_size x rollout.n``
 re-ordering, shuffle and padding) without any are dropped, so verl receives fewer rows than sampled
 (:meth:`RewardReplayBuffer._drop_surplus_untrained`). The sampler metrics of a skip's two ``sample``
 calls are merged by meaning (:func:`merge_sampler_metrics`).
+
+Longer than 400 lines: the replay buffer and the per-step ``reward/*`` metrics it reads from
+TransferQueue's rows, which only it has at hand.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ reference), so verdicts are known in advance, and it can be slow, saturated or f
 
 Only the service endpoints (``/v1/chat/completions``, ``/score``) get latency, capacity, faults and
 counters; ``/health`` and ``/admin/*`` always answer at once, so a test can watch a saturated server.
+
+Longer than 400 lines: one aiohttp application, a handler per endpoint with its fault
+injection; the judging rules, replies and log-probabilities are modules of their own.
 """
 
 from __future__ import annotations

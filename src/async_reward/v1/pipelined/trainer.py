@@ -31,6 +31,9 @@ rollout, staleness <= s), each batch chosen ahead or at the end of its own rollo
 pace says (:mod:`async_reward.v1.pipelined.choice`); ``fill_rollout_tail_at`` delays the batch after
 next to the next one's tail. No batch is generated past the step ``fit`` trains last. Every step logs
 ``reward/*``, ``timing_s/reward_blocked``, ``off_policy/staleness`` and ``pipeline/*``.
+
+Longer than 400 lines: the mode's ``fit`` on verl's v1 trainer, one method per stage of the
+step; the parts that need no verl (batches, pool, choice, waits, untrained) are modules of their own.
 """
 
 from __future__ import annotations

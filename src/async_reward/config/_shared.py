@@ -1,0 +1,65 @@
+"""What the config sections share: where they live in the verl config, and the checks of a URL
+and of an API key's environment variable."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from async_reward._core.config_rules import (
+    bad_value,
+    rule,
+)
+from async_reward._core.errors import ConfigError
+from async_reward._core.redaction import HIDDEN
+
+__all__ = ["CONFIG_PATH"]
+
+#: Where the settings live in the verl config.
+CONFIG_PATH = "reward.async_reward"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_URL_FIX = "write an http:// or https:// URL with a host"
+
+
+def _is_url(value: str) -> bool:
+    """An http(s) URL with a host and no whitespace (``http://`` alone would fail every call)."""
+    if any(ch.isspace() for ch in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _env_name(fix: str) -> dict[str, Any]:
+    # Hidden: what fails this rule is often the key itself, pasted where its variable's name belongs.
+    return rule(lambda v: bool(_ENV_NAME.fullmatch(v)), "is not an environment variable name", fix, hide=True)
+
+
+def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) -> None:
+    environment = os.environ if env is None else env
+    if var_name is None or environment.get(var_name):
+        return
+    # Never printed: what sits where the variable's name belongs is too often the key itself.
+    holder = next((name for name, value in environment.items() if value and value == var_name), None)
+    if holder is not None:
+        problem = (
+            f"holds a key, not a variable name (it equals the value of the environment variable {holder})"
+        )
+        raise bad_value(key, var_name, problem, f"write {key}={holder}, the variable's NAME", hide=True)
+    fix = (
+        "export that variable before starting, pass it in ray_kwargs.ray_init.runtime_env.env_vars, "
+        "or set the key to null for an endpoint without authentication"
+    )
+    short_key = key.removeprefix(CONFIG_PATH + ".")
+    raise ConfigError(
+        f"{key}={HIDDEN}: the variable named in {short_key} is not set (or empty) where the reward "
+        f"workers run; {fix}",
+        key=key,
+        fix=fix,
+    )
