@@ -76,7 +76,7 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache bench_out
 
-# The docs site (mkdocs.yml, docs/) into site/, every warning an error; tests/test_docs.py builds it too.
+# The docs site (mkdocs.yml, docs/) into site/, every warning an error; tests/project/test_docs.py builds it too.
 .PHONY: docs
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

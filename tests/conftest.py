@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-#: Prints the Ray workers, subprocesses and slowest files at the end of every run (tests/budget.py).
-pytest_plugins = ["tests.budget"]
+#: Prints the Ray workers, subprocesses and slowest files at the end of every run (tests/support/budget.py).
+pytest_plugins = ["tests.support.budget"]
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -216,8 +216,8 @@ def _composed(overrides: tuple[str, ...]) -> DictConfig:
     takes for them after loading the defaults; anything else (a config group, a hydra key, a sweep)
     goes through hydra's whole compose. Why: composing parses verl's YAML tree again each time (~0.4
     CPU-seconds), and the tests compose a few hundred distinct override lists (a third of
-    ``tests/test_v1_pipelined.py``'s CPU time, py-spy 2026-11-28). ``ASYNC_REWARD_CHECK_COMPOSE=1``
-    composes each list both ways and fails on any difference; ``tests/test_compose_fast_path.py``
+    ``tests/v1/pipelined/test_pipelined.py``'s CPU time, py-spy 2026-11-28). ``ASYNC_REWARD_CHECK_COMPOSE=1``
+    composes each list both ways and fails on any difference; ``tests/managers/test_compose_fast_path.py``
     checks a sample of every override form."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
@@ -293,11 +293,11 @@ def verl_config_factory(tokenizer_dir: Path) -> Callable[..., DictConfig]:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the whole session, with our worker setup hook; verl's reward-loop and
-    agent-loop workers built in this process are kept warm between tests (tests/warm_actors.py)."""
+    agent-loop workers built in this process are kept warm between tests (tests/support/warm_actors.py)."""
     import ray
 
     from async_reward.wiring.integration import ray_runtime_env
-    from tests import warm_actors
+    from tests.support import warm_actors
 
     ray.init(
         num_cpus=8,
@@ -313,9 +313,9 @@ def ray_cluster() -> Iterator[None]:
 
 
 def shutdown_reward_loop(manager: Any) -> None:
-    """Hand a verl ``RewardLoopManager``'s workers back to the warm pool (tests/warm_actors.py), which
+    """Hand a verl ``RewardLoopManager``'s workers back to the warm pool (tests/support/warm_actors.py), which
     keeps them for the next manager of the same class and slot, or kills them if they are not its."""
-    from tests.warm_actors import release
+    from tests.support.warm_actors import release
 
     release(manager.reward_loop_workers)
 
@@ -374,14 +374,14 @@ def server(judge_server: Any) -> Any:
     return judge_server
 
 
-# -- verl v1 training on CPU (tests/v1_standins.py): per test module, since each Ray process costs
+# -- verl v1 training on CPU (tests/support/v1_standins.py): per test module, since each Ray process costs
 # seconds to start and each module's runs share them
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model directory verl's ``HFModelConfig`` accepts (tokenizer, chat template, config)."""
-    from tests.v1_standins import build_tiny_model_dir
+    from tests.support.v1_standins import build_tiny_model_dir
 
     return build_tiny_model_dir(tmp_path_factory.mktemp("v1_model"))
 
@@ -390,7 +390,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rollout(model_dir: Path, ray_cluster: None) -> Iterator[Any]:
     """The scripted token server behind verl's real load balancer (``ScriptedRollout``), shared by the
     session's runs: each run starts it with its own script (``start`` resets its state)."""
-    from tests.v1_standins import ScriptedRollout
+    from tests.support.v1_standins import ScriptedRollout
 
     scripted = ScriptedRollout(model_dir)
     yield scripted

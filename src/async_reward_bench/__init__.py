@@ -6,7 +6,7 @@ against a slow, bounded local judge (the verl v1 bench trainer and agent loop in
 end-to-end learning-parity checks (``benchmarks/toy_grpo.py``).
 
 A top-level package of its own, beside ``async_reward`` in the same wheel, so the library never
-imports it (``tests/test_package_structure.py`` checks both): ``async-reward bench`` and the scripts
+imports it (``tests/project/test_package_structure.py`` checks both): ``async-reward bench`` and the scripts
 under ``benchmarks/`` import it, the CLI only when the command runs. Importing this package is cheap:
 torch, verl and Ray are imported by the functions that need them.
 """

@@ -13,7 +13,7 @@ whole sampled batch and puts it back to sleep, before the old log-probs. Here th
 
 It is one ``judge`` GPU stage on the step's timeline, which never overlaps generation (the engine is
 paused: the trainer slept or aborted it at ``on_sample_end``) nor training (the trainer's own thread
-runs it). ``tests/test_bench_judge_placement.py`` checks both on a run.
+runs it). ``tests/bench/test_bench_judge_placement.py`` checks both on a run.
 """
 
 from __future__ import annotations

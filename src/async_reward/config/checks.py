@@ -52,7 +52,7 @@ __all__ = [
 EXCLUDE_LOSS_AGG_MODES = ("token-mean", "token-sum")
 #: verl policy losses (``actor.policy_loss.loss_mode``) verified to ignore zero-mask rows exactly under
 #: those aggregations, and to give a zero loss and gradient on a micro-batch with no loss token at all
-#: (tests/test_exclude.py checks every registered loss). ``geo_mean`` and ``sapo`` normalise per
+#: (tests/training/test_exclusion.py checks every registered loss). ``geo_mean`` and ``sapo`` normalise per
 #: sequence by the global batch size, so they do not ignore the rows; ``bypass_mode`` raises on an
 #: empty micro-batch (its rollout correction demands a valid token), which one excluded session makes
 #: with ``ppo_micro_batch_size_per_gpu=1``. Losses registered later are refused until verified.

@@ -4,7 +4,7 @@ The console script enters at ``async_reward_cli`` (outside this package, so ``--
 ``--version`` answer without importing verl), which hands every command to :func:`main` here,
 imported without the package's ``__init__`` (``async_reward_cli.import_command_line``): this
 module's imports must not import verl, torch or Ray (``serve`` and every ``--help`` run without
-them; ``tests/test_cli_front.py`` checks). To
+them; ``tests/tools/test_cli_front.py`` checks). To
 add a command (``bench``, ``score``), name it with its one-line help in ``async_reward_cli.COMMANDS``,
 write an ``_add_<name>_parser(subparsers)`` that registers its arguments and sets ``handler`` to a
 small ``_run_<name>(args) -> int``, and call it from ``build_parser``. Heavy imports belong inside

@@ -1,0 +1,387 @@
+"""Whatever a scorer does, every sample comes back once, on time, with a status.
+
+A user's reward code may raise what asyncio treats as control flow (``KeyboardInterrupt``,
+``SystemExit``, ``GeneratorExit``, a ``CancelledError`` nobody asked for), swallow the cancellation
+that enforces its deadline, hang in a thread, return a score that is not a number, or return extras
+named like the batch's own fields. Driven as a user's job drives it: ``run_single`` on a manager built
+by verl's ``load_reward_manager`` from a real reward file, and the pipelined manager's Ray workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from async_reward.legacy.chunks import RewardChunk, stack_extras
+from async_reward.training.schedule import _with_rewards
+from tests.managers.test_managers import write_module
+
+HAZARDS = """
+import asyncio
+import decimal
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from async_reward import RewardResult
+
+
+class BadFloat:
+    def __float__(self):
+        raise RuntimeError("boom in __float__")
+
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("boom in __repr__")
+
+
+def raise_for(case):
+    if case == "kbint":
+        raise KeyboardInterrupt("user ctrl-c")
+    if case == "sysexit":
+        raise SystemExit(3)
+    if case == "genexit":
+        raise GeneratorExit()
+    if case == "cancelled":
+        raise asyncio.CancelledError()
+
+
+RETURNS = {
+    "text": lambda: "0.7",
+    "decimal": lambda: decimal.Decimal("0.3"),
+    "np_float32": lambda: np.float32(0.5),
+    "np_int": lambda: np.int64(1),
+    "bool": lambda: True,
+    "torch_scalar": lambda: torch.tensor(0.25),
+    "torch_vector": lambda: torch.tensor([0.5, 0.5]),
+    "huge": lambda: 10**400,
+    "bad_float": lambda: BadFloat(),
+    "result_huge": lambda: RewardResult(score=10**400),
+    "result_vector": lambda: RewardResult(score=torch.tensor([1.0, 2.0])),
+    "bad_repr_extra": lambda: {"score": 1.0, "shown": BadRepr()},
+    "named_like_the_batch": lambda: {
+        "score": 1.0, "uid": "problem-7", "data_source": "mine", "status": "mine", "acc": 1
+    },
+}
+
+
+BARRIERS = {}  # parties -> threading.Barrier: calls that return only once all parties run at once
+
+
+def released(gate):  # whether the test opened the gate (a file): a cause it controls, not a duration
+    return os.path.exists(gate)
+
+
+def sync_score(data_source, solution_str, ground_truth, extra_info=None):
+    raise_for(ground_truth)
+    if ground_truth in RETURNS:
+        return RETURNS[ground_truth]()
+    if ground_truth.startswith("sleep:"):
+        time.sleep(float(ground_truth.split(":")[1]))
+    if ground_truth.startswith("together:"):  # returns once N calls run at the same time (60 s bound)
+        parties = int(ground_truth.split(":")[1])
+        BARRIERS.setdefault(parties, threading.Barrier(parties, timeout=60)).wait()
+    if ground_truth.startswith("until:"):  # blocks its thread until the gate file exists (60 s bound)
+        until = time.monotonic() + 60
+        while not released(ground_truth.split(":", 1)[1]) and time.monotonic() < until:
+            time.sleep(0.01)
+    return 1.0
+
+
+async def async_score(data_source, solution_str, ground_truth, extra_info=None):
+    await asyncio.sleep(0)
+    raise_for(ground_truth)
+    if ground_truth.startswith("swallow:"):  # ignores every cancellation until the gate file exists
+        gate = ground_truth.split(":", 1)[1]
+        until = time.monotonic() + 60
+        while not released(gate) and time.monotonic() < until:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
+        open(gate + ".ended", "w").close()
+    if ground_truth == "forever":
+        await asyncio.sleep(3600)
+    return 1.0
+"""
+
+CONTROL_FLOW = ["kbint", "sysexit", "genexit", "cancelled"]
+
+
+@pytest.fixture(scope="module")
+def hazards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_module(tmp_path_factory.mktemp("hazards"), HAZARDS, "hazards.py")
+
+
+def build(verl_config_factory: Any, tokenizer: Any, path: str, name: str, **settings: Any) -> Any:
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    config = verl_config_factory("async_naive", settings, custom_reward_function={"path": path, "name": name})
+    return load_reward_manager(config, tokenizer)  # as verl's RewardLoopWorker builds it
+
+
+async def score(
+    manager: Any, batch_factory: Any, truths: list[str], bound_s: float = 30
+) -> list[dict[str, Any]]:
+    """Every row scored concurrently; a hang fails the test instead of the suite."""
+    batch = batch_factory([{"response": "x", "ground_truth": t} for t in truths])
+    calls = [manager.run_single(batch[i : i + 1]) for i in range(len(batch))]
+    return await asyncio.wait_for(asyncio.gather(*calls), bound_s)
+
+
+def statuses(outputs: list[dict[str, Any]]) -> list[str]:
+    return [o["reward_extra_info"]["status"] for o in outputs]
+
+
+# ------------------------------------------------------------------ control flow raised by user code
+
+
+@pytest.mark.parametrize("name", ["sync_score", "async_score"])
+async def test_control_flow_raised_by_user_code_fails_only_its_sample(
+    name, hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """Each used to escape ``run_single`` (KeyboardInterrupt and SystemExit stop the event loop;
+    CancelledError cancelled the batch; GeneratorExit passed every ``except Exception``)."""
+    manager = build(verl_config_factory, tokenizer, hazards, name, retry={"max_attempts": 1})
+    outputs = await score(manager, batch_factory, [*CONTROL_FLOW, "ok"])
+    assert statuses(outputs) == ["error"] * len(CONTROL_FLOW) + ["ok"]
+    reasons = [o["reward_extra_info"]["failure_reason"] for o in outputs[:-1]]
+    names = ["KeyboardInterrupt", "SystemExit", "GeneratorExit", "CancelledError"]
+    for case, reason in zip(names, reasons, strict=True):
+        assert reason.startswith(f"{case} raised by the scoring code"), reason
+    assert all(o["reward_score"].failed for o in outputs[:-1])
+
+
+async def test_a_real_cancellation_still_cancels(hazards, verl_config_factory, tokenizer, batch_factory):
+    manager = build(verl_config_factory, tokenizer, hazards, "async_score")
+    batch = batch_factory([{"response": "x", "ground_truth": "forever"}])
+    task = asyncio.ensure_future(manager.run_single(batch))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """A manager subclass whose ``score`` wraps every exception (``except BaseException: raise
+    RuntimeError``) must not make a cancelled ``run_single`` return as if it had scored."""
+    from async_reward import AsyncRewardManager
+
+    class WrapsEverything(AsyncRewardManager):
+        async def score(self, sample: Any) -> Any:
+            try:
+                await asyncio.sleep(30)
+            except BaseException as exc:
+                raise RuntimeError("wrapped") from exc
+
+    manager = WrapsEverything(verl_config_factory("async_naive", {}), tokenizer)
+    task = asyncio.ensure_future(manager.run_single(batch_factory([{"response": "x"}])))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
+):
+    """``asyncio.timeout`` waited for the coroutine to give up (here: until the test releases it,
+    after the sample came back) and then reported it ``ok``; now the sample is ``timeout`` at its
+    deadline plus a short grace, not retried."""
+    gate = tmp_path / "gate"
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "async_score", timeout_s=0.5, retry={"max_attempts": 3}
+    )
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.deadline"):
+        # The coroutine gives up only once the gate opens, after this returns: the result coming back
+        # at all (before the 30 s bound of ``score``) is the proof it was abandoned, not waited for.
+        [output] = await score(manager, batch_factory, [f"swallow:{gate}"])
+    info = output["reward_extra_info"]
+    assert (info["status"], info["attempts"]) == ("timeout", 1), info
+    assert "ignored its cancellation and was abandoned" in info["failure_reason"]
+    assert any("left running" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "gate.ended").exists()  # still running, abandoned
+    gate.touch()  # let the abandoned coroutine end before this test's loop closes
+    await until(lambda: (tmp_path / "gate.ended").exists())
+
+
+async def until(condition: Any, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until ``condition()`` holds: a poll, not a guess at how long it takes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+# ------------------------------------------------------------------ sync functions and their threads
+
+
+async def test_the_deadline_of_a_sync_function_measures_the_call_not_the_queue(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """160 calls allowed in flight, each returning only once all 160 run at the same time (a
+    barrier), with a 30 s deadline: the loop's default pool (min(32, cpus + 4) threads) queued them,
+    so no call could ever return and every one timed out without the function being slow. The
+    barrier makes that a fact of the pool's size, not a race of 160 thread starts against a deadline."""
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=30.0, limits={"max_concurrency": 160}
+    )
+    outputs = await score(manager, batch_factory, ["together:160"] * 160, bound_s=90)
+    assert statuses(outputs) == ["ok"] * 160
+    assert manager.function_pool.size == 160
+
+
+async def test_a_pool_busy_with_healthy_calls_is_queueing_not_a_timeout(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """2 threads, 60 calls of 0.1 s, a 2 s deadline: the last calls wait about 2.9 s for a thread
+    (29 rounds of 0.1 s; load only lengthens it), longer than the deadline, and none of them is slow,
+    so every sample is ok (the wait is queueing, as admission). Margin: each call has 1.9 s beyond its
+    0.1 s sleep for two thread hand-offs and a loop wake-up."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=2.0, executor_workers=2)
+    outputs = await score(manager, batch_factory, ["sleep:0.1"] * 60)
+    assert statuses(outputs) == ["ok"] * 60
+    assert manager.function_pool.overdue == 0
+
+
+async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_later_samples(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
+):
+    """Two calls hold both threads until the test opens their gate (after the checks): a later sample
+    fails as ``timeout`` naming them, instead of waiting for them (which would be until the gate)."""
+    gate = tmp_path / "gate"
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=0.3, executor_workers=2)
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.user_code"):
+        stuck = await score(manager, batch_factory, [f"until:{gate}", f"until:{gate}"])
+        assert statuses(stuck) == ["timeout", "timeout"]
+        assert manager.function_pool.overdue == 2
+        # Bounded by timeout_s (no admission_timeout_s set), not by the stuck calls: those return only
+        # once the gate opens below, so this coming back at all (within score's 30 s) is the proof.
+        [starved] = await score(manager, batch_factory, ["ok"])
+    info = starved["reward_extra_info"]
+    assert info["status"] == "timeout"
+    assert "no free thread for the reward function" in info["failure_reason"]
+    assert "2 call(s) of the reward function still run past their deadline" in info["failure_reason"]
+    assert any("still run past their 0.3 s deadline" in r.getMessage() for r in caplog.records)
+    assert manager.function_pool.overdue == 2  # still stuck: nothing but the gate frees them
+    gate.touch()  # the stuck calls return and give their threads back
+    await until(lambda: manager.function_pool.overdue == 0)
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+# ------------------------------------------------------------------ what a scorer returns
+
+
+async def test_only_real_numbers_are_scores_and_nothing_escapes_as_an_exception(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    cases = {
+        "text": ("invalid", None),
+        "decimal": ("invalid", None),
+        "np_float32": ("ok", 0.5),
+        "np_int": ("ok", 1.0),
+        "bool": ("ok", 1.0),
+        "torch_scalar": ("ok", 0.25),
+        "torch_vector": ("invalid", None),
+        "huge": ("invalid", None),
+        "bad_float": ("invalid", None),
+        "result_huge": ("invalid", None),
+        "result_vector": ("invalid", None),
+        "bad_repr_extra": ("ok", 1.0),
+    }
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", fallback_score=-1.0)
+    outputs = await score(manager, batch_factory, list(cases))
+    for (case, (status, value)), output in zip(cases.items(), outputs, strict=True):
+        info = output["reward_extra_info"]
+        assert info["status"] == status, (case, info)
+        assert float(output["reward_score"]) == (-1.0 if value is None else value), case
+    assert outputs[-1]["reward_extra_info"]["shown"] == "<unprintable BadRepr>"
+    assert "unusable score '0.7' of type str" in outputs[0]["reward_extra_info"]["failure_reason"]
+
+
+async def test_extras_never_replace_batch_fields_or_library_keys(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog
+):
+    """A scorer reporting the problem id it graded as ``uid`` used to rewrite the batch's GRPO groups."""
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score")
+    batch = batch_factory(
+        [{"response": "x", "ground_truth": "named_like_the_batch", "uid": u} for u in ("A", "A", "B", "B")]
+    )
+    with caplog.at_level(logging.WARNING, logger="async_reward.managers.base"):
+        outputs = [await manager.run_single(batch[i : i + 1]) for i in range(len(batch))]
+    info = outputs[0]["reward_extra_info"]
+    assert info["status"] == "ok" and info["user_status"] == "mine"
+    assert (info["user_uid"], info["user_data_source"], info["acc"]) == ("problem-7", "mine", 1)
+    assert "uid" not in info and "data_source" not in info
+    renamed = [r.getMessage() for r in caplog.records if "kept as" in r.getMessage()]
+    assert len(renamed) == 3  # once per key, not once per sample
+
+    joined = _with_rewards(batch, _chunk_of(batch, stack_extras([o["reward_extra_info"] for o in outputs])))
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
+
+
+def _chunk_of(batch, extras):
+    """A whole-batch ``RewardChunk`` carrying ``extras`` (zero scores), as the pipeline hands out."""
+    return RewardChunk(
+        indices=np.arange(len(batch)),
+        rm_scores=torch.zeros(len(batch), batch.batch["responses"].shape[1]),
+        reward_extra_info=extras,
+        statuses=extras["status"],
+    )
+
+
+def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_factory):
+    """``_with_rewards`` guards the schedule against reward sources other than our managers too."""
+    batch = batch_factory([{"response": "x", "uid": u} for u in ("A", "A", "B", "B")])
+    extras = {"uid": np.array(["p"] * 4, dtype=object), "status": np.array(["ok"] * 4, dtype=object)}
+    joined = _with_rewards(batch, _chunk_of(batch, extras))
+    assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
+    assert list(joined.non_tensor_batch["user_uid"]) == ["p"] * 4
+    assert joined.meta_info["reward_extra_keys"] == ["user_uid", "status"]
+
+
+# ------------------------------------------------------------------ through the pipeline's Ray workers
+
+
+def test_the_pipeline_accounts_for_every_sample_and_splits_the_budget_by_its_workers(
+    ray_cluster, hazards, verl_config_factory, batch_factory
+):
+    """Two workers started with ``num_workers=2`` while ``reward.num_workers`` is 1: each used to take
+    the whole job-wide budget (120 RPM for 60). And a user function raising control flow used to leave
+    its sample without a result: ``get_chunk`` waited forever."""
+    import ray
+
+    from async_reward.legacy import PipelinedRewardLoopManager
+
+    config = verl_config_factory(
+        "async_rate_limited",
+        {"limits": {"requests_per_minute": 600}, "retry": {"max_attempts": 1}},
+        num_workers=1,
+        custom_reward_function={"path": hazards, "name": "async_score"},
+    )
+    with PipelinedRewardLoopManager(config, num_workers=2) as rewards:
+        shares = ray.get(
+            [
+                handle.__ray_call__.remote(lambda worker: worker.manager.admission.request_budget)
+                for handle in rewards.worker_handles
+            ]
+        )
+        assert shares == [300.0, 300.0]
+        truths = [*CONTROL_FLOW, "ok", "ok"]
+        rows = [{"response": "x", "ground_truth": t, "uid": f"g{i // 2}"} for i, t in enumerate(truths)]
+        chunk = rewards.get_chunk(rewards.submit(batch_factory(rows)), len(rows), timeout=60)
+    assert list(chunk.statuses) == ["error"] * len(CONTROL_FLOW) + ["ok", "ok"]
+    assert "KeyboardInterrupt raised by the scoring code" in chunk.reward_extra_info["failure_reason"][0]

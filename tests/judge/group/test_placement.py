@@ -1,0 +1,200 @@
+"""Where group judging runs (``judge.mode: group``): a group's members must meet in one reward worker.
+
+Our pipelined manager deals whole groups to its workers (and re-sends a dead worker's samples as
+whole groups, and steals none); our v1 agent loop routes each session by its ``uid``; verl's own
+agent loop, which draws a reward worker at random per sample, is refused at start-up with more than
+one worker, as is verl's ``RewardLoopManager`` where its contiguous chunks would cut groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import ray
+from omegaconf import open_dict
+
+from async_reward import ConfigError
+from async_reward.config.checks import check_reward
+from async_reward.legacy import PipelinedRewardLoopManager
+from async_reward.legacy.worker import PipelineRewardWorker
+from async_reward.v1.reward_failover import RewardWorkerPool
+from tests.judge.group.test_judging import group_config
+from tests.legacy.test_manager import assert_complete_groups, drain
+from tests.managers.test_managers import chat_requests
+from tests.v1.test_reward_routing import RecordingRewardWorker, agent_loop_worker, session
+
+GOOD = {"response": "The answer is 5", "ground_truth": "5"}
+BAD = {"response": "The answer is 7", "ground_truth": "5"}
+
+
+def groups_of(count: int, size: int) -> list[dict[str, Any]]:
+    """``count`` groups of ``size`` members, each group its own prompt, the second member wrong."""
+    rows = []
+    for _ in range(count):
+        uid = uuid.uuid4().hex
+        for member in range(size):
+            rows.append({**(BAD if member == 1 else GOOD), "prompt": f"What is 2+3? ({uid})", "uid": uid})
+    return rows
+
+
+# ------------------------------------------------------------------------------- start-up refusals
+
+
+def test_verl_agent_loop_with_several_reward_workers_is_refused(server, verl_config_factory):
+    config = group_config(verl_config_factory, server)
+    with open_dict(config):
+        config.reward.num_workers = 2
+    with pytest.raises(ConfigError) as refused:
+        check_reward(config)
+    assert refused.value.key == "reward.num_workers" and "drawn at random" in str(refused.value)
+    with open_dict(config):  # verl v1 with our agent loop routes by uid: accepted
+        config.trainer.use_v1 = True
+        config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = (
+            "async_reward.v1.agent_loop.RewardAgentLoopManager"
+        )
+    check_reward(config)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"data.train_batch_size": 3}, "data.train_batch_size"),
+        ({"trainer.balance_batch": True}, "trainer.balance_batch"),
+        ({"trainer.val_before_train": True}, "reward.num_workers"),
+    ],
+)
+def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
+    server, verl_config_factory, changes, key
+):
+    """A judge colocated on the training GPUs is scored by verl's RewardLoopManager.compute_rm_score,
+    one contiguous chunk per reward worker: whole groups only under these conditions."""
+    from async_reward.judge.group.placement import group_size
+
+    config = group_config(verl_config_factory, server)
+    with open_dict(config):
+        config.reward.num_workers = 2
+        config.reward.reward_model.enable = True
+        config.reward.reward_model.enable_resource_pool = False
+        config.data.train_batch_size = 4
+        config.trainer.use_v1 = False  # verl's legacy trainer balances the batch before it scores it
+        config.trainer.balance_batch = False
+        config.trainer.val_before_train = False
+        config.trainer.test_freq = -1
+    assert group_size(config) == 3  # 4 prompts x 3 responses: two whole groups per worker
+    with open_dict(config):
+        for dotted, value in changes.items():
+            section, name = dotted.split(".")
+            config[section][name] = value
+    with pytest.raises(ConfigError) as refused:
+        group_size(config)
+    assert refused.value.key == key, refused.value
+
+
+def test_offline_scoring_has_no_groups_and_is_refused():
+    from async_reward.judge.group.placement import group_size
+
+    with pytest.raises(ConfigError) as refused:
+        group_size({"reward": {"async_reward": {"judge": {"mode": "group"}}}})
+    assert refused.value.key == "reward.async_reward.judge.mode"
+
+
+# ------------------------------------------------------------------------------- verl's reward loop
+
+
+def test_one_reward_worker_judges_each_group_in_one_call_through_verl(
+    server, verl_config_factory, reward_loop, batch_factory
+):
+    config = group_config(verl_config_factory, server)
+    batch = batch_factory(groups_of(3, 3))
+    output = reward_loop(config).compute_rm_score(batch)
+    assert list(output.non_tensor_batch["status"]) == ["ok"] * 9
+    assert list(output.non_tensor_batch["judge_verdict"]) == [10.0, 0.0, 10.0] * 3
+    assert chat_requests(server) == 3
+
+
+# ------------------------------------------------------------------------------- our v1 agent loop
+
+
+def test_v1_sessions_of_a_group_reach_one_reward_worker() -> None:
+    """Least-loaded routing spreads a group's sessions over the workers; group routing keeps each
+    uid's sessions on one worker, and different groups on different ones."""
+
+    async def run() -> list[tuple[str, str]]:
+        handles = [RecordingRewardWorker(f"w{i}", fast=True) for i in range(3)]
+        worker = agent_loop_worker(handles)
+        worker._route_by_group = True
+        outputs = [(f"g{g}", session()) for _ in range(3) for g in range(8)]  # members interleaved
+        await asyncio.gather(*(worker._compute_score([o], {"uid": uid}) for uid, o in outputs))
+        return [(uid, o.extra_fields["reward_extra_info"]["worker"]) for uid, o in outputs]
+
+    routed = asyncio.run(run())
+    by_group: dict[str, set[str]] = {}
+    for uid, name in routed:
+        by_group.setdefault(uid, set()).add(name)
+    assert all(len(names) == 1 for names in by_group.values()), by_group
+    assert len(set().union(*by_group.values())) > 1  # groups still spread over the workers
+
+
+def test_a_dead_reward_worker_moves_only_its_groups_all_members_to_one_worker() -> None:
+    pool = RewardWorkerPool(["a", "b", "c"])
+    before = {f"g{i}": pool.choose(f"g{i}") for i in range(60)}
+    assert set(before.values()) == {0, 1, 2}
+    pool.mark_dead(1)
+    after = {uid: pool.choose(uid) for uid in before}
+    assert all(after[uid] == before[uid] for uid in before if before[uid] != 1)
+    assert {after[uid] for uid in before if before[uid] == 1} <= {0, 2}
+    assert all(pool.choose(uid) == after[uid] for uid in before)  # stable: every member, every time
+
+
+# ------------------------------------------------------------------------------- our pipelined manager
+
+
+@pytest.fixture(scope="module")
+def group_pipeline(
+    ray_cluster: None, judge_server: Any, verl_config_factory: Callable[..., Any]
+) -> Iterator[Any]:
+    config = group_config(verl_config_factory, judge_server, group_wait_s=30.0)
+    with open_dict(config):
+        config.reward.async_reward.limits = {"max_concurrency": 6}
+    manager = PipelinedRewardLoopManager(config, num_workers=3, collect_wait_s=0.5)
+    yield manager
+    manager.close()
+
+
+def test_the_pipelined_manager_judges_each_group_in_one_call(group_pipeline, batch_factory, server) -> None:
+    batch = batch_factory(groups_of(6, 3))
+    chunks = drain(group_pipeline, group_pipeline.submit(batch), 6)
+    assert_complete_groups(batch, chunks)
+    assert all((chunk.statuses == "ok").all() for chunk in chunks)
+    assert chat_requests(server) == 6
+
+
+def test_a_dead_workers_groups_are_resent_whole(group_pipeline, batch_factory, server) -> None:
+    """Re-sent samples are dealt as whole groups to the two live workers: cut in halves, a group's
+    members would wait in two workers until judge.group_wait_s and fail."""
+    server.update_config(latency_ms=[100.0, 200.0])
+    batch = batch_factory(groups_of(16, 3))
+    ticket = group_pipeline.submit(batch)
+    chunks = [group_pipeline.get_chunk(ticket, 3, timeout=60)]  # mid-batch: every worker holds work
+    ray.kill(group_pipeline.worker_handles[0], no_restart=True)
+    chunks += drain(group_pipeline, ticket, 48, timeout=120)
+    assert_complete_groups(batch, chunks)
+    statuses = [status for chunk in chunks for status in chunk.statuses.tolist()]
+    assert statuses == ["ok"] * 48, sorted(set(statuses))
+
+
+async def test_a_pipelined_worker_gives_no_member_away_and_refuses_too_few_slots(
+    server, verl_config_factory, batch_factory
+) -> None:
+    config = group_config(verl_config_factory, server)
+    with pytest.raises(ConfigError) as refused:
+        PipelineRewardWorker(config, max_concurrency=2)
+    assert refused.value.key == "reward.async_reward.limits.max_concurrency"
+    worker = PipelineRewardWorker(config, max_concurrency=3)
+    await worker.enqueue(1, list(range(6)), batch_factory(groups_of(2, 3)))
+    assert await worker.steal(1, 3) == []  # the second group waits here: stealing it could split it
+    assert await worker.cancel(1) == 6
