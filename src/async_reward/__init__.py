@@ -1,7 +1,7 @@
 """async-reward: asyncio-native reward managers for verl's Reward Loop.
 
 Importing the package registers our managers with verl's registry (``async_naive``,
-``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). In a Ray worker process
+``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``, ``async_composite``). In a Ray worker process
 (where our setup hook imports it) they are registered as soon as verl's reward-manager package loads
 instead, so that a worker that never loads verl does not pay for it
 (:mod:`async_reward.worker_imports`); their names here load on first use. The public API is what
@@ -23,6 +23,7 @@ _VERL_NAMES = {
     **dict.fromkeys(
         (
             "MANAGER_NAMES",
+            "AsyncCompositeRewardManager",
             "AsyncNaiveRewardManager",
             "AsyncRateLimitedRewardManager",
             "AsyncRemoteRewardManager",
@@ -40,6 +41,7 @@ register_managers_with_verls_registry()
 if TYPE_CHECKING or not in_ray_worker():
     from async_reward.managers import (
         MANAGER_NAMES,
+        AsyncCompositeRewardManager,
         AsyncNaiveRewardManager,
         AsyncRateLimitedRewardManager,
         AsyncRemoteRewardManager,
@@ -73,6 +75,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MANAGER_NAMES",
     "SETUP_HOOK",
+    "AsyncCompositeRewardManager",
     "AsyncNaiveRewardManager",
     "AsyncRateLimitedRewardManager",
     "AsyncRemoteRewardManager",

@@ -38,6 +38,7 @@ from async_reward._config_rules import (
     rule,
     validate_fields,
 )
+from async_reward.composite_config import CompositeConfig
 from async_reward.cost import JudgePricing
 from async_reward.criteria import Criterion
 from async_reward.errors import ConfigError
@@ -697,6 +698,8 @@ class AsyncRewardConfig:
     """HTTP reward service (``async_remote``)."""
     stateful: StatefulConfig = field(default_factory=StatefulConfig)
     """Stateful user class options (``async_stateful``)."""
+    composite: CompositeConfig = field(default_factory=CompositeConfig)
+    """The components of a composite reward (``async_composite``: ``async_reward.composite_config``)."""
 
     @property
     def worker_count(self) -> int:
@@ -721,6 +724,7 @@ class AsyncRewardConfig:
         self.judge.validate(f"{path}.judge")
         self.remote.validate(f"{path}.remote")
         validate_fields(self.stateful, f"{path}.stateful")
+        self.composite.validate(f"{path}.composite")
 
     def validate_judge_fallback(self, path: str = CONFIG_PATH) -> None:
         """Refuse a ``fallback_score`` above the judge's lowest reward (``llm_judge``, ``fallback``).
