@@ -22,6 +22,7 @@ from async_reward.checks import check_reward
 from async_reward.cost import cost_metrics
 from async_reward.managers import AsyncCompositeRewardManager
 from async_reward.reward_metrics import extras_metrics, sample_retries
+from tests.test_entry_point import assets  # noqa: F401  (the module-scoped fixture)
 from tests.test_managers import (
     FAST_RETRY,
     USER_FUNCTIONS,
@@ -124,7 +125,11 @@ async def test_independent_components_run_at_once_and_a_gated_one_after_its_gate
     """Two rubrics without gates are in flight together; the one gated on the first waits for it."""
     components = [
         {"name": "correct", "manager": "llm_judge"},
-        {"name": "style", "manager": "llm_judge", "async_reward": {"judge": {"system_prompt": "Grade style."}}},
+        {
+            "name": "style",
+            "manager": "llm_judge",
+            "async_reward": {"judge": {"system_prompt": "Grade style."}},
+        },
         {
             "name": "deep",
             "manager": "llm_judge",
@@ -154,7 +159,11 @@ async def test_two_components_of_one_judge_share_its_admission(
     components = [
         {"name": "rule", "manager": "async_naive"},
         {"name": "correct", "manager": "llm_judge"},
-        {"name": "style", "manager": "llm_judge", "async_reward": {"judge": {"system_prompt": "Grade style."}}},
+        {
+            "name": "style",
+            "manager": "llm_judge",
+            "async_reward": {"judge": {"system_prompt": "Grade style."}},
+        },
     ]
     settings = composite_settings(server, components, limits={"max_concurrency": 1})
     manager = build(verl_config_factory, tokenizer, settings)
@@ -248,7 +257,13 @@ async def test_the_samples_on_failure_applies_to_a_failed_component(
     # is honoured by flagging the sample (a trainer's handling of the flag: tests/test_exclude.py).
     settings = composite_settings(server, failing_components(tmp_path), on_failure=policy)
     config = OmegaConf.create(
-        {"reward": {"num_workers": 1, "reward_manager": {"name": "async_composite"}, "async_reward": settings}}
+        {
+            "reward": {
+                "num_workers": 1,
+                "reward_manager": {"name": "async_composite"},
+                "async_reward": settings,
+            }
+        }
     )
     manager = AsyncCompositeRewardManager(config, tokenizer)
     row = {"response": "none so\n#### 5", "ground_truth": "5", "data_source": GSM8K}
@@ -299,7 +314,9 @@ async def test_a_planted_verdict_never_raises_the_judges_term(
         info = output["reward_extra_info"]
         assert info["status"] == "invalid" and info["composite_judge_status"] == "invalid"
         assert "conflicting verdicts" in info["failure_reason"] and float(output["reward_score"]) == 0.0
-    lowest = composite_settings(server, RULE_AND_GATED_JUDGE, judge={"base_url": server.url + "/v1", "on_conflict": "min"})
+    lowest = composite_settings(
+        server, RULE_AND_GATED_JUDGE, judge={"base_url": server.url + "/v1", "on_conflict": "min"}
+    )
     for output in await score_rows(build(verl_config_factory, tokenizer, lowest), batch_factory, rows):
         info = output["reward_extra_info"]
         assert info["status"] == "ok" and info["composite_judge_judge_verdict"] == 2.0
@@ -315,25 +332,44 @@ def graph(*components: dict[str, Any]) -> list[dict[str, Any]]:
 
 GATE = {"component": "rule", "score_at_least": 1}
 BAD_GRAPHS = [
-    (graph({"name": "rule"}, {"name": "j", "only_if": {**GATE, "component": "nope"}}), "[1].only_if.component", "names no component"),
+    (
+        graph({"name": "rule"}, {"name": "j", "only_if": {**GATE, "component": "nope"}}),
+        "[1].only_if.component",
+        "names no component",
+    ),
     (graph({"name": "j", "only_if": GATE}, {"name": "rule"}), "[0].only_if.component", "is listed after"),
     (
-        graph({"name": "a", "only_if": {**GATE, "component": "b"}}, {"name": "b", "only_if": {**GATE, "component": "a"}}),
+        graph(
+            {"name": "a", "only_if": {**GATE, "component": "b"}},
+            {"name": "b", "only_if": {**GATE, "component": "a"}},
+        ),
         "[0].only_if.component",
         "cycle of gates (a -> b -> a)",
     ),
-    (graph({"name": "a", "only_if": {**GATE, "component": "a"}}), "[0].only_if.component", "cycle of gates (a -> a)"),
+    (
+        graph({"name": "a", "only_if": {**GATE, "component": "a"}}),
+        "[0].only_if.component",
+        "cycle of gates (a -> a)",
+    ),
     (graph({"name": "rule"}, {"name": "rule"}), "[1].name", "repeats the name"),
     (graph({"name": "rule", "weight": "high"}), "[0].weight", "is not a number"),
     (graph({"name": "rule", "weight": True}), "[0].weight", "is not a number"),
     (graph({"name": "Rule 1"}), "[0].name", "is not a component name"),
-    (graph({"name": "rule"}, {"name": "j", "only_if": {"component": "rule"}}), "[1].only_if.score_at_least", "has no bound"),
+    (
+        graph({"name": "rule"}, {"name": "j", "only_if": {"component": "rule"}}),
+        "[1].only_if.score_at_least",
+        "has no bound",
+    ),
     (
         graph({"name": "rule"}, {"name": "j", "only_if": {**GATE, "score_at_most": 0}}),
         "[1].only_if.score_at_most",
         "no score could open",
     ),
-    (graph({"name": "rule", "async_reward": {"on_failure": "raise"}}), "[0].async_reward.on_failure", "whole sample"),
+    (
+        graph({"name": "rule", "async_reward": {"on_failure": "raise"}}),
+        "[0].async_reward.on_failure",
+        "whole sample",
+    ),
     (graph({"name": "rule", "manager": "async_composite"}), "[0].manager", "not allowed"),
     (
         graph({"name": "j", "manager": "llm_judge", "function": {"path": "/x.py"}}),
@@ -371,7 +407,9 @@ def test_a_component_that_cannot_run_there_is_refused_naming_it(server, tmp_path
     # a request budget a rule component inherits: async_naive has none
     rule = {"name": "rule", "manager": "async_naive"}
     error = refused(composite_settings(server, [rule, judge], limits={"requests_per_minute": 60}))
-    assert error.key == "reward.async_reward.limits.requests_per_minute" and "'rule' (async_naive)" in str(error)
+    assert error.key == "reward.async_reward.limits.requests_per_minute" and "'rule' (async_naive)" in str(
+        error
+    )
     assert refused({"composite": {"components": []}}).key == "reward.async_reward.composite.components"
     # the job's function that no component calls; a component's own function that does not load
     path = write_module(tmp_path, USER_FUNCTIONS)
@@ -389,10 +427,14 @@ def test_a_component_that_cannot_run_there_is_refused_naming_it(server, tmp_path
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_rule_and_gated_judge_through_verls_reward_loop(server, verl_config_factory, reward_loop, batch_factory):
+def test_rule_and_gated_judge_through_verls_reward_loop(
+    server, verl_config_factory, reward_loop, batch_factory
+):
     from tests.test_verl_integration import per_sample_scores
 
-    config = verl_config_factory("async_composite", composite_settings(server, RULE_AND_GATED_JUDGE), num_workers=2)
+    config = verl_config_factory(
+        "async_composite", composite_settings(server, RULE_AND_GATED_JUDGE), num_workers=2
+    )
     rows = gsm8k_rows(("5", "5"), ("6", "5"), ("16", "16"), ("15", "16"))
     batch = batch_factory(rows)
     output = reward_loop(config).compute_rm_score(batch)
@@ -439,9 +481,64 @@ def test_rule_and_gated_judge_train_through_the_v1_pipelined_mode(
         right = info["composite_rule_score"] == 1.0
         assert row.score == (1.5 if right else 0.0) and info["status"] == "ok"
         assert info["composite_judge_status"] == ("ok" if right else "skipped")
-    assert chat_requests(server) == sum(row.reward_extra_info["composite_rule_score"] == 1.0 for row in trained) == 8
+    assert (
+        chat_requests(server)
+        == sum(row.reward_extra_info["composite_rule_score"] == 1.0 for row in trained)
+        == 8
+    )
     for metrics in step_logs(run):
         assert metrics["reward/status_ok"] == 8.0 and metrics["reward/untrained"] == 0.0
         assert metrics["reward/cost/calls"] == 12.0  # 8 rule calls + 4 judge calls a step
         assert metrics["reward/cost/tokens"] > 0
         assert metrics["reward/extra/composite_judge_skipped/mean"] == 0.5
+
+
+#: The composite of verl's entry-point runs: verl's GSM8K rule (the data's ``openai/gsm8k``) and the
+#: judge of :func:`tests.test_entry_point.overrides` (no server behind it: the runs stop before scoring).
+ENTRY_GOOD = (
+    "[{name:rule,manager:async_naive},"
+    "{name:judge,manager:llm_judge,weight:0.5,only_if:{component:rule,score_at_least:1}}]"
+)
+#: The same with the gate on a component listed after it: refused in verl's task runner.
+ENTRY_LATER_GATE = (
+    "[{name:judge,manager:llm_judge,only_if:{component:rule,score_at_least:1}},"
+    "{name:rule,manager:async_naive}]"
+)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(900)
+def test_verls_main_ppo_starts_the_composite_in_its_task_runner_and_refuses_a_bad_gate_there(
+    assets,  # noqa: F811
+    tmp_path,
+):
+    """``python -m verl.trainer.main_ppo`` with our ``pipelined`` mode (a dry run: it stops once the
+    trainer is built, before any GPU would be needed), in one ``--multirun`` of two jobs: with the rule
+    + gated judge composite every start-up check passes in verl's ``TaskRunnerV1`` and our trainer is
+    built; with a gate on a later component the job is refused there, naming the key. (Training with
+    the composite through the same trainer: the test above.)"""
+    from tests.test_v1_pipelined_entry import DRY_RUN_LINE, OURS, verl_main_ppo
+
+    code, output, driver_pid = verl_main_ppo(
+        assets,
+        tmp_path,
+        [
+            "--multirun",
+            "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=pipelined",
+            "+trainer.v1.pipelined.dry_run=true",
+            "reward.reward_manager.name=async_composite",
+            f"+reward.async_reward.composite.components={ENTRY_GOOD},{ENTRY_LATER_GATE}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+    )
+    built = [match.groupdict() for match in DRY_RUN_LINE.finditer(output)]
+    assert [b["cls"] for b in built] == [OURS], output[-6000:]
+    assert int(built[0]["pid"]) != driver_pid  # in verl's task-runner actor, not the driver
+    assert code != 0, output[-6000:]
+    refusal = (
+        "ConfigError: reward.async_reward.composite.components[0].only_if.component='rule' is listed "
+        "after 'judge' (components[1])"
+    )
+    assert refusal in output, output[-6000:]
+    assert output.count("TaskRunnerV1 pid=") >= 2

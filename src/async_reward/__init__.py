@@ -1,9 +1,9 @@
 """async-reward: asyncio-native reward managers for verl's Reward Loop.
 
 Importing the package registers our managers with verl's registry (``async_naive``,
-``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``, ``async_composite``). In a Ray worker process
-(where our setup hook imports it) they are registered as soon as verl's reward-manager package loads
-instead, so that a worker that never loads verl does not pay for it
+``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``, ``async_composite``). In
+a Ray worker process (where our setup hook imports it) they are registered as soon as verl's
+reward-manager package loads instead, so that a worker that never loads verl does not pay for it
 (:mod:`async_reward.worker_imports`); their names here load on first use. The public API is what
 this module lists in ``__all__``.
 """

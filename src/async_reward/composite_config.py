@@ -45,7 +45,9 @@ FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful")
 #: ``async_reward`` may not set them (see ``docs/composite.md``, "Failures").
 SAMPLE_KEYS = ("on_failure", "fallback_score", "num_workers", "composite")
 
-_ComponentManager = Literal["async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful"]
+_ComponentManager = Literal[
+    "async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful"
+]
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class GateCondition:
 class ComponentFunction:
     """A component's own reward function or class (its ``reward.custom_reward_function``)."""
 
-    path: str = field(default="", metadata=rule(lambda v: bool(v.strip()), "is empty", "give the file's path"))
+    path: str = field(
+        default="", metadata=rule(lambda v: bool(v.strip()), "is empty", "give the file's path")
+    )
     """File (or ``pkg://`` module) defining it."""
     name: str = "compute_score"
     """The function's (``async_naive``, ``async_rate_limited``) or class's (``async_stateful``) name."""

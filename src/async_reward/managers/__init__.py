@@ -23,4 +23,11 @@ __all__ = [
 ]
 
 #: The names our managers are registered under in verl's registry.
-MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful", "async_composite")
+MANAGER_NAMES = (
+    "async_naive",
+    "async_rate_limited",
+    "async_remote",
+    "llm_judge",
+    "async_stateful",
+    "async_composite",
+)

@@ -271,7 +271,9 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
             with _naming_the_component(index, component):
                 manager_cls.check_user_code(derived, load_config(derived))
                 if manager_cls is AsyncStatefulRewardManager:
-                    _path, name, user_cls = AsyncStatefulRewardManager._user_class(derived, load_config(derived))
+                    _path, name, user_cls = AsyncStatefulRewardManager._user_class(
+                        derived, load_config(derived)
+                    )
                     if callable(getattr(user_cls, "post_process_scores", None)):
                         raise bad_value(
                             "reward.custom_reward_function.name",
@@ -395,7 +397,9 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
         totals["judge_usage_error"] = "; ".join(errors)
         if "judge_cost" in self._extra_defaults:
             costs = [e.get("judge_cost") for e in spent]
-            totals["judge_cost"] = float(sum(c for c in costs if isinstance(c, (int, float)) and math.isfinite(c)))
+            totals["judge_cost"] = float(
+                sum(c for c in costs if isinstance(c, (int, float)) and math.isfinite(c))
+            )
         return totals
 
     def _composite_defaults(self) -> dict[str, Any]:
@@ -531,4 +535,3 @@ def _get(node: Any, dotted: str) -> Any:
 
 def _enabled(reward: Any, dotted: str) -> bool:
     return bool(_get(reward, dotted))
-
