@@ -423,6 +423,31 @@ def test_a_component_that_cannot_run_there_is_refused_naming_it(server, tmp_path
     assert error.key == "reward.async_reward.extra_defaults" and "components[i]" in str(error)
 
 
+def test_the_docs_configurations_are_valid_settings() -> None:
+    """The three configurations of docs/composite.md pass every value check of their settings (their
+    servers and files are placeholders: what needs them is checked where they exist)."""
+    import re
+
+    import yaml
+
+    from async_reward.config import load_config
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "composite.md").read_text()
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)]
+    assert len(blocks) == 3
+    shapes = []
+    for block in blocks:
+        settings = load_config(OmegaConf.create({"reward": {"num_workers": 1, **block["reward"]}}))
+        shapes.append(
+            [(c.name, c.only_if.component if c.only_if else None) for c in settings.composite.components]
+        )
+    assert shapes == [
+        [("rule", None), ("judge", "rule")],
+        [("correct", None), ("safe", None), ("style", None)],
+        [("format", None), ("rule", "format"), ("judge", "rule")],
+    ]
+
+
 # ----------------------------------------------------------------------------- through verl
 
 
