@@ -51,7 +51,14 @@ _OFF_VALUES = frozenset({"0", "off", "false", "no", "none"})
 #: Our ``trainer.v1.trainer_mode`` values (``async_reward.wiring.trainer_modes.OUR_TRAINER_MODULES``).
 OUR_TRAINER_MODES = ("pipelined", "decoupled")
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``).
-OUR_MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
+OUR_MANAGER_NAMES = (
+    "async_naive",
+    "async_rate_limited",
+    "async_remote",
+    "llm_judge",
+    "async_stateful",
+    "async_composite",
+)
 #: The setup-hook line, which registers everything without the plugin.
 HOOK_LINE = (
     "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_reward.wiring.integration.setup_worker"

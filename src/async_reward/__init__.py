@@ -1,11 +1,13 @@
 """async-reward: asyncio-native reward managers for verl's Reward Loop.
 
 Importing the package registers our managers with verl's registry (``async_naive``,
-``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``). In a Ray worker process
-(where our setup hook imports it) they are registered as soon as verl's reward-manager package loads
-instead, so that a worker that never loads verl does not pay for it
-(:mod:`async_reward.wiring.worker_imports`); their names here load on first use. The public API is what
-this module lists in ``__all__``.
+``async_rate_limited``, ``async_remote``, ``llm_judge``, ``async_stateful``, ``async_composite``). In
+a Ray worker process (where our setup hook imports it) they are registered as soon as verl's
+reward-manager package loads instead, so that a worker that never loads verl does not pay for it
+(:mod:`async_reward.wiring.worker_imports`); their names here load on first use. The public API
+is what this module lists in ``__all__``, the subclass contract of :class:`AsyncRewardManager`
+(docs/extending.md), and the packages ``async_reward.config``, ``async_reward.v1`` and
+``async_reward.testing``; modules under ``_core`` and names starting with ``_`` are internal.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _LAZY_NAMES = {
     **dict.fromkeys(
         (
             "MANAGER_NAMES",
+            "AsyncCompositeRewardManager",
             "AsyncNaiveRewardManager",
             "AsyncRateLimitedRewardManager",
             "AsyncRemoteRewardManager",
@@ -48,6 +51,7 @@ register_managers_with_verls_registry()
 if TYPE_CHECKING or not in_ray_worker():
     from async_reward.managers import (
         MANAGER_NAMES,
+        AsyncCompositeRewardManager,
         AsyncNaiveRewardManager,
         AsyncRateLimitedRewardManager,
         AsyncRemoteRewardManager,
@@ -77,6 +81,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MANAGER_NAMES",
     "SETUP_HOOK",
+    "AsyncCompositeRewardManager",
     "AsyncNaiveRewardManager",
     "AsyncRateLimitedRewardManager",
     "AsyncRemoteRewardManager",

@@ -140,6 +140,16 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("remote.headers", "token", "mapping", {}),
     ("stateful.init_kwargs", [1, 2], "mapping", {}),
     ("stateful.init_kwargs", {"threshold": -INF}, "finite", {}),
+    ("composite.components", {"name": "rule"}, "not a list", {}),
+    ("composite.components", [{"name": "rule", "weight": "high"}], "not a number", {}),
+    ("composite.components", [{"name": "rule", "weight": NAN}], "finite", {}),
+    (
+        "composite.components",
+        [{"name": "j", "only_if": {"component": "rule", "score_at_least": 1}}],
+        "names no",
+        {},
+    ),
+    ("composite.components", [{"name": "rule"}, {"name": "rule"}], "repeats the name", {}),
     ("pipeline.mini_batch", "yes", "boolean", {}),
     ("pipeline.one_step_off_policy", 1, "boolean", {}),
     ("pipeline.chunk_timeout_s", NAN, "finite", {}),
@@ -198,6 +208,18 @@ GOOD: list[tuple[str, Any]] = [
     ("remote.api_key_env", "RM_TOKEN"),
     ("remote.headers", {"X-Team": "rl"}),
     ("stateful.init_kwargs", {"k": 3}),
+    (
+        "composite.components",
+        [
+            {"name": "rule", "manager": "async_naive"},
+            {
+                "name": "judge",
+                "manager": "llm_judge",
+                "weight": 0.5,
+                "only_if": {"component": "rule", "score_at_least": 1},
+            },
+        ],
+    ),
     ("pipeline.mini_batch", True),
     ("pipeline.one_step_off_policy", True),
     ("pipeline.chunk_timeout_s", 600),
@@ -330,6 +352,12 @@ def test_good_value_is_accepted(verl_config_factory, key, value, others):
         from async_reward.judge.rubric.criteria import Criterion
 
         assert node == tuple(Criterion(**item) for item in value)
+    elif key == "composite.components":
+        assert [(c.name, c.manager, c.weight) for c in node] == [
+            ("rule", "async_naive", 1.0),
+            ("judge", "llm_judge", 0.5),
+        ]
+        assert node[1].only_if.component == "rule" and node[1].only_if.score_at_least == 1.0
     else:
         assert node == expected
 

@@ -16,7 +16,14 @@ from tests.support.first_import_probe import preload_third_party, report_each_in
 
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``, spelled out: reading that name in
 #: a worker would import the managers before verl's registry could).
-MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
+MANAGER_NAMES = (
+    "async_naive",
+    "async_rate_limited",
+    "async_remote",
+    "llm_judge",
+    "async_stateful",
+    "async_composite",
+)
 #: verl modules a worker may load first, besides each of ours.
 VERL_FIRST = (
     "verl.experimental.reward_loop.reward_manager.registry",

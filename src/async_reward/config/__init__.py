@@ -38,6 +38,7 @@ from async_reward._core.config_rules import (
 from async_reward._core.errors import ConfigError
 from async_reward._core.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
 from async_reward.config._shared import CONFIG_PATH
+from async_reward.config.composite import CompositeConfig
 from async_reward.config.judge import JudgeConfig
 from async_reward.config.limits import LimitsConfig
 from async_reward.config.remote import RemoteConfig
@@ -111,6 +112,8 @@ class AsyncRewardConfig:
     """HTTP reward service (``async_remote``)."""
     stateful: StatefulConfig = field(default_factory=StatefulConfig)
     """Stateful user class options (``async_stateful``)."""
+    composite: CompositeConfig = field(default_factory=CompositeConfig)
+    """The components of a composite reward (``async_composite``: :mod:`async_reward.config.composite`)."""
 
     @property
     def worker_count(self) -> int:
@@ -135,6 +138,7 @@ class AsyncRewardConfig:
         self.judge.validate(f"{path}.judge")
         self.remote.validate(f"{path}.remote")
         validate_fields(self.stateful, f"{path}.stateful")
+        self.composite.validate(f"{path}.composite")
 
     def validate_judge_fallback(self, path: str = CONFIG_PATH) -> None:
         """Refuse a ``fallback_score`` above the judge's lowest reward (``llm_judge``, ``fallback``).

@@ -105,7 +105,8 @@ def check_reward(verl_config: Any) -> None:
             name,
             f"cannot be resolved ({type(exc).__name__}: {exc})",
             "name a registered manager (async_naive, async_rate_limited, async_remote, llm_judge, "
-            "async_stateful, or verl's own), or fix reward.reward_manager.source / module.path",
+            "async_stateful, async_composite, or verl's own), or fix reward.reward_manager.source / "
+            "module.path",
         ) from exc
     # Asked of the class, not checked against AsyncRewardManager: that class runs these checks in its
     # own constructor, so importing it here would close an import circle.

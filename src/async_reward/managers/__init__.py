@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from async_reward.managers.base import AsyncRewardManager, RewardScoringError
+from async_reward.managers.composite import AsyncCompositeRewardManager
 from async_reward.managers.llm_judge import LLMJudgeRewardManager
 from async_reward.managers.naive import AsyncNaiveRewardManager
 from async_reward.managers.rate_limited import AsyncRateLimitedRewardManager
@@ -11,6 +12,7 @@ from async_reward.managers.stateful import AsyncStatefulRewardManager
 
 __all__ = [
     "MANAGER_NAMES",
+    "AsyncCompositeRewardManager",
     "AsyncNaiveRewardManager",
     "AsyncRateLimitedRewardManager",
     "AsyncRemoteRewardManager",
@@ -21,4 +23,11 @@ __all__ = [
 ]
 
 #: The names our managers are registered under in verl's registry.
-MANAGER_NAMES = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
+MANAGER_NAMES = (
+    "async_naive",
+    "async_rate_limited",
+    "async_remote",
+    "llm_judge",
+    "async_stateful",
+    "async_composite",
+)

@@ -63,9 +63,16 @@ __all__ = [
 
 #: The managers ``score`` builds: ``async_reward.MANAGER_NAMES``, written out so that the command
 #: line's parser does not import the managers (verl, torch); a test pins the two equal.
-MANAGERS = ("async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful")
+MANAGERS = (
+    "async_naive",
+    "async_rate_limited",
+    "async_remote",
+    "llm_judge",
+    "async_stateful",
+    "async_composite",
+)
 #: Managers that score with ``custom_reward_function`` (``--function-path`` / ``--function-name``).
-FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful")
+FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful", "async_composite")
 
 
 @dataclass

@@ -1,0 +1,541 @@
+"""``async_composite``: one reward from several of our managers, weighted, with gates between them.
+
+Each component is a real manager of ours (``llm_judge``, ``async_remote``, ``async_naive`` with a
+rule function, ...) built from the job's config with the component's own settings merged over
+``reward.async_reward``; the composite decodes a sample once and scores it with each component's own
+guarded path (``AsyncRewardManager._score_safely``: admission, deadline, retries, verdict rules,
+statuses), so every guarantee of a manager holds inside the composite because it is that manager's
+code that runs. Components whose gates do not depend on each other run at once; a gated component
+waits for its gate component and, where the gate does not hold, is ``skipped`` (no call).
+
+How a sample's outcome is made (``docs/composite.md``):
+
+* **reward**: the weighted sum of the components' scores, a skipped one counting its
+  ``score_if_skipped`` (default 0);
+* **status**: ``ok`` when every component that ran is ``ok``; otherwise the sample fails with the
+  worst failed component's status, ``error`` before ``timeout`` before ``invalid`` (a service fault
+  outranks a slow service, which outranks a reply that could not be read), and its reason, named;
+* **on_failure**: the sample's, applied to the whole sample (``fallback``, ``raise``, ``exclude``):
+  a weighted sum with a missing term is not the reward the user defined, and a fallback value in
+  place of one term would be a made-up score that reads ``ok``;
+* **extras**: per component ``composite_<name>_{score,status,reason,attempts,latency_s,skipped}``
+  and its own extras as ``composite_<name>_<key>`` (``composite_judge_judge_tokens``); the sample's
+  ``attempts`` and the ``judge_*`` cost keys are the sums over its components, so ``reward/cost/*``
+  and ``reward/retries`` count what the sample's components spent.
+
+Two components calling one service (one judge URL, one reward-service URL) share its admission:
+one concurrency cap and one RPM / TPM budget, as one manager would have.
+
+Longer than 400 lines: building the components (their merged settings, shared admission, the
+start-up refusals that only a composite has), the gated schedule and the outcome rules above, which
+run in one order per sample that reads best in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from async_reward._core.config_rules import bad_value, names_config_errors, plain_container
+from async_reward._core.errors import ConfigError
+from async_reward._core.limits import Admission
+from async_reward._core.result import RewardResult, RewardSample, Status, extras_key_for
+from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
+from async_reward.config.checks import check_on_failure
+from async_reward.config.composite import FUNCTION_MANAGERS, ComponentConfig
+from async_reward.judge.cost import whole_count
+from async_reward.managers.base import AsyncRewardManager
+from async_reward.managers.llm_judge import LLMJudgeRewardManager
+from async_reward.managers.naive import AsyncNaiveRewardManager
+from async_reward.managers.rate_limited import AsyncRateLimitedRewardManager
+from async_reward.managers.registry import register_manager
+from async_reward.managers.remote import AsyncRemoteRewardManager
+from async_reward.managers.stateful import AsyncStatefulRewardManager
+
+__all__ = ["STATUS_ORDER", "AsyncCompositeRewardManager", "component_config"]
+
+COMPOSITE_PATH = f"{CONFIG_PATH}.composite"
+#: The failed statuses, worst first: a failed sample takes the first one any of its components has.
+STATUS_ORDER = (Status.ERROR, Status.TIMEOUT, Status.INVALID)
+#: A component's status when its gate kept it from running.
+SKIPPED = "skipped"
+#: The suffixes the composite writes per component; a component's own extras key equal to one of
+#: them is kept as ``user_<key>``.
+_OWN_SUFFIXES = frozenset({"score", "status", "reason", "attempts", "latency_s", "skipped"})
+#: Cost extras summed over the components into the sample's own key (``cost.cost_metrics`` reads them).
+_SUMMED_COUNTS = ("judge_prompt_tokens", "judge_completion_tokens", "judge_tokens")
+_CLASSES: dict[str, type[AsyncRewardManager]] = {
+    "async_naive": AsyncNaiveRewardManager,
+    "async_rate_limited": AsyncRateLimitedRewardManager,
+    "async_remote": AsyncRemoteRewardManager,
+    "llm_judge": LLMJudgeRewardManager,
+    "async_stateful": AsyncStatefulRewardManager,
+}
+
+
+def component_config(config: Any, component: ComponentConfig) -> DictConfig:
+    """The verl config a component's manager is built from: ``config`` with the component's manager
+    name, its ``async_reward`` merged over ``reward.async_reward`` (without ``composite``), and its
+    ``function`` as ``reward.custom_reward_function`` (cleared for a component that calls none)."""
+    derived = copy.deepcopy(config) if isinstance(config, DictConfig) else OmegaConf.create(config)
+    base = plain_container(derived.reward.get("async_reward"), CONFIG_PATH) or {}
+    merged = _merged({k: v for k, v in dict(base).items() if k != "composite"}, component.async_reward)
+    with open_dict(derived):
+        derived.reward.async_reward = merged
+        derived.reward.reward_manager.name = component.manager
+        derived.reward.reward_manager.source = "register"
+        function = derived.reward.get("custom_reward_function")
+        if function is None:
+            derived.reward.custom_reward_function = {"path": None, "name": "compute_score"}
+            function = derived.reward.custom_reward_function
+        if component.function is not None:
+            function.path = component.function.path
+            function.name = component.function.name
+            function.reward_kwargs = dict(component.function.reward_kwargs)
+        elif component.manager not in FUNCTION_MANAGERS:
+            function.path = None
+    return derived
+
+
+def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` deep-merged over ``base`` (mappings merged key by key, anything else replaced)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@dataclass
+class _Part:
+    """A component and the manager that scores it."""
+
+    index: int
+    config: ComponentConfig
+    manager: AsyncRewardManager
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def prefix(self) -> str:
+        return f"composite_{self.config.name}_"
+
+
+@dataclass
+class _Outcome:
+    """What one component did for one sample: its result, or why it was skipped."""
+
+    result: RewardResult | None
+    skip_reason: str = ""
+
+
+@dataclass
+class _Decoded(RewardSample):
+    """A sample as the composite decodes it, with the view a component that runs a user function gets
+    (verl's multi-turn tool fields added to ``extra_info``, as ``async_naive`` decodes it)."""
+
+    for_functions: RewardSample | None = None
+    """The sample decoded by a function component's manager; None when no component runs one."""
+
+
+@register_manager("async_composite")
+class AsyncCompositeRewardManager(AsyncRewardManager):
+    """Scores each sample with its components (``reward.async_reward.composite.components``) and
+    combines them: a weighted sum, gates, statuses composed by :data:`STATUS_ORDER`."""
+
+    #: The composite calls nothing itself; each component is admitted under its own limits.
+    uses_rate_budgets: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        compute_score: Any = None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            config,
+            tokenizer,
+            compute_score,
+            reward_router_address=reward_router_address,
+            reward_model_tokenizer=reward_model_tokenizer,
+            **kwargs,
+        )
+        from verl.trainer.ppo.reward import get_custom_reward_fn
+
+        self.parts: list[_Part] = []
+        services: dict[tuple[str, str], AsyncRewardManager] = {}
+        for index, component in enumerate(self.settings.composite.components):
+            derived = component_config(config, component)
+            # The job's function as verl loaded it, or the component's own, loaded the way verl does.
+            function = compute_score if component.function is None else get_custom_reward_fn(derived)
+            manager = _CLASSES[component.manager](
+                derived,
+                tokenizer,
+                function,
+                reward_router_address=reward_router_address,
+                reward_model_tokenizer=reward_model_tokenizer,
+            )
+            service = _service(component, manager.settings)
+            if service is not None:
+                # One service, one admission: its concurrency cap and budgets, whichever component calls.
+                manager.admission = services.setdefault(service, manager).admission
+            self.parts.append(_Part(index, component, manager))
+        self._function_part = next((p for p in self.parts if p.manager.runs_custom_function), None)
+        self._extra_defaults = self._composite_defaults()
+
+    def _make_admission(self, limits: LimitsConfig, router_address: str | None) -> Admission:
+        """Never used: the composite makes no call of its own (its components hold the admissions)."""
+        return Admission(LimitsConfig(max_concurrency=limits.max_concurrency), worker_count=1)
+
+    # ----------------------------------------------------------------- start-up checks
+    @classmethod
+    @names_config_errors("reward")
+    def check_settings(cls, config: Any, env: Mapping[str, str] | None = None) -> AsyncRewardConfig:
+        """``reward.async_reward`` (the composite's section included), the failure policy, then each
+        component's own manager checks on the config it is built from, errors naming the
+        component's keys; two components of one service must give it the same limits.
+
+        Raises:
+            ConfigError: naming the key and the fix.
+        """
+        settings = load_config(config)
+        composite = settings.composite
+        composite.require(COMPOSITE_PATH)
+        check_on_failure(config)
+        reward: Any = config.get("reward") if hasattr(config, "get") else None
+        if settings.extra_defaults:
+            raise bad_value(
+                f"{CONFIG_PATH}.extra_defaults",
+                settings.extra_defaults,
+                "declares extras of the composite itself, whose keys are its components'",
+                "declare them in the component that returns them: "
+                f"{COMPOSITE_PATH}.components[i].async_reward.extra_defaults",
+            )
+        if reward is not None and _enabled(reward, "reward_model.enable"):
+            raise bad_value(
+                "reward.reward_model.enable",
+                True,
+                "starts a reward model for verl's own reward worker, which then bypasses async_composite "
+                "(and a judge served in the job is not supported inside a composite)",
+                "set it to false and give the llm_judge component a judge.base_url",
+            )
+        function_path = _get(reward, "custom_reward_function.path")
+        if function_path and not any(
+            c.manager in FUNCTION_MANAGERS and c.function is None for c in composite.components
+        ):
+            raise bad_value(
+                "reward.custom_reward_function.path",
+                function_path,
+                "names a reward function, and no component calls it (each function component has its "
+                "own function, or there is none)",
+                "remove it, or add a component such as {name: rule, manager: async_naive} without function",
+            )
+        services: dict[tuple[str, str], tuple[int, LimitsConfig]] = {}
+        for index, component in enumerate(composite.components):
+            derived = component_config(config, component)
+            with _naming_the_component(index, component):
+                _check_component_fits(component, load_config(derived))
+                part_settings = _CLASSES[component.manager].check_settings(derived, env)
+            service = _service(component, part_settings)
+            if service is None:
+                continue
+            first, limits = services.setdefault(service, (index, part_settings.limits))
+            if limits != part_settings.limits:
+                raise bad_value(
+                    f"{COMPOSITE_PATH}.components[{index}].async_reward.limits",
+                    _limits_shown(part_settings.limits),
+                    f"differ from those of components[{first}] ({composite.components[first].name!r}), "
+                    f"which calls the same {service[0]}: one service has one admission (its concurrency "
+                    f"cap and budgets), shared by every component that calls it",
+                    "give both components the same limits (set them once at reward.async_reward.limits)",
+                )
+        return settings
+
+    @classmethod
+    def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
+        """Each component's user code loads and fits (its manager's own check); a class with
+        ``post_process_scores`` is refused: a composite has no group step for one component."""
+        for index, component in enumerate(settings.composite.components):
+            derived = component_config(config, component)
+            manager_cls = _CLASSES[component.manager]
+            with _naming_the_component(index, component):
+                manager_cls.check_user_code(derived, load_config(derived))
+                if manager_cls is AsyncStatefulRewardManager:
+                    _path, name, user_cls = AsyncStatefulRewardManager._user_class(
+                        derived, load_config(derived)
+                    )
+                    if callable(getattr(user_cls, "post_process_scores", None)):
+                        raise bad_value(
+                            "reward.custom_reward_function.name",
+                            name,
+                            "has post_process_scores, which works on a group's scores of one manager; "
+                            "inside async_composite it would run on no group",
+                            "use the class as the whole reward (async_stateful), or drop post_process_scores",
+                        )
+
+    # ----------------------------------------------------------------- scoring
+    def decode(self, data: Any) -> RewardSample:
+        """The sample, decoded once; a component that runs a user function gets it as its own manager
+        decodes it (verl's tool fields in ``extra_info``)."""
+        sample = super().decode(data)
+        if self._function_part is None:
+            return sample
+        values = {f.name: getattr(sample, f.name) for f in fields(RewardSample)}
+        return _Decoded(**values, for_functions=self._function_part.manager.decode(data))
+
+    async def score(self, sample: RewardSample) -> RewardResult:
+        tasks: dict[str, asyncio.Task[_Outcome]] = {}
+        async with asyncio.TaskGroup() as group:  # cancelled together: no component outlives its sample
+            for part in self.parts:
+                gate = part.config.only_if
+                waits_for = tasks[gate.component] if gate is not None else None
+                tasks[part.name] = group.create_task(self._run(part, sample, waits_for))
+        return self._combine({name: task.result() for name, task in tasks.items()})
+
+    async def _run(
+        self, part: _Part, sample: RewardSample, gate_task: asyncio.Task[_Outcome] | None
+    ) -> _Outcome:
+        """One component for one sample: after its gate component, if it has one; skipped (no call)
+        where the gate does not hold."""
+        gate = part.config.only_if
+        if gate is not None:
+            assert gate_task is not None  # listed before: its task exists (CompositeConfig.validate)
+            before = await gate_task
+            reason = _closed_gate(gate.component, gate.describe(), before)
+            if reason is None and before.result is not None:
+                assert before.result.score is not None  # ok, so scored (_checked)
+                if not gate.holds(before.result.score):
+                    reason = f"gate: {gate.component} scored {before.result.score:g}, needs {gate.describe()}"
+            if reason is not None:
+                return _Outcome(None, reason)
+        view = sample
+        if part.manager.runs_custom_function and isinstance(sample, _Decoded) and sample.for_functions:
+            view = sample.for_functions
+        return _Outcome(await part.manager._score_safely(view))
+
+    def _combine(self, outcomes: Mapping[str, _Outcome]) -> RewardResult:
+        """The sample's result from its components' (the rules in the module's docstring)."""
+        extras: dict[str, Any] = {}
+        total = 0.0
+        attempts = calls = 0
+        failed: list[tuple[_Part, RewardResult]] = []
+        spent: list[Mapping[str, Any]] = []
+        for part in self.parts:
+            outcome = outcomes[part.name]
+            prefix = part.prefix
+            result = outcome.result
+            if result is None:
+                total += part.config.weight * part.config.score_if_skipped
+                extras.update(
+                    {
+                        f"{prefix}score": math.nan,
+                        f"{prefix}status": SKIPPED,
+                        f"{prefix}reason": outcome.skip_reason,
+                        f"{prefix}attempts": 0,
+                        f"{prefix}latency_s": 0.0,
+                        f"{prefix}skipped": True,
+                    }
+                )
+                continue
+            if result.ok:
+                assert result.score is not None
+                total += part.config.weight * result.score
+            else:
+                failed.append((part, result))
+            for key, value in result.extras.items():
+                extras[prefix + _component_key(str(key), result.extras)] = value
+            extras.update(
+                {
+                    f"{prefix}score": result.score if result.ok else math.nan,
+                    f"{prefix}status": result.status.value,
+                    f"{prefix}reason": result.failure_reason,
+                    f"{prefix}attempts": result.attempts,
+                    f"{prefix}latency_s": round(float(result.latency_s), 6),
+                    f"{prefix}skipped": False,
+                }
+            )
+            attempts += result.attempts
+            own_calls = whole_count(result.extras.get("judge_calls"))
+            calls += own_calls if own_calls is not None else min(result.attempts, 1)
+            spent.append(result.extras)
+        extras.update(self._spent(spent))
+        extras["judge_calls"] = calls
+        if not failed:
+            return RewardResult(score=total, attempts=attempts, extras=extras)
+        worst = min(failed, key=lambda pair: STATUS_ORDER.index(pair[1].status))
+        part, result = worst
+        reason = f"{part.name}: {result.failure_reason}"
+        others = [f"{p.name} ({r.status.value})" for p, r in failed if p is not part]
+        if others:
+            reason = f"{reason} (also failed: {', '.join(others)})"
+        return RewardResult.failure(result.status, reason, attempts=attempts, extras=extras)
+
+    def _spent(self, spent: list[Mapping[str, Any]]) -> dict[str, Any]:
+        """The sample's cost keys: the sums over its components that ran (``cost.cost_metrics``)."""
+        if "judge_tokens" not in self._extra_defaults:
+            return {}
+        totals: dict[str, Any] = {key: 0 for key in _SUMMED_COUNTS}
+        totals.update(judge_cache_hit=False, judge_shared=False, judge_usage_error="")
+        errors = []
+        for extras in spent:
+            for key in _SUMMED_COUNTS:
+                totals[key] += whole_count(extras.get(key)) or 0
+            totals["judge_cache_hit"] |= bool(extras.get("judge_cache_hit", False))
+            totals["judge_shared"] |= bool(extras.get("judge_shared", False))
+            if isinstance(extras.get("judge_usage_error"), str) and extras["judge_usage_error"]:
+                errors.append(extras["judge_usage_error"])
+        totals["judge_usage_error"] = "; ".join(errors)
+        if "judge_cost" in self._extra_defaults:
+            costs = [e.get("judge_cost") for e in spent]
+            totals["judge_cost"] = float(
+                sum(c for c in costs if isinstance(c, (int, float)) and math.isfinite(c))
+            )
+        return totals
+
+    def _composite_defaults(self) -> dict[str, Any]:
+        """Every key a composite sample carries, with the value of a sample whose components never ran
+        (one that failed to decode)."""
+        defaults: dict[str, Any] = {}
+        judged = priced = False
+        for part in self.parts:
+            component = part.manager._extra_defaults
+            for key, value in component.items():
+                defaults[part.prefix + _component_key(key, component)] = value
+            defaults.update(
+                {
+                    f"{part.prefix}score": math.nan,
+                    f"{part.prefix}status": "",
+                    f"{part.prefix}reason": "",
+                    f"{part.prefix}attempts": 0,
+                    f"{part.prefix}latency_s": 0.0,
+                    f"{part.prefix}skipped": False,
+                }
+            )
+            judged |= "judge_tokens" in component
+            priced |= "judge_cost" in component
+        if judged:
+            defaults.update({key: 0 for key in _SUMMED_COUNTS})
+            defaults.update(judge_cache_hit=False, judge_shared=False, judge_usage_error="")
+        if priced:
+            defaults["judge_cost"] = 0.0
+        # NaN: unknown, so reward/retries counts a sample that failed before any call as one call.
+        defaults["judge_calls"] = math.nan
+        return defaults
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p.name}={p.config.manager}" for p in self.parts)
+        return f"{type(self).__name__}({parts})"
+
+
+def _closed_gate(component: str, needs: str, before: _Outcome) -> str | None:
+    """Why a gate on ``component`` is closed by that component's outcome alone (None: its score decides)."""
+    if before.result is None:
+        return f"gate: {component} was skipped"
+    if not before.result.ok:
+        return f"gate: {component} failed ({before.result.status.value}), needs a score {needs}"
+    return None
+
+
+def _component_key(key: str, taken: Mapping[str, Any]) -> str:
+    """A component's extras key as kept under its prefix: one of ours (``status``, ...) or one of the
+    composite's per-component suffixes becomes ``user_<key>``."""
+    name = extras_key_for(key, taken=taken)
+    while name in _OWN_SUFFIXES:
+        name = "user_" + name
+    return name
+
+
+def _service(component: ComponentConfig, settings: AsyncRewardConfig) -> tuple[str, str] | None:
+    """The outside service a component calls, for sharing its admission: ``("judge", url)``,
+    ``("reward service", url)``; None for a user's function (its own admission)."""
+    if component.manager == "llm_judge" and settings.judge.base_url:
+        return ("judge", settings.judge.base_url.rstrip("/"))
+    if component.manager == "async_remote" and settings.remote.url:
+        return ("reward service", settings.remote.url)
+    return None
+
+
+def _check_component_fits(component: ComponentConfig, settings: AsyncRewardConfig) -> None:
+    """Refuse what a component's manager supports alone but not inside a composite (before its own
+    checks, which would refuse it for a reason that does not matter here)."""
+    if component.manager == "llm_judge" and settings.judge.mode == "group":
+        raise bad_value(
+            f"{CONFIG_PATH}.judge.mode",
+            "group",
+            "needs every member of a GRPO group at the judge together, which a gate breaks and a "
+            "composite does not route for",
+            "use judge.mode=pointwise in a composite (or llm_judge alone for group judging)",
+        )
+
+
+@contextlib.contextmanager
+def _naming_the_component(index: int, component: ComponentConfig) -> Iterator[None]:
+    """A component manager's ``ConfigError`` said for the component: prefixed with its name, and its
+    key moved to the component's own settings where the component sets that key."""
+    try:
+        yield
+    except ConfigError as error:
+        key = error.key or ""
+        moved = _component_key_path(key, index, component)
+        message = str(error)
+        if moved != key and key:
+            message = message.replace(key, moved, 1)
+        raise ConfigError(
+            f"component {component.name!r} ({component.manager}) of async_composite: {message}",
+            key=moved or None,
+            fix=error.fix,
+        ) from None
+
+
+def _component_key_path(key: str, index: int, component: ComponentConfig) -> str:
+    """Where ``key`` (of the config a component's manager was built from) is set: in the component
+    (its ``async_reward`` or ``function``), or where it is, shared by every component."""
+    here = f"{COMPOSITE_PATH}.components[{index}]"
+    own = f"{CONFIG_PATH}."
+    if key.startswith(own) and _sets(component.async_reward, key.removeprefix(own).split(".")):
+        return f"{here}.async_reward.{key.removeprefix(own)}"
+    function_key = "reward.custom_reward_function"
+    if component.function is not None and key.startswith(function_key):
+        return f"{here}.function{key.removeprefix(function_key)}"
+    return key
+
+
+def _sets(node: Any, parts: list[str]) -> bool:
+    """Whether mapping ``node`` holds the dotted path ``parts`` (or a value above it)."""
+    for part in parts:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+        if not isinstance(node, Mapping):
+            return True
+    return True
+
+
+def _limits_shown(limits: LimitsConfig) -> dict[str, Any]:
+    return {f.name: getattr(limits, f.name) for f in fields(limits)}
+
+
+def _get(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not hasattr(node, "get"):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _enabled(reward: Any, dotted: str) -> bool:
+    return bool(_get(reward, dotted))
