@@ -615,15 +615,17 @@ class SlowPrepareActor(StandInActor):
 def test_a_judge_that_catches_up_lets_a_batch_be_chosen_in_its_own_rollout(
     tmp_path, model_dir, rollout, transfer_queue, server
 ) -> None:
-    """``max_staleness=2``, a judge answering at once and log-prob passes of 1 s: the judge scores all a
+    """``max_staleness=2``, a judge answering at once and log-prob passes of 2.5 s: the judge scores all a
     rollout leaves unscored before training needs it, so from step 2 on the mode chooses each batch
     at the end of its own rollout, not ahead. Row 4 (batch 2) is answered only by policy version 2,
     i.e. in step 3's own rollout, and must be trained by step 3 (it was started by version 0): so
     this run ends only because step 3's batch is chosen in step 3's rollout. Chosen ahead, in step
     2's rollout (version 1), it could not be formed without row 4, and step 2 could not train
     without it (the slow-judge run above is the batch-ahead case). Every sample trained once."""
+    # Log-prob passes of 2.5 s (1 s flipped it on a machine at 99 % CPU with three suites running: the
+    # judge had not caught up, the batch was chosen ahead and the run waited for row 4 until timeout).
     run = train_at_staleness_two_with_row_4_answered_at(
-        2, tmp_path, model_dir, rollout, server, actor=SlowPrepareActor(1.0)
+        2, tmp_path, model_dir, rollout, server, actor=SlowPrepareActor(2.5)
     )
     assert_three_steps_trained_every_session_once(run)
     logs = step_logs(run)
