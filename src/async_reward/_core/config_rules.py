@@ -355,9 +355,10 @@ def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | 
     return cls(**values)
 
 
-def select_key(config: Any, key: str) -> Any:
-    """The value at dotted ``key`` of a verl config (an OmegaConf node or plain mappings); None when a
-    part is missing.
+def select_key(config: Any, key: str, default: Any = None) -> Any:
+    """The value at dotted ``key`` of a verl config (an OmegaConf node or plain mappings); ``default``
+    when a part is missing or the value is None. The one reader of dotted keys: every module reads
+    the verl config through it (the verl plugin's entry module excepted, which must stay this light).
 
     Raises:
         ConfigError: the value is an interpolation that cannot be resolved (``${oc.env:NOPE}``),
@@ -365,12 +366,13 @@ def select_key(config: Any, key: str) -> Any:
     """
     if isinstance(config, DictConfig):
         try:
-            return OmegaConf.select(config, key, default=None)
+            value = OmegaConf.select(config, key, default=None)
         except OmegaConfBaseException as exc:  # ${oc.env:NOPE} and the like: our error, naming the key
             raise unresolvable(exc, key) from None
+        return default if value is None else value
     node = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return None
+            return default
         node = node[part]
-    return node
+    return default if node is None else node

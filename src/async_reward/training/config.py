@@ -16,13 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from async_reward._core.config_rules import (
     bad_value,
     greater_than,
     names_config_errors,
     plain_container,
+    select_key,
     validate_fields,
 )
 from async_reward.config import ConfigError, parse_config
@@ -168,7 +169,7 @@ def check_against_verl(
     Raises:
         ConfigError: naming the setting, why, and what to change.
     """
-    select = lambda key, default=None: OmegaConf.select(verl_config, key, default=default)  # noqa: E731
+    select = lambda key, default=None: select_key(verl_config, key, default)  # noqa: E731
     estimator = str(getattr(select("algorithm.adv_estimator"), "value", select("algorithm.adv_estimator")))
     check_judge_placement(verl_config, path)
     if estimator.lower() == "remax":

@@ -58,9 +58,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from async_reward._core.config_rules import bad_value, names_config_errors, parse_config, plain_container
+from async_reward._core.config_rules import (
+    bad_value,
+    names_config_errors,
+    parse_config,
+    plain_container,
+    select_key,
+)
 from async_reward.config import ConfigError
 from async_reward.config.v1 import DECOUPLED_MODE, DECOUPLED_MODE_PATH, is_decoupled_mode
 from async_reward.judge.in_job.admitted import manager_admission
@@ -206,7 +212,7 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
         ConfigError: an unknown key or bad value, and every setting the mode would silently not
             apply (see :func:`check_decoupled_mode_against_verl` and :func:`derive_windows`).
     """
-    node = plain_container(_select(verl_config, DECOUPLED_MODE_PATH) or {}, DECOUPLED_MODE_PATH)
+    node = plain_container(select_key(verl_config, DECOUPLED_MODE_PATH) or {}, DECOUPLED_MODE_PATH)
     if not isinstance(node, Mapping):
         raise bad_value(
             DECOUPLED_MODE_PATH,
@@ -214,7 +220,7 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
             "is not a mapping",
             f"write e.g. +{DECOUPLED_MODE_PATH}.reward_backlog=64",
         )
-    separate = plain_container(_select(verl_config, SEPARATE_ASYNC_PATH) or {}, SEPARATE_ASYNC_PATH)
+    separate = plain_container(select_key(verl_config, SEPARATE_ASYNC_PATH) or {}, SEPARATE_ASYNC_PATH)
     ours = {f.name for f in fields(DecoupledModeConfig)}
     own: dict[str, Any] = {}
     for key, value in node.items():
@@ -241,14 +247,14 @@ def derive_windows(config: DecoupledModeConfig, verl_config: Any) -> DecoupledWi
         ConfigError: the bound ``ceil(H / B) + 1`` exceeds ``max_off_policy_threshold``, naming the
             window to shrink and the largest value that fits.
     """
-    batch = int(_select(verl_config, "data.train_batch_size"))
-    n = int(_select(verl_config, "actor_rollout_ref.rollout.n", 1))
-    mini = int(_select(verl_config, "actor_rollout_ref.actor.ppo_mini_batch_size", batch))
-    warmup = float(_select(verl_config, f"{SEPARATE_ASYNC_PATH}.num_warmup_batches", 1) or 0)
+    batch = int(select_key(verl_config, "data.train_batch_size"))
+    n = int(select_key(verl_config, "actor_rollout_ref.rollout.n", 1))
+    mini = int(select_key(verl_config, "actor_rollout_ref.actor.ppo_mini_batch_size", batch))
+    warmup = float(select_key(verl_config, f"{SEPARATE_ASYNC_PATH}.num_warmup_batches", 1) or 0)
     window = config.generation_window or max(1, math.floor((warmup + 1) * batch))
     sampleable = config.sampleable_buffer or batch
-    threshold = _select(verl_config, "trainer.v1.sampler.max_off_policy_threshold")
-    strategy = _select(verl_config, "trainer.v1.sampler.max_off_policy_strategy", "drop")
+    threshold = select_key(verl_config, "trainer.v1.sampler.max_off_policy_threshold")
+    strategy = select_key(verl_config, "trainer.v1.sampler.max_off_policy_strategy", "drop")
     bounded = threshold is not None and strategy == "drop"
     # Groups the bound lets be outstanding: ceil(H / B) + 1 <= threshold  <=>  H <= (threshold - 1) B.
     room = (int(threshold) - 1) * batch if bounded else None
@@ -325,7 +331,7 @@ def check_decoupled_mode_against_verl(config: DecoupledModeConfig, verl_config: 
     from async_reward.training.config import check_judge_placement
 
     check_judge_placement(verl_config, "trainer_mode=decoupled")  # a judge on the training GPUs
-    if _select(verl_config, f"{SEPARATE_ASYNC_PATH}.hybrid_rollout.enable_switch"):
+    if select_key(verl_config, f"{SEPARATE_ASYNC_PATH}.hybrid_rollout.enable_switch"):
         raise ConfigError(
             f"{SEPARATE_ASYNC_PATH}.hybrid_rollout.enable_switch=true is not run by trainer_mode=decoupled: "
             "verl lends the trainer's GPUs to generation when a step waited for samples, which under a "
@@ -335,14 +341,14 @@ def check_decoupled_mode_against_verl(config: DecoupledModeConfig, verl_config: 
             fix="set it to false (the standalone rollout keeps generating), or use "
             "trainer_mode=separate_async",
         )
-    if _select(verl_config, "skip.rollout_tq.enable"):
+    if select_key(verl_config, "skip.rollout_tq.enable"):
         raise ConfigError(
             "skip.rollout_tq.enable=true replays recorded rollouts instead of dispatching prompts, which the "
             "decoupled mode's generation window does",
             key="skip.rollout_tq.enable",
             fix="set it to false, or use another trainer_mode",
         )
-    strategy = _select(verl_config, "trainer.v1.sampler.max_off_policy_strategy", "drop")
+    strategy = select_key(verl_config, "trainer.v1.sampler.max_off_policy_strategy", "drop")
     if strategy == "wait" and config.staleness_from == "generation":
         raise ConfigError(
             "trainer.v1.sampler.max_off_policy_strategy=wait with trainer_mode=decoupled: verl's wait rule "
@@ -351,7 +357,7 @@ def check_decoupled_mode_against_verl(config: DecoupledModeConfig, verl_config: 
             key="trainer.v1.sampler.max_off_policy_strategy",
             fix=f"use drop (verl's default), or set {DECOUPLED_MODE_PATH}.staleness_from=submission",
         )
-    sampler = _select(verl_config, "trainer.v1.sampler.custom_sampler") or {}
+    sampler = select_key(verl_config, "trainer.v1.sampler.custom_sampler") or {}
     path = sampler.get("path") if hasattr(sampler, "get") else None
     if path and path != "pkg://async_reward.v1.replay_buffer":
         raise ConfigError(
@@ -360,16 +366,3 @@ def check_decoupled_mode_against_verl(config: DecoupledModeConfig, verl_config: 
             key="trainer.v1.sampler.custom_sampler",
             fix="unset it (the mode names its own), or use another trainer_mode",
         )
-
-
-def _select(config: Any, key: str, default: Any = None) -> Any:
-    if isinstance(config, DictConfig):
-        return OmegaConf.select(config, key, default=default)
-    node = config
-    for part in key.split("."):
-        if not hasattr(node, "get"):
-            return default
-        node = node.get(part)
-        if node is None:
-            return default
-    return node

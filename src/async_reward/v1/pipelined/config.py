@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from async_reward._core.config_rules import bad_value, names_config_errors, plain_container, rule
+from async_reward._core.config_rules import bad_value, names_config_errors, plain_container, rule, select_key
 from async_reward.config import ConfigError, parse_config
 from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
 from async_reward.training.config import PipelineConfig, check_against_verl
@@ -136,7 +136,7 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
         ConfigError: an unknown key or bad value, and every verl setting the schedule would
             silently not apply (see :func:`check_pipelined_mode_against_verl`).
     """
-    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    select = lambda key, default=None: select_key(verl_config, key, default)  # noqa: E731
     node = plain_container(select(PIPELINED_MODE_PATH) or {}, PIPELINED_MODE_PATH)
     if not isinstance(node, Mapping):
         raise bad_value(
@@ -177,7 +177,7 @@ def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: 
     Raises:
         ConfigError: naming the setting, why, and what to change.
     """
-    select = lambda key, default=None: _select(verl_config, key, default)  # noqa: E731
+    select = lambda key, default=None: select_key(verl_config, key, default)  # noqa: E731
     if select("algorithm.filter_groups.enable"):
         raise ConfigError(
             "algorithm.filter_groups.enable=true (DAPO) is not run by trainer.v1.trainer_mode=pipelined: "
@@ -229,20 +229,3 @@ def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: 
             key="algorithm.rollout_correction.rollout_is_batch_normalize",
             fix="set it to false, or mini_batch=false",
         )
-
-
-def _select(config: Any, key: str, default: Any = None) -> Any:
-    if isinstance(config, DictConfig):
-        return OmegaConf.select(config, key, default=default)
-    return _select_mapping(config, key, default)
-
-
-def _select_mapping(config: Any, key: str, default: Any = None) -> Any:
-    node = config
-    for part in key.split("."):
-        if not hasattr(node, "get"):
-            return default
-        node = node.get(part)
-        if node is None:
-            return default
-    return node
