@@ -1,7 +1,9 @@
 """``limits.admission: job``: one admission queue for the whole job, held by a Ray actor.
 
 Reward workers here are real Ray actor processes, each with its own ``JobAdmission`` (as each of
-verl's reward workers builds one in its manager), meeting at one broker actor found by name; and
+verl's reward workers builds one in its manager), meeting at one broker actor found by name (the
+worker processes are kept between tests and given a new ``JobAdmission`` each; every test's broker is
+new, and killed after it); and
 verl's own ``RewardLoopManager`` with two reward workers scoring through ``llm_judge`` over loopback.
 Admitted calls wait on gates the test opens, never on a sleep: which call holds what is a fact the
 test controls, not a race against a loaded machine's clock.
@@ -10,8 +12,10 @@ test controls, not a race against a loaded machine's clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,16 +35,35 @@ leaves a loaded machine time to report the leases; a stalled broker is found aft
 
 
 @pytest.fixture
-def unique() -> str:
-    """A broker name of this test's own, so no test meets another's queue."""
-    return f"test-{time.monotonic_ns()}"
+def unique() -> Iterator[str]:
+    """A broker name of this test's own, so no test meets another's queue. A broker this process
+    started under it (a test that drives one directly) is killed after the test, not kept for the
+    session."""
+    name = f"test-{time.monotonic_ns()}"
+    yield name
+    from async_reward.job_admission import _BROKERS
+
+    handle = _BROKERS.pop(name, None)
+    if handle is not None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
 
 
 def make_limits(**fields: Any) -> LimitsConfig:
     return LimitsConfig(admission="job", **fields)
 
 
+_WORKER_CLASS: Any = None
+
+
 def _worker_class() -> Any:
+    """The ``Worker`` actor class, made once per process (each ``ray.remote`` of a new class is
+    exported to the cluster again)."""
+    global _WORKER_CLASS
+    if _WORKER_CLASS is not None:
+        return _WORKER_CLASS
     import ray
 
     from async_reward._core.job_admission import JobAdmission
@@ -49,10 +72,33 @@ def _worker_class() -> Any:
     class Worker:
         """One reward worker process's admission: calls that, once admitted, wait on a named gate."""
 
-        def __init__(self, limits: dict[str, Any], name: str, heartbeat_s: float) -> None:
-            self.admission = JobAdmission(LimitsConfig(**limits), name, heartbeat_s)
+        def __init__(self) -> None:
+            self.admission: JobAdmission | None = None
             self.log: list[tuple[float, str]] = []
             self.gates: dict[str, asyncio.Event] = {}
+
+        def configure(self, limits: dict[str, Any], name: str, heartbeat_s: float) -> None:
+            """This test's admission, as a reward worker builds it in its manager."""
+            self.admission = JobAdmission(LimitsConfig(**limits), name, heartbeat_s)
+            self.log, self.gates = [], {}
+
+        async def reset(self) -> None:
+            """Back to the state of a process that never admitted a call: the previous test's calls
+            and heartbeats cancelled (and awaited), the brokers this process started killed, and the
+            module's memory of brokers (held, seen dead) emptied."""
+            from async_reward import job_admission
+
+            current = asyncio.current_task()
+            others = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            for handle in job_admission._BROKERS.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            job_admission._BROKERS.clear()
+            job_admission._REPLACED.clear()
+            self.admission, self.log, self.gates = None, [], {}
 
         def _gate(self, name: str) -> asyncio.Event:
             return self.gates.setdefault(name, asyncio.Event())
@@ -66,6 +112,7 @@ def _worker_class() -> Any:
             give_up_s: float | None = None,
         ) -> str:
             """Admit one call (giving up after ``give_up_s`` of waiting), log it, hold it until ``gate``."""
+            assert self.admission is not None, "configure() first"
             context = self.admission.admit(tokens, priority)
             try:
                 async with asyncio.timeout(give_up_s):
@@ -94,18 +141,65 @@ def _worker_class() -> Any:
 
         def in_flight(self) -> int:
             """This worker's calls admitted and not yet ended."""
+            assert self.admission is not None, "configure() first"
             return self.admission.in_flight
 
+    _WORKER_CLASS = Worker
     return Worker
 
 
-def start_workers(limits: LimitsConfig, name: str, count: int, heartbeat_s: float = HEARTBEAT_S) -> list[Any]:
+_IDLE_WORKERS: list[Any] = []
+"""``Worker`` processes of this pytest process that no test holds, reset: the next tests configure
+them instead of starting new ones (a Ray worker process costs about 1.3 CPU-seconds to start here,
+and the file used 19 of them). What each test checks is its own ``JobAdmission`` and its own broker,
+both built new for it; only the process is reused, as a job reuses its reward workers. A worker a
+test killed is dead and is never handed out again."""
+
+_PING_S = 30.0
+"""How long a reset may take before the worker counts as stuck (then it is killed, not reused)."""
+
+
+def _alive_after_reset(worker: Any) -> bool:
     import ray
 
-    worker = _worker_class()
-    workers = [worker.remote(dataclasses.asdict(limits), name, heartbeat_s) for _ in range(count)]
-    ray.get([w.order.remote() for w in workers])  # started
-    return workers
+    try:
+        ray.get(worker.reset.remote(), timeout=_PING_S)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        with contextlib.suppress(Exception):
+            ray.kill(worker, no_restart=True)
+        return False
+    return True
+
+
+@pytest.fixture
+def start_workers(ray_cluster: None) -> Iterator[Callable[..., list[Any]]]:
+    """``start_workers(limits, name, count, heartbeat_s)``: ``count`` workers, each with a new
+    ``JobAdmission`` for ``name``; warm ones first. Handed back after the test, reset (their calls
+    cancelled, their brokers killed), unless the test killed them."""
+    import ray
+
+    handed: list[Any] = []
+
+    def start(limits: LimitsConfig, name: str, count: int, heartbeat_s: float = HEARTBEAT_S) -> list[Any]:
+        worker_cls = _worker_class()
+        workers = [_IDLE_WORKERS.pop() if _IDLE_WORKERS else worker_cls.remote() for _ in range(count)]
+        handed.extend(workers)
+        ray.get([w.configure.remote(dataclasses.asdict(limits), name, heartbeat_s) for w in workers])
+        return workers
+
+    yield start
+    _IDLE_WORKERS.extend(worker for worker in handed if _alive_after_reset(worker))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kill_idle_workers_after_the_module() -> Iterator[None]:
+    """The warm workers live as long as this file's tests need them."""
+    yield
+    import ray
+
+    while _IDLE_WORKERS:
+        with contextlib.suppress(Exception):
+            ray.kill(_IDLE_WORKERS.pop(), no_restart=True)
 
 
 def broker_stats(name: str) -> dict[str, int]:
@@ -131,7 +225,9 @@ def wait_for(name: str, **counts: int) -> dict[str, int]:
     return stats
 
 
-def test_the_job_queue_caps_calls_across_workers_and_lends_a_slot_wherever_a_call_waits(unique):
+def test_the_job_queue_caps_calls_across_workers_and_lends_a_slot_wherever_a_call_waits(
+    unique, start_workers
+):
     """Two workers, two slots for the job: a worker with nothing to do leaves both slots to the other
     (per worker, each would get one), and together they never have more than two in flight."""
     import ray
@@ -149,7 +245,7 @@ def test_the_job_queue_caps_calls_across_workers_and_lends_a_slot_wherever_a_cal
     assert wait_for(unique, in_flight=0, waiting=0)["max_in_flight"] == 2
 
 
-def test_the_oldest_step_goes_first_wherever_its_call_waits(unique):
+def test_the_oldest_step_goes_first_wherever_its_call_waits(unique, start_workers):
     """A later step's call queued at one worker does not overtake an earlier step's call queued after
     it at another: the job's queue orders by priority (training step), not by worker or arrival."""
     import ray
@@ -169,7 +265,7 @@ def test_the_oldest_step_goes_first_wherever_its_call_waits(unique):
     assert [label for _, label in admitted] == ["holder", "step 1", "step 5"]
 
 
-def test_a_call_that_gives_up_waiting_leaves_no_waiter_and_takes_no_slot(unique):
+def test_a_call_that_gives_up_waiting_leaves_no_waiter_and_takes_no_slot(unique, start_workers):
     import ray
 
     (one,) = start_workers(make_limits(max_concurrency=1), unique, 1)
@@ -207,7 +303,7 @@ def test_a_cancel_that_reaches_the_broker_before_or_after_its_grant_leaks_nothin
     assert ray.get(broker.stats.remote())["in_flight"] == 0
 
 
-def test_a_dead_workers_leases_are_taken_back_and_a_live_workers_are_not(unique):
+def test_a_dead_workers_leases_are_taken_back_and_a_live_workers_are_not(unique, start_workers):
     """Two slots: a live worker and a doomed one each hold one. The doomed one is killed: once it
     has missed its heartbeats its slot is taken back and a third call gets in, while the live
     worker's lease, held just as long, stays held (liveness, not a time limit on leases)."""
@@ -228,7 +324,7 @@ def test_a_dead_workers_leases_are_taken_back_and_a_live_workers_are_not(unique)
     assert ray.get(live) == "live"
 
 
-def test_a_dead_workers_waiting_calls_are_dropped_not_granted(unique):
+def test_a_dead_workers_waiting_calls_are_dropped_not_granted(unique, start_workers):
     """Ray does not stop an actor call when its caller dies: the dead worker's three queued calls
     would each be granted in turn, hold the slot and spend the budget. They are dropped instead."""
     import ray
@@ -249,7 +345,7 @@ def test_a_dead_workers_waiting_calls_are_dropped_not_granted(unique):
     assert broker_stats(unique)["granted"] == 3  # the survivor's three: none of the dead worker's
 
 
-def test_a_live_worker_taken_for_dead_queues_its_call_again(unique):
+def test_a_live_worker_taken_for_dead_queues_its_call_again(unique, start_workers):
     """A worker whose event loop stalls past the silence allowed has its waiting call dropped; once it
     runs again the call queues again and is admitted (a stall is not a lost sample)."""
     import ray
@@ -267,7 +363,9 @@ def test_a_live_worker_taken_for_dead_queues_its_call_again(unique):
     assert ray.get(holding) == "holder"
 
 
-def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_to_a_new_one(unique):
+def test_when_the_worker_that_started_the_broker_dies_every_waiting_call_moves_to_a_new_one(
+    unique, start_workers
+):
     """The broker lives as long as the worker that started it. When it dies with twenty calls waiting
     at two other workers, one new broker takes them all (one caller starts it, the others find it),
     every call is admitted, and that broker stays up."""
@@ -321,7 +419,9 @@ def replaced(name: str, dead: set[Any], workers: list[Any], bound: int, **counts
         time.sleep(0.05)
 
 
-def test_broker_failures_keep_max_concurrency_and_a_call_requeues_three_times_then_fails(unique):
+def test_broker_failures_keep_max_concurrency_and_a_call_requeues_three_times_then_fails(
+    unique, start_workers
+):
     """Issue 42, items 12 and 13. One slot: a worker holds it while another's call waits with no
     admission timeout. The broker is killed four times. Each new broker learns the held lease from
     the holder's heartbeat before it grants anything, so the waiting call stays out (one call in
@@ -348,7 +448,7 @@ def test_broker_failures_keep_max_concurrency_and_a_call_requeues_three_times_th
     assert ray.get(holder, timeout=60) == "holder"
 
 
-def test_a_stalled_broker_is_replaced_and_a_call_waiting_without_a_timeout_gets_in(unique):
+def test_a_stalled_broker_is_replaced_and_a_call_waiting_without_a_timeout_gets_in(unique, start_workers):
     """A broker alive but stalled (its event loop blocked) answers no heartbeat: its callers kill it
     and start another, which learns the held lease first; the call that was waiting with no
     admission timeout is admitted there once the slot is free, instead of waiting for ever."""
@@ -370,7 +470,7 @@ def test_a_stalled_broker_is_replaced_and_a_call_waiting_without_a_timeout_gets_
         ray.get(stalled.stats.remote(), timeout=60)  # killed, not left stalled beside the new one
 
 
-def test_the_whole_budgets_are_the_jobs_and_usage_above_the_estimate_is_charged(unique):
+def test_the_whole_budgets_are_the_jobs_and_usage_above_the_estimate_is_charged(unique, start_workers):
     """With one queue nothing is split: a request budget too small to share over four workers is valid,
     and the tokens a response reported beyond its estimate become the queue's debt."""
     import ray
