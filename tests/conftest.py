@@ -34,6 +34,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # for new files every 0.5 s (LOG_NAME_UPDATE_INTERVAL_S) and still reads the open ones every pass.
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
+#: This folder: the test files are named by their path under it.
+TESTS = Path(__file__).resolve().parent
 VERL_CONFIG_DIR = str(Path(__import__("verl").__file__).parent / "trainer" / "config")
 
 
@@ -60,7 +62,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        name = item.path.name
+        name = item.path.relative_to(TESTS).as_posix()
         return (
             (LONGEST_FILES.index(name), 0)
             if name in LONGEST_FILES
@@ -70,28 +72,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-#: The test files that took longest in a full run (test time summed over a file's tests in `make test`,
+#: The test files (paths under tests/) that took longest in a full run (test time summed over a file's tests in `make test`,
 #: 2-core machine, the budget printed at the end of a run on 2026-11-28), longest first.
 #: ``test_job_admission.py`` (2026-11-29: 190-230 s, most of it waiting for heartbeats and broker
 #: restarts) had no place here, so it was handed out after every listed file and could run last, alone.
 LONGEST_FILES = [
-    "test_v1_pipelined_entry.py",
-    "test_judge_in_job.py",
-    "test_bench.py",
-    "test_entry_point.py",
-    "test_legacy_keys.py",
-    "test_job_admission.py",
-    "test_v1_pipelined_edges.py",
-    "test_v1_pipelined.py",
-    "test_toy_v1_parity.py",
-    "test_v1_decoupled.py",
-    "test_group_judging_v1.py",
-    "test_warm_actors.py",
-    "test_exclude.py",
-    "test_v1.py",
-    "test_config_validation.py",
-    "test_trainer.py",
-    "test_worker_imports.py",
+    "end_to_end/test_v1_pipelined_entry.py",
+    "judge/in_job/test_in_job.py",
+    "bench/test_bench.py",
+    "end_to_end/test_entry_point.py",
+    "config/test_legacy_keys.py",
+    "_core/test_job_admission.py",
+    "v1/pipelined/test_edges.py",
+    "v1/pipelined/test_pipelined.py",
+    "bench/test_toy_v1_parity.py",
+    "v1/decoupled/test_decoupled.py",
+    "judge/group/test_group_v1.py",
+    "wiring/test_warm_actors.py",
+    "training/test_exclusion.py",
+    "v1/test_v1_integration.py",
+    "config/test_config_validation.py",
+    "legacy/test_trainer.py",
+    "wiring/test_worker_imports.py",
 ]
 
 

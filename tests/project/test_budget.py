@@ -37,3 +37,11 @@ def test_a_run_over_its_budget_says_so_loudly_and_keeps_its_exit_status(tmp_path
     assert within.returncode == 1  # the tests decide the exit status, never the clock
     assert "OVER BUDGET" not in within.stdout
     assert "of a budget of 100000 s" in within.stdout
+
+
+def test_every_long_file_named_for_the_hand_out_order_exists() -> None:
+    """``tests/conftest.py`` hands the longest files out first by their path: a file moved or renamed
+    and not renamed there would silently lose its place (and run last, alone)."""
+    from tests.conftest import LONGEST_FILES, TESTS
+
+    assert [name for name in LONGEST_FILES if not (TESTS / name).is_file()] == []
