@@ -73,7 +73,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: The test files (paths under tests/) that took longest in a full run (test time summed over a
-#: file's tests in `make test`, 2-core machine, the budget printed at the end of a run on 2026-11-28), longest first.
+#: file's tests in `make test`, 2-core machine, the budget printed at the end of a run on
+#: 2026-11-28), longest first.
 #: ``test_job_admission.py`` (2026-11-29: 190-230 s, most of it waiting for heartbeats and broker
 #: restarts) had no place here, so it was handed out after every listed file and could run last, alone.
 LONGEST_FILES = [
