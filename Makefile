@@ -28,14 +28,15 @@ $(STAMP): $(BIN)/python pyproject.toml scripts/install_venv.py
 install: $(STAMP)
 
 # `make test` spreads the test files over TEST_WORKERS pytest processes (pytest-xdist, one file per
-# process at a time, so a module's fixtures stay in one process; each process starts its own local Ray
-# cluster when its first Ray test needs one). The suite is CPU-bound on two cores; three processes were
+# process at a time, so a module's fixtures stay in one process; the in-process verl v1 files go
+# together, so their warm actors start once: tests/conftest.py's V1_WARM_FILES). Each process starts
+# its own local Ray cluster when its first Ray test needs one. The suite is CPU-bound on two cores; three processes were
 # the fastest (2026-11-27, same tree: two 707 s of pytest, three 657 s; another tree: three 628 s,
 # four 735 s), so three stays; TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # `make test-fast`: the inner loop (aimed at under 2 minutes on a 2-core machine), not the gate. It
 # leaves out the tests marked `ray` (they use the session's Ray cluster; set automatically from the

@@ -50,6 +50,19 @@ def build_tokenizer(directory: Path) -> Any:
 # and ``_python_subprocesses_are_marked`` fails an unmarked test that starts one, so the marker stays true.
 
 
+#: In-process verl v1 training files: each pytest process that runs one starts verl's v1 actors
+#: (reward and agent-loop workers, load balancer, servers, TransferQueue), about 80 CPU-s, kept warm
+#: for the session (tests/support/warm_actors.py). ``make test`` (``--dist loadgroup``) hands them to
+#: one process as one unit, so those actors start once per run, not once per process.
+V1_WARM_FILES = (
+    "v1/pipelined/test_pipelined.py",
+    "v1/pipelined/test_edges.py",
+    "v1/decoupled/test_decoupled.py",
+    "bench/test_toy_v1_parity.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups set here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
@@ -70,6 +83,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
     items.sort(key=rank)
+    # One work unit per file (what ``--dist loadfile`` did: a module's fixtures stay in one process),
+    # except the v1 files above, which share one.
+    for item in items:
+        name = item.path.relative_to(TESTS).as_posix()
+        item.add_marker(pytest.mark.xdist_group("v1-warm-actors" if name in V1_WARM_FILES else name))
 
 
 #: The test files (paths under tests/) that took longest in a full run (test time summed over a

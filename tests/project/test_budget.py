@@ -45,3 +45,10 @@ def test_every_long_file_named_for_the_hand_out_order_exists() -> None:
     from tests.conftest import LONGEST_FILES, TESTS
 
     assert [name for name in LONGEST_FILES if not (TESTS / name).is_file()] == []
+
+
+def test_every_v1_file_kept_in_one_process_exists() -> None:
+    """The files ``make test`` hands to one process together (their warm verl actors start once)."""
+    from tests.conftest import TESTS, V1_WARM_FILES
+
+    assert [name for name in V1_WARM_FILES if not (TESTS / name).is_file()] == []
