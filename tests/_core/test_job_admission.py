@@ -41,7 +41,7 @@ def unique() -> Iterator[str]:
     session."""
     name = f"test-{time.monotonic_ns()}"
     yield name
-    from async_reward.job_admission import _BROKERS
+    from async_reward._core.job_admission import _BROKERS
 
     handle = _BROKERS.pop(name, None)
     if handle is not None:

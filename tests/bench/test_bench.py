@@ -53,9 +53,12 @@ def cpu_hogs(count: int = 2) -> Iterator[None]:
             hog.wait(timeout=30)
 
 
-def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_path, capsys):
+def test_tiny_benchmark_of_every_strategy_writes_sane_results(ray_cluster, tmp_path, capsys, monkeypatch):
     """Ours and verl v1's schedules through the real reward path; the verdict's outcome on this
     loaded machine is not asserted (the verdict has its own tests), its presence and shape are."""
+    from async_reward._core import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())  # said once per process: this test's lines
     argv = [
         *TINY,
         "--regimes",
