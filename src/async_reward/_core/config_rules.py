@@ -34,6 +34,7 @@ __all__ = [
     "in_range",
     "missing_value",
     "names_config_errors",
+    "node_key",
     "parse_config",
     "plain_container",
     "rule",
@@ -353,6 +354,17 @@ def dataclass_from_flags(cls: type[_T], flags: Any, preset: Mapping[str, Any] | 
         if given is not None:
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return cls(**values)
+
+
+def node_key(node: Any, dotted: str) -> Any:
+    """The value at ``dotted`` under a node of the config (``reward``, a component's settings); None
+    when a part is missing. Unlike :func:`select_key` it raises what the node raises for a value it
+    cannot resolve, so that the caller's error names the whole key, not the part under the node."""
+    for part in dotted.split("."):
+        if not hasattr(node, "get"):
+            return None
+        node = node.get(part)
+    return node
 
 
 def select_key(config: Any, key: str, default: Any = None) -> Any:

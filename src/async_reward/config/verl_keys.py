@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from async_reward._core.config_rules import bad_value, plain_container
+from async_reward._core.config_rules import bad_value, node_key, plain_container
 from async_reward._core.errors import ConfigError
 from async_reward._core.start_lines import say_once
 
@@ -67,14 +67,6 @@ _NEW_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _get(node: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not hasattr(node, "get"):
-            return None
-        node = node.get(part)
-    return node
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -102,7 +94,7 @@ def apply_verl_reward_keys(reward_node: Any, raw: Any) -> dict[str, Any]:
                 "is not a finite number",
                 f"write a number (or use {_OURS}.{ours})",
             )
-        current = _get(merged, ours)
+        current = node_key(merged, ours)
         if current is not None:
             if not _is_number(current) or float(current) != float(value):
                 raise bad_value(
@@ -119,7 +111,7 @@ def apply_verl_reward_keys(reward_node: Any, raw: Any) -> dict[str, Any]:
     if (
         tpm_from_verl
         and reward_node.get("estimated_tokens_per_request") is None
-        and _get(raw if isinstance(raw, Mapping) else {}, "limits.estimated_tokens_per_request") is None
+        and node_key(raw if isinstance(raw, Mapping) else {}, "limits.estimated_tokens_per_request") is None
     ):
         _set(merged, "limits.estimated_tokens_per_request", VERL_TPM_ESTIMATE_DEFAULT)
         applied.append(
@@ -185,18 +177,18 @@ def check_verl_settings(
                     f"is a request/token budget, and {manager} has none (only a concurrency cap)",
                     "use reward.reward_manager.name=async_rate_limited, which honours it",
                 )
-        ours = _get(reward, "async_reward.limits")
+        ours = node_key(reward, "async_reward.limits")
         for key in ("requests_per_minute", "tokens_per_minute"):
-            if _get(ours, key) is not None:
+            if node_key(ours, key) is not None:
                 raise bad_value(
                     f"{_OURS}.limits.{key}",
-                    _get(ours, key),
+                    node_key(ours, key),
                     f"is a budget, and {manager} has none (only a concurrency cap)",
                     "use reward.reward_manager.name=async_rate_limited, which honours it",
                 )
     _check_reward_kwargs(reward.get("reward_kwargs"))
     function = reward.get("custom_reward_function")
-    path = _get(function, "path")
+    path = node_key(function, "path")
     if runs_custom_function is False:
         if path:
             raise bad_value(
@@ -205,7 +197,7 @@ def check_verl_settings(
                 f"names a reward function, and {manager} does not call one",
                 "remove it, or use async_naive / async_rate_limited to score with your function",
             )
-        if _get(reward, "reward_model.enable") and not scores_with_reward_model:
+        if node_key(reward, "reward_model.enable") and not scores_with_reward_model:
             raise bad_value(
                 "reward.reward_model.enable",
                 True,
@@ -214,7 +206,7 @@ def check_verl_settings(
                 "router), or async_naive / async_rate_limited with a function that calls "
                 "reward_router_address",
             )
-    if runs_custom_function and not path and _get(reward, "reward_model.enable"):
+    if runs_custom_function and not path and node_key(reward, "reward_model.enable"):
         # verl's RewardLoopWorker sends a sample to /classify (a discriminative model's score) whenever
         # a reward model is enabled and no function path is set: the manager would never run.
         raise bad_value(
@@ -227,7 +219,7 @@ def check_verl_settings(
             "(it receives reward_router_address and reward_model_tokenizer), use "
             "reward.reward_manager.name=llm_judge to judge with the served model, or set it to false",
         )
-    sandbox_url = _get(reward, "sandbox_fusion.url")
+    sandbox_url = node_key(reward, "sandbox_fusion.url")
     if sandbox_url and (not uses_default_scorer or path):
         why = (
             "configures verl's default scorer, which a custom_reward_function replaces"
@@ -269,7 +261,7 @@ def _check_reward_kwargs(kwargs: Any) -> None:
 
 
 def _legacy_value(config: Any, key: str) -> Any:
-    value = _get(config, key)
+    value = node_key(config, key)
     return plain_container(value, key) if value is not None else None
 
 
@@ -316,7 +308,7 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
                 raise _too_late(f"reward_model.{key}", f"reward.reward_model.{key}")
         if _legacy_value(config, "reward_model.model.path") is not None:
             raise _too_late("reward_model.model.path", "reward.reward_model.model_path")
-        rollout = _get(config, "reward_model.rollout")
+        rollout = node_key(config, "reward_model.rollout")
         for key in list(rollout.keys()) if hasattr(rollout, "keys") else []:
             if rollout.get(key) is not None:
                 raise _too_late(f"reward_model.rollout.{key}", f"reward.reward_model.rollout.{key}")

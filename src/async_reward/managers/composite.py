@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from async_reward._core.config_rules import bad_value, names_config_errors, plain_container
+from async_reward._core.config_rules import bad_value, names_config_errors, node_key, plain_container
 from async_reward._core.errors import ConfigError
 from async_reward._core.limits import Admission
 from async_reward._core.result import RewardResult, RewardSample, Status, extras_key_for
@@ -233,7 +233,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                 "(and a judge served in the job is not supported inside a composite)",
                 "set it to false and give the llm_judge component a judge.base_url",
             )
-        function_path = _get(reward, "custom_reward_function.path")
+        function_path = node_key(reward, "custom_reward_function.path")
         if function_path and not any(
             c.manager in FUNCTION_MANAGERS and c.function is None for c in composite.components
         ):
@@ -529,13 +529,5 @@ def _limits_shown(limits: LimitsConfig) -> dict[str, Any]:
     return {f.name: getattr(limits, f.name) for f in fields(limits)}
 
 
-def _get(node: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not hasattr(node, "get"):
-            return None
-        node = node.get(part)
-    return node
-
-
 def _enabled(reward: Any, dotted: str) -> bool:
-    return bool(_get(reward, dotted))
+    return bool(node_key(reward, dotted))
