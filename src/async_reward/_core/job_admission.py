@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -103,9 +102,7 @@ def broker_name(limits: LimitSettings, endpoint: str | None, job: str = "") -> s
     with the job's id, never shown: a URL may carry a token, and the name is visible to anyone who
     can list the cluster's actors.
     """
-    key = json.dumps(
-        {"job": job, "limits": dataclasses.asdict(limits), "endpoint": endpoint or ""}, sort_keys=True
-    )
+    key = json.dumps({"job": job, "limits": vars(limits), "endpoint": endpoint or ""}, sort_keys=True)
     return _NAME_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
