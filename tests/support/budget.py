@@ -37,6 +37,40 @@ SLOWEST_SHOWN = int(os.environ.get("ASYNC_REWARD_BUDGET_FILES", "10"))
 #: must be seen the day it happens.
 WALL_BUDGET_S = float(os.environ.get("ASYNC_REWARD_TEST_BUDGET_S", "540"))
 _WORKER_LOG_PREFIX = "python-core-worker-"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds this process and everything under it have used so far: its Ray cluster (the raylet
+    and GCS it started, every worker the raylet forked, the actors of a ``main_ppo`` subprocess that
+    joined it) and its subprocesses, living or reaped (a reaped child's time is in its parent's
+    ``cutime``). Read from ``/proc`` (0.0 where there is none). The suite is CPU-bound, so CPU
+    seconds, not a file's wall time (which grows with whatever else runs), say what a file costs."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stream:
+                stat = stream.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS  # utime stime cutime cstime
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, ()))
+    return total
 
 
 def _ray_worker_logs() -> int:
@@ -121,6 +155,9 @@ class _Counts:
         self.workers: Counter[str] = Counter()
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
+        self.cpu_s: Counter[str] = Counter()
+        """CPU seconds per file of this process and all it started (:func:`process_tree_cpu_s`)."""
+        self.cpu_seen = process_tree_cpu_s()
         self.seen_workers = 0
         self.current_file = ""
         self.file_starts: list[tuple[str, float]] = []
@@ -139,12 +176,19 @@ class _Counts:
             self.workers[path] += total - self.seen_workers
             self.seen_workers = total
 
+    def charge_cpu(self, path: str) -> None:
+        """The CPU used since the last charge goes to ``path`` (called as each file ends)."""
+        now = process_tree_cpu_s()
+        self.cpu_s[path] += max(0.0, now - self.cpu_seen)
+        self.cpu_seen = now
+
     def as_json(self) -> str:
         return json.dumps(
             {
                 "workers": dict(self.workers),
                 "actor_classes": dict(self.actor_classes),
                 "subprocesses": dict(self.subprocesses),
+                "cpu_s": dict(self.cpu_s),
                 "finished_at": time.time(),
                 "file_starts": self.file_starts,
             }
@@ -183,6 +227,7 @@ class Budget:
         self.workers: Counter[str] = Counter()
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
+        self.cpu_s: Counter[str] = Counter()
         self.started_at = time.time()
         self.load = MachineLoad()
         self.processes: list[tuple[float, list[tuple[str, float]]]] = []
@@ -194,6 +239,10 @@ class Budget:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         path = nodeid.split("::")[0]
         if path != _COUNTS.current_file:
+            if _COUNTS.current_file:
+                _COUNTS.charge_cpu(_COUNTS.current_file)
+            else:  # the process's own start-up (imports, collection) is no file's
+                _COUNTS.cpu_seen = process_tree_cpu_s()
             _COUNTS.file_starts.append((path, time.time()))
         _COUNTS.current_file = path
 
@@ -213,6 +262,7 @@ class Budget:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         _COUNTS.charge_workers(_COUNTS.current_file or "(outside a test)")
+        _COUNTS.charge_cpu(_COUNTS.current_file or "(outside a test)")
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:  # an xdist process: the controller adds it up
             workeroutput["budget"] = _COUNTS.as_json()
@@ -230,6 +280,7 @@ class Budget:
         self.workers.update(counts["workers"])
         self.actor_classes.update(counts["actor_classes"])
         self.subprocesses.update(counts["subprocesses"])
+        self.cpu_s.update(counts["cpu_s"])
         if ended:
             files = [(path, at - self.started_at) for path, at in counts["file_starts"]]
             self.processes.append((counts["finished_at"] - self.started_at, files))
@@ -242,7 +293,8 @@ class Budget:
         write(
             f"Ray worker processes started: {sum(self.workers.values())}; Python subprocesses started: "
             f"{sum(self.subprocesses.values())}; test time summed over files: "
-            f"{sum(self.seconds.values()):.0f} s"
+            f"{sum(self.seconds.values()):.0f} s; CPU used by the files' processes: "
+            f"{sum(self.cpu_s.values()):.0f} CPU-s"
         )
         if self.actor_classes:
             write(
@@ -260,9 +312,17 @@ class Budget:
         if os.environ.get("ASYNC_REWARD_BUDGET_TIMELINE"):
             for number, (_, files) in enumerate(self.processes):
                 write(f"process {number}: " + ", ".join(f"{at:.0f} {path}" for path, at in files))
-        write(f"slowest {SLOWEST_SHOWN} files (test time, Ray workers, Python subprocesses):")
-        for path, seconds in self.seconds.most_common(SLOWEST_SHOWN):
-            write(f"  {seconds:7.1f} s  {self.workers[path]:4d}  {self.subprocesses[path]:3d}  {path}")
+        # By CPU: on a CPU-bound run a file's wall time also holds whatever ran beside it.
+        costliest = self.cpu_s.most_common(SLOWEST_SHOWN) if self.cpu_s else self.seconds.most_common(SLOWEST_SHOWN)
+        write(
+            f"costliest {SLOWEST_SHOWN} files (CPU-s of the file's processes, test time, Ray workers, "
+            "Python subprocesses):"
+        )
+        for path, _ in costliest:
+            write(
+                f"  {self.cpu_s[path]:7.1f}  {self.seconds[path]:7.1f} s  {self.workers[path]:4d}  "
+                f"{self.subprocesses[path]:3d}  {path}"
+            )
         wall = time.time() - self.started_at
         write(f"wall time {wall:.0f} s of a budget of {WALL_BUDGET_S:.0f} s; {self.load.since_start()}")
         if wall > WALL_BUDGET_S and len(self.seconds) > 1:
