@@ -561,9 +561,10 @@ def test_llm_judge_through_verls_reward_loop_shares_one_queue_between_its_worker
         ]
     )
     assert len(set(names)) == 1
-    stats = ray.get(ray.get_actor(names[0]).stats.remote())
+    # a lease goes back fire-and-forget (job_admission's docstring): the last may land after the scores
+    stats = wait_for(names[0], in_flight=0)
     assert stats["max_concurrency"] == 3 and stats["max_in_flight"] <= 3
-    assert stats["granted"] >= len(rows) and stats["in_flight"] == 0
+    assert stats["granted"] >= len(rows)
 
 
 def test_the_score_command_outside_ray_is_the_whole_job(server, tmp_path):

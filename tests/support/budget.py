@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,37 +41,69 @@ _WORKER_LOG_PREFIX = "python-core-worker-"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_tree_cpu_s(root: int | None = None) -> float:
-    """CPU seconds this process and everything under it have used so far: its Ray cluster (the raylet
-    and GCS it started, every worker the raylet forked, the actors of a ``main_ppo`` subprocess that
-    joined it) and its subprocesses, living or reaped (a reaped child's time is in its parent's
-    ``cutime``). Read from ``/proc`` (0.0 where there is none). The suite is CPU-bound, so CPU
-    seconds, not a file's wall time (which grows with whatever else runs), say what a file costs."""
-    root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 0.0
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+class ProcessTreeCPU:
+    """CPU seconds this process and everything under it have used: its Ray cluster (the raylet and
+    GCS it started, every worker the raylet forked, the actors of a ``main_ppo`` subprocess that
+    joined it) and its subprocesses, including those that have ended. The suite is CPU-bound, so CPU
+    seconds, not a file's wall time (which grows with whatever runs beside it), say what a file costs.
+
+    Read from ``/proc`` (0.0 where there is none) by a daemon thread every :data:`SAMPLE_S`: the raylet
+    does not wait for the workers it kills (so their time never reaches its ``cutime``), and a worker's
+    time can only be read while it lives. A process that lives less than a sample is missed; one that
+    ends loses at most its last sample's worth. A scan of ``/proc`` takes a few milliseconds."""
+
+    SAMPLE_S = 1.0
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = os.getpid() if root is None else root
+        self._seen: dict[tuple[int, int], float] = {}
+        """(pid, start time) -> the CPU seconds last read for it."""
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None and os.path.isdir("/proc"):
+            self._thread = threading.Thread(target=self._run, name="budget-cpu-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(self.SAMPLE_S)
+
+    def sample(self) -> None:
+        children: dict[int, list[int]] = {}
+        read: dict[int, tuple[int, float]] = {}
         try:
-            with open(f"/proc/{entry}/stat") as stream:
-                stat = stream.read()
+            entries = os.listdir("/proc")
         except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        pid = int(entry)
-        children.setdefault(int(fields[1]), []).append(pid)
-        cpu[pid] = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS  # utime stime cutime cstime
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += cpu.get(pid, 0.0)
-        stack.extend(children.get(pid, ()))
-    return total
+            return
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stream:
+                    stat = stream.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            pid = int(entry)
+            children.setdefault(int(fields[1]), []).append(pid)
+            read[pid] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)  # utime+stime
+        stack = [self.root]
+        with self._lock:
+            while stack:
+                pid = stack.pop()
+                stack.extend(children.get(pid, ()))
+                if pid in read:
+                    started, cpu = read[pid]
+                    self._seen[(pid, started)] = cpu
+
+    def total_s(self) -> float:
+        """CPU seconds used so far by the tree, ended processes included (read now)."""
+        self.sample()
+        with self._lock:
+            return sum(self._seen.values())
 
 
 def _ray_worker_logs() -> int:
@@ -156,8 +189,9 @@ class _Counts:
         self.actor_classes: Counter[str] = Counter()
         self.subprocesses: Counter[str] = Counter()
         self.cpu_s: Counter[str] = Counter()
-        """CPU seconds per file of this process and all it started (:func:`process_tree_cpu_s`)."""
-        self.cpu_seen = process_tree_cpu_s()
+        """CPU seconds per file of this process and all it started (:class:`ProcessTreeCPU`)."""
+        self.tree = ProcessTreeCPU()
+        self.cpu_seen = 0.0
         self.seen_workers = 0
         self.current_file = ""
         self.file_starts: list[tuple[str, float]] = []
@@ -178,7 +212,7 @@ class _Counts:
 
     def charge_cpu(self, path: str) -> None:
         """The CPU used since the last charge goes to ``path`` (called as each file ends)."""
-        now = process_tree_cpu_s()
+        now = self.tree.total_s()
         self.cpu_s[path] += max(0.0, now - self.cpu_seen)
         self.cpu_seen = now
 
@@ -242,7 +276,8 @@ class Budget:
             if _COUNTS.current_file:
                 _COUNTS.charge_cpu(_COUNTS.current_file)
             else:  # the process's own start-up (imports, collection) is no file's
-                _COUNTS.cpu_seen = process_tree_cpu_s()
+                _COUNTS.tree.start()
+                _COUNTS.cpu_seen = _COUNTS.tree.total_s()
             _COUNTS.file_starts.append((path, time.time()))
         _COUNTS.current_file = path
 
@@ -313,7 +348,9 @@ class Budget:
             for number, (_, files) in enumerate(self.processes):
                 write(f"process {number}: " + ", ".join(f"{at:.0f} {path}" for path, at in files))
         # By CPU: on a CPU-bound run a file's wall time also holds whatever ran beside it.
-        costliest = self.cpu_s.most_common(SLOWEST_SHOWN) if self.cpu_s else self.seconds.most_common(SLOWEST_SHOWN)
+        costliest = (
+            self.cpu_s.most_common(SLOWEST_SHOWN) if self.cpu_s else self.seconds.most_common(SLOWEST_SHOWN)
+        )
         write(
             f"costliest {SLOWEST_SHOWN} files (CPU-s of the file's processes, test time, Ray workers, "
             "Python subprocesses):"
