@@ -59,12 +59,13 @@ __all__ = [
 
 #: Strategies that take a judge on the training GPUs (verl's ``_compute_reward_colocate`` path).
 COLOCATED_STRATEGIES: tuple[str, ...] = ("v1_sync", "v1_colocate_async")
-#: Strategies run with a standalone judge: verl's three v1 trainers, our v1 mode, legacy ``both`` (while
-#: the legacy trainer is installed: ``scenarios.STRATEGIES``).
-STANDALONE_STRATEGIES: tuple[str, ...] = tuple(
-    s
-    for s in ("v1_sync", "v1_colocate_async", "v1_separate_async", "v1_pipelined_both", "both")
-    if s in STRATEGIES
+#: Strategies run with a standalone judge: verl's three v1 trainers, our v1 mode, legacy ``both``.
+STANDALONE_STRATEGIES: tuple[str, ...] = (
+    "v1_sync",
+    "v1_colocate_async",
+    "v1_separate_async",
+    "v1_pipelined_both",
+    "both",
 )
 #: Why the other strategies do not run with a colocated judge (what their trainers say at start-up).
 REFUSED_COLOCATED: dict[str, str] = {

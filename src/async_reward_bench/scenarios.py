@@ -3,7 +3,8 @@
 Cheap to import (no torch, verl or Ray): the command line lists these names.
 
 Our own strategies (:data:`OUR_STRATEGIES`) run on the deprecated legacy trainer's reward manager
-(``async_reward.legacy``): they are offered only where that package can be imported
+(``async_reward.legacy``): every name stays known (settings and the pure models take them), but they
+are offered, by default and by ``--quick``, only where that package can be imported
 (:data:`LEGACY_TRAINER`), so the benchmark's v1 strategies keep working once it is deleted.
 """
 
@@ -19,6 +20,7 @@ from async_reward_bench.gpu_split import SEPARATE_MODES
 
 __all__ = [
     "LEGACY_TRAINER",
+    "OFFERED_STRATEGIES",
     "OUR_STRATEGIES",
     "REGIMES",
     "SEPARATE_STRATEGIES",
@@ -28,6 +30,7 @@ __all__ = [
     "V1_VERL_OVERRIDES",
     "Regime",
     "legacy_trainer_importable",
+    "not_offered",
     "regime_latency",
     "regime_stages",
 ]
@@ -103,8 +106,25 @@ def legacy_trainer_importable() -> bool:
 
 #: Whether the deprecated legacy trainer is installed, which :data:`OUR_STRATEGIES` run on.
 LEGACY_TRAINER: bool = legacy_trainer_importable()
-#: Every strategy this installation offers: ours only with the legacy trainer, verl v1's always.
-STRATEGIES: dict[str, str] = {**(OUR_STRATEGIES if LEGACY_TRAINER else {}), **V1_STRATEGIES}
+#: Every strategy the benchmark knows: settings and the pure models (bounds, plans) take any of them.
+STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
+#: The strategies this installation can run: ours only with the legacy trainer, verl v1's always.
+OFFERED_STRATEGIES: tuple[str, ...] = tuple(
+    s for s in STRATEGIES if LEGACY_TRAINER or s not in OUR_STRATEGIES
+)
+
+
+def not_offered(strategies: tuple[str, ...] | list[str]) -> str:
+    """Why ``strategies`` cannot run here (``""`` when they can): ours need the legacy trainer."""
+    missing = [s for s in strategies if s in STRATEGIES and s not in OFFERED_STRATEGIES]
+    if not missing:
+        return ""
+    return (
+        f"{', '.join(missing)} run on the deprecated legacy trainer (async_reward.legacy), which is not "
+        f"installed here: choose among {', '.join(OFFERED_STRATEGIES)}"
+    )
+
+
 #: The strategies on standalone rollout GPUs and trainer GPUs (``gpu_split.SEPARATE_MODES``).
 SEPARATE_STRATEGIES: tuple[str, ...] = tuple(s for s, mode in V1_STRATEGIES.items() if mode in SEPARATE_MODES)
 

@@ -56,6 +56,7 @@ from async_reward_bench.scenarios import (
     STRATEGIES,
     V1_STRATEGIES,
     Regime,
+    not_offered,
     regime_latency,
     regime_stages,
 )
@@ -348,7 +349,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--strategies",
         nargs="+",
         choices=list(STRATEGIES),
-        help="strategies (default: all). "
+        help="strategies (default: all offered). "
         + (
             f"{legacy} run on the deprecated legacy trainer (async_reward.legacy)"
             if LEGACY_TRAINER
@@ -468,6 +469,9 @@ def run(args: argparse.Namespace) -> int:
         cfg.validate()
     except ValueError as exc:
         print(f"async-reward bench: {exc}", file=sys.stderr)
+        return 2
+    if not_offered(cfg.strategies):
+        print(f"async-reward bench: {not_offered(cfg.strategies)}", file=sys.stderr)
         return 2
     results = run_benchmark(cfg)
     verdict = results["regimes"].get("recipe", {}).get("verdict")

@@ -86,8 +86,8 @@ def test_the_tools_import_the_legacy_trainer_only_where_a_legacy_strategy_runs(t
 @pytest.mark.subprocess
 def test_every_other_module_imports_where_the_legacy_trainer_cannot_be_imported() -> None:
     """A fresh interpreter in which ``async_reward.legacy`` cannot be imported: every other module of the
-    library, of the benchmark and beside them imports; the benchmark offers its v1 strategies only,
-    and its ``--help`` says why ours are missing."""
+    library, of the benchmark and beside them imports; the benchmark offers its v1 strategies only, its
+    ``--help`` says why ours are missing, and asking for one of ours exits 2 saying so."""
     modules = sorted(name for name in _modules(SRC) if name != LEGACY and not name.startswith(LEGACY + "."))
     code = NO_LEGACY + (
         "import importlib, json\n"
@@ -97,11 +97,15 @@ def test_every_other_module_imports_where_the_legacy_trainer_cannot_be_imported(
         "        importlib.import_module(name)\n"
         "    except Exception as exc:\n"
         "        failed[name] = f'{type(exc).__name__}: {exc}'\n"
-        "import argparse\n"
-        "from async_reward_bench import scenarios, settings, speedup\n"
+        "import argparse, contextlib, io, tempfile\n"
+        "from async_reward_bench import settings, speedup\n"
         "help = speedup.configure_parser(argparse.ArgumentParser()).format_help()\n"
-        "print(json.dumps({'failed': failed, 'strategies': list(scenarios.STRATEGIES),\n"
+        "said = io.StringIO()\n"
+        "with contextlib.redirect_stderr(said), tempfile.TemporaryDirectory() as out:\n"
+        "    code = speedup.main(['--strategies', 'both', 'v1_sync', '--out', out])\n"
+        "print(json.dumps({'failed': failed, 'default': list(settings.BenchConfig().strategies),\n"
         "    'quick': list(settings.QUICK['strategies']), 'help': ' '.join(help.split()),\n"
+        "    'both': [code, said.getvalue()],\n"
         f"    'legacy_loaded': sorted(m for m in sys.modules if m.startswith({LEGACY!r}))}}))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -112,5 +116,7 @@ def test_every_other_module_imports_where_the_legacy_trainer_cannot_be_imported(
     assert seen["legacy_loaded"] == []
     from async_reward_bench.scenarios import OUR_STRATEGIES, V1_STRATEGIES
 
-    assert seen["strategies"] == list(V1_STRATEGIES) and seen["quick"] == ["v1_pipelined_both"]
+    assert seen["default"] == list(V1_STRATEGIES) and seen["quick"] == ["v1_pipelined_both"]
     assert f"{', '.join(OUR_STRATEGIES)} are not offered" in seen["help"]
+    code, said = seen["both"]  # asked for one of ours: refused before anything starts, saying why
+    assert code == 2 and "both run on the deprecated legacy trainer (async_reward.legacy)" in said
