@@ -1,7 +1,9 @@
-"""The benchmark's environment: tokenizer, judge server, Ray and the pipelined reward manager.
+"""The benchmark's environment: tokenizer, judge server, Ray and the reward workers.
 
 Built once per benchmark run (Ray and worker start-up are the slow part) and shared by every
-(regime, strategy): between runs only the judge's latency and counters are reset.
+(regime, strategy): between runs only the judge's latency and counters are reset. The legacy
+trainer's pipelined reward manager is built (and ``async_reward.legacy`` imported) only when one of
+our strategies is selected, so the v1 strategies run without that package.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from async_reward_bench.scenarios import V1_STRATEGIES
+from async_reward_bench.scenarios import OUR_STRATEGIES, V1_STRATEGIES
 
 if TYPE_CHECKING:
     from async_reward_bench.gpu_split import GpuSplit
@@ -26,8 +28,9 @@ __all__ = ["bench_environment"]
 @contextlib.contextmanager
 def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     """Yield ``{"server", "manager", "factory"}``: the judge (latency 0 until a regime sets it), a
-    ``PipelinedRewardLoopManager`` running ``llm_judge`` on ``cfg.num_workers`` Ray workers, and the
-    batch factory. Starts Ray unless it is running (and then shuts it down again).
+    ``PipelinedRewardLoopManager`` running ``llm_judge`` on ``cfg.num_workers`` Ray workers (only with
+    one of our strategies selected: it is the legacy trainer's), and the batch factory. Starts Ray
+    unless it is running (and then shuts it down again).
 
     With a v1 strategy selected it also holds ``"v1_rewards"`` (``cfg.num_workers`` of verl's
     ``RewardLoopWorker`` actors running ``llm_judge``, as verl's v1 trainer creates them) and
@@ -35,7 +38,6 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
     the trainer's verl config."""
     import ray
 
-    from async_reward.legacy import PipelinedRewardLoopManager
     from async_reward.testing import build_tiny_tokenizer
     from async_reward.wiring.integration import init_local_ray
     from async_reward_bench.backend import BatchFactory
@@ -54,15 +56,19 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
         stack.callback(server.stop)
         if init_local_ray(num_cpus=max(4, cfg.num_workers + 2)):
             stack.callback(ray.shutdown)
-        manager = PipelinedRewardLoopManager(
-            _verl_config(cfg, directory, server.url), max_concurrency=cfg.per_worker_concurrency
-        )
-        stack.callback(manager.close)
         factory = BatchFactory(tokenizer, cfg.prompts, cfg.group_size, seed=cfg.seed, tag=-1)
         # Warm-up at zero latency: worker imports, HTTP connections, first-call costs are paid here.
         warm = factory.make(0)
-        manager.get_chunk(manager.submit(warm), len(warm), timeout=120)
-        env: dict[str, Any] = {"server": server, "manager": manager, "factory": factory}
+        env: dict[str, Any] = {"server": server, "factory": factory}
+        if any(s in OUR_STRATEGIES for s in cfg.strategies):
+            from async_reward.legacy import PipelinedRewardLoopManager
+
+            manager = PipelinedRewardLoopManager(
+                _verl_config(cfg, directory, server.url), max_concurrency=cfg.per_worker_concurrency
+            )
+            stack.callback(manager.close)
+            manager.get_chunk(manager.submit(warm), len(warm), timeout=120)
+            env["manager"] = manager
         if any(s in V1_STRATEGIES for s in cfg.strategies):
             env["v1_rewards"] = _v1_reward_workers(cfg, directory, server.url, warm, stack)
             env["v1_config"] = lambda strategy, split=None: _v1_trainer_config(
@@ -75,7 +81,8 @@ def bench_environment(cfg: BenchConfig) -> Iterator[dict[str, Any]]:
 
 def _reward_actors(env: dict[str, Any]) -> dict[str, Any]:
     """Every reward worker actor of the environment, by name: ours, and verl's for the v1 strategies."""
-    actors = {f"reward worker {i}": h for i, h in enumerate(env["manager"].worker_handles)}
+    ours = env["manager"].worker_handles if "manager" in env else []
+    actors = {f"reward worker {i}": h for i, h in enumerate(ours)}
     if "v1_rewards" in env:
         v1 = env["v1_rewards"].reward_loop_worker_handles
         actors |= {f"v1 reward worker {i}": h for i, h in enumerate(v1)}

@@ -43,7 +43,7 @@ from async_reward_bench.judge_placement import (
     plan_run,
     slots_per_gpu,
 )
-from async_reward_bench.scenarios import REGIMES, V1_STRATEGIES, Regime
+from async_reward_bench.scenarios import OFFERED_STRATEGIES, REGIMES, V1_STRATEGIES, Regime, not_offered
 from async_reward_bench.settings import BenchConfig
 
 __all__ = ["BASELINE", "PlacementConfig", "format_table", "judge_settings", "main", "run_placements"]
@@ -64,8 +64,9 @@ class PlacementConfig:
     """A colocated judge's wake-up plus sleep per scoring (``JudgeModel.wake_sleep_s``)."""
     judge_gpus: tuple[int, ...] = (1, 2)
     """Standalone placements: the judge's GPUs of the 8 (colocated always runs: it holds the baseline)."""
-    strategies: tuple[str, ...] = STANDALONE_STRATEGIES
-    """Run with every placement that takes them (colocated: ``v1_sync`` and ``v1_colocate_async``)."""
+    strategies: tuple[str, ...] = tuple(s for s in STANDALONE_STRATEGIES if s in OFFERED_STRATEGIES)
+    """Run with every placement that takes them (colocated: ``v1_sync`` and ``v1_colocate_async``).
+    Default: those this installation can run (legacy ``both`` needs the legacy trainer)."""
     regime: str = "recipe"
     """Generation's shape (``scenarios.REGIMES``); the judge's latency comes from the judge model."""
     prompts: int = 32
@@ -309,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         pc.validate()
     except ValueError as exc:
         print(f"judge_placement: {exc}")
+        return 2
+    if not_offered(pc.strategies):
+        print(f"judge_placement: {not_offered(pc.strategies)}")
         return 2
     results = run_placements(pc)
     print(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from async_reward.legacy.chunks import RewardChunk, neutral_value
+from async_reward._core.result import neutral_value
 from async_reward.training.schedule import RewardSource
 
 __all__ = ["SequentialRewards"]
@@ -35,7 +35,8 @@ class _Held:
     started_at: float | None = None
     """When the relay began submitting it to the inner source (``timing_s/reward_held`` ends here)."""
     inner: Any = None
-    groups: deque[RewardChunk] = field(default_factory=deque)
+    groups: deque[Any] = field(default_factory=deque)
+    """The inner source's chunks, one complete group each."""
     ready: int = 0
     left: int = 0
     error: BaseException | None = None
@@ -61,7 +62,7 @@ class SequentialRewards:
             self._cond.notify_all()
         return held
 
-    def get_chunk(self, ticket: _Held, n_samples: int, timeout: float | None = None) -> RewardChunk:
+    def get_chunk(self, ticket: _Held, n_samples: int, timeout: float | None = None) -> Any:
         """The fewest relayed groups holding at least ``n_samples`` samples (the rest, when fewer)."""
         with self._cond:
             if not self._cond.wait_for(
@@ -70,7 +71,7 @@ class SequentialRewards:
                 raise TimeoutError(f"no chunk of {n_samples} samples within {timeout} s")
             if ticket.error is not None:
                 raise ticket.error
-            parts: list[RewardChunk] = []
+            parts: list[Any] = []
             taken = 0
             while taken < min(n_samples, ticket.left):
                 part = ticket.groups.popleft()
@@ -111,7 +112,7 @@ class SequentialRewards:
                     group = self.inner.get_chunk(held.inner, 1)
                     remaining = int(getattr(group, "remaining", remaining - len(group.indices)))
                     with self._cond:
-                        held.groups.append(group)  # type: ignore[arg-type]
+                        held.groups.append(group)
                         held.ready += len(group.indices)
                         self._cond.notify_all()
             except BaseException as exc:  # handed to the trainer's get_chunk, never swallowed
@@ -120,7 +121,9 @@ class SequentialRewards:
                     self._cond.notify_all()
 
 
-def _merge(parts: list[RewardChunk], remaining: int) -> RewardChunk:
+def _merge(parts: list[Any], remaining: int) -> Any:
+    """The inner source's chunks as one, of their own type (the legacy manager's ``RewardChunk``, which
+    this module does not import: the benchmark imports without the legacy trainer)."""
     if len(parts) == 1:
         parts[0].remaining = remaining
         return parts[0]
@@ -134,7 +137,7 @@ def _merge(parts: list[RewardChunk], remaining: int) -> RewardChunk:
         )[order]
         for key, default in neutral.items()
     }
-    return RewardChunk(
+    return type(parts[0])(
         indices=indices[order],
         rm_scores=torch.cat([p.rm_scores for p in parts])[torch.from_numpy(order)],
         reward_extra_info=extras,

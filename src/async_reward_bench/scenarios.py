@@ -1,17 +1,26 @@
 """What the speed-up benchmark runs: the strategies it compares and the regimes it runs them in.
 
 Cheap to import (no torch, verl or Ray): the command line lists these names.
+
+Our own strategies (:data:`OUR_STRATEGIES`) run on the deprecated legacy trainer's reward manager
+(``async_reward.legacy``): every name stays known (settings and the pure models take them), but they
+are offered, by default and by ``--quick``, only where that package can be imported
+(:data:`LEGACY_TRAINER`), so the benchmark's v1 strategies keep working once it is deleted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
 from dataclasses import dataclass
 
 from async_reward_bench.calibration import RECIPE_SERVICE, StageMedians
 from async_reward_bench.gpu_split import SEPARATE_MODES
 
 __all__ = [
+    "LEGACY_TRAINER",
+    "OFFERED_STRATEGIES",
     "OUR_STRATEGIES",
     "REGIMES",
     "SEPARATE_STRATEGIES",
@@ -20,11 +29,14 @@ __all__ = [
     "V1_STRATEGIES",
     "V1_VERL_OVERRIDES",
     "Regime",
+    "legacy_trainer_importable",
+    "not_offered",
     "regime_latency",
     "regime_stages",
 ]
 
-#: Our strategies -> ``StepSchedule`` mode. ``recipe_style`` is "both" with the recipe's admission:
+#: Our strategies -> ``StepSchedule`` mode, on the legacy trainer's ``PipelinedRewardLoopManager``
+#: (offered only with :data:`LEGACY_TRAINER`). ``recipe_style`` is "both" with the recipe's admission:
 #: batch k+1's rewards start only when all of batch k's are in (instead of taking the slots batch k
 #: leaves free).
 OUR_STRATEGIES: dict[str, str] = {
@@ -71,7 +83,48 @@ V1_VERL_OVERRIDES: dict[str, tuple[str, ...]] = {
         "trainer.v1.sampler.max_off_policy_strategy=wait",
     ),
 }
+
+
+def legacy_trainer_importable() -> bool:
+    """Whether ``async_reward.legacy`` can be imported, asked the way Python's import system would find
+    it but without importing it (nor ``async_reward``, whose import loads verl): ``--help`` lists the
+    strategies before anything heavy is loaded. A finder that refuses the package counts as absent."""
+    if sys.modules.get("async_reward.legacy") is not None:
+        return True
+    try:
+        package = importlib.util.find_spec("async_reward")
+        if package is None or package.submodule_search_locations is None:
+            return False
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is not None and find_spec("async_reward.legacy", package.submodule_search_locations):
+                return True
+    except ImportError:
+        return False
+    return False
+
+
+#: Whether the deprecated legacy trainer is installed, which :data:`OUR_STRATEGIES` run on.
+LEGACY_TRAINER: bool = legacy_trainer_importable()
+#: Every strategy the benchmark knows: settings and the pure models (bounds, plans) take any of them.
 STRATEGIES: dict[str, str] = {**OUR_STRATEGIES, **V1_STRATEGIES}
+#: The strategies this installation can run: ours only with the legacy trainer, verl v1's always.
+OFFERED_STRATEGIES: tuple[str, ...] = tuple(
+    s for s in STRATEGIES if LEGACY_TRAINER or s not in OUR_STRATEGIES
+)
+
+
+def not_offered(strategies: tuple[str, ...] | list[str]) -> str:
+    """Why ``strategies`` cannot run here (``""`` when they can): ours need the legacy trainer."""
+    missing = [s for s in strategies if s in STRATEGIES and s not in OFFERED_STRATEGIES]
+    if not missing:
+        return ""
+    return (
+        f"{', '.join(missing)} run on the deprecated legacy trainer (async_reward.legacy), which is not "
+        f"installed here: choose among {', '.join(OFFERED_STRATEGIES)}"
+    )
+
+
 #: The strategies on standalone rollout GPUs and trainer GPUs (``gpu_split.SEPARATE_MODES``).
 SEPARATE_STRATEGIES: tuple[str, ...] = tuple(s for s, mode in V1_STRATEGIES.items() if mode in SEPARATE_MODES)
 

@@ -13,6 +13,10 @@ capacity is ~1.7x the GPU work (the recipe's), equal to it, or half of it; ``lon
 the rollout 4x with long-tailed response lengths at equal reward and GPU work. Ray and the reward workers
 start once per run; every (regime, strategy) run then starts from an idle service.
 
+Our strategies (``baseline``, ``mini_batch``, ``one_step_off``, ``both``, ``recipe_style``) run on the
+deprecated legacy trainer's manager and are offered only while ``async_reward.legacy`` is installed;
+without it the benchmark runs the v1 strategies alone, with no verdict.
+
 Beside our strategies run verl's own v1 trainer modes ``sync`` and ``colocate_async``
 (``benchmark.v1_trainer``): verl's trainer code with the same calibrated GPU stages, each sample
 scored as soon as its (simulated) generation finishes by verl's ``RewardLoopWorker`` actors running
@@ -45,12 +49,14 @@ from async_reward_bench.calibration import StageMedians, load_medians, recipe_ta
 from async_reward_bench.gpu_split import GpuSplit, colocated_bound, colocated_stages, split_for
 from async_reward_bench.scenarios import (
     DEFAULT_REGIMES,
+    LEGACY_TRAINER,
     OUR_STRATEGIES,
     REGIMES,
     SEPARATE_STRATEGIES,
     STRATEGIES,
     V1_STRATEGIES,
     Regime,
+    not_offered,
     regime_latency,
     regime_stages,
 )
@@ -338,7 +344,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         choices=list(REGIMES),
         help=f"regimes to run (default: {' '.join(DEFAULT_REGIMES)})",
     )
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="strategies (default: all)")
+    legacy = ", ".join(OUR_STRATEGIES)
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=list(STRATEGIES),
+        help="strategies (default: all offered). "
+        + (
+            f"{legacy} run on the deprecated legacy trainer (async_reward.legacy)"
+            if LEGACY_TRAINER
+            else f"{legacy} are not offered: they need the deprecated legacy trainer "
+            "(async_reward.legacy), which is not installed"
+        ),
+    )
     parser.add_argument(
         "--calibration", dest="calibration_csv", help="calibration CSV (default: shipped copy)"
     )
@@ -451,6 +469,9 @@ def run(args: argparse.Namespace) -> int:
         cfg.validate()
     except ValueError as exc:
         print(f"async-reward bench: {exc}", file=sys.stderr)
+        return 2
+    if not_offered(cfg.strategies):
+        print(f"async-reward bench: {not_offered(cfg.strategies)}", file=sys.stderr)
         return 2
     results = run_benchmark(cfg)
     verdict = results["regimes"].get("recipe", {}).get("verdict")

@@ -4,20 +4,22 @@ A user's reward code may raise what asyncio treats as control flow (``KeyboardIn
 ``SystemExit``, ``GeneratorExit``, a ``CancelledError`` nobody asked for), swallow the cancellation
 that enforces its deadline, hang in a thread, return a score that is not a number, or return extras
 named like the batch's own fields. Driven as a user's job drives it: ``run_single`` on a manager built
-by verl's ``load_reward_manager`` from a real reward file, and the pipelined manager's Ray workers.
+by verl's ``load_reward_manager`` from a real reward file (the legacy pipelined manager's Ray workers:
+tests/legacy/test_failure_handling.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from async_reward.legacy.chunks import RewardChunk, stack_extras
+from async_reward._core.result import extras_fill_values
 from async_reward.training.schedule import _with_rewards
 from tests.managers.test_managers import write_module
 
@@ -328,18 +330,32 @@ async def test_extras_never_replace_batch_fields_or_library_keys(
     renamed = [r.getMessage() for r in caplog.records if "kept as" in r.getMessage()]
     assert len(renamed) == 3  # once per key, not once per sample
 
-    joined = _with_rewards(batch, _chunk_of(batch, stack_extras([o["reward_extra_info"] for o in outputs])))
+    joined = _with_rewards(batch, _chunk_of(batch, stacked([o["reward_extra_info"] for o in outputs])))
     assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
     assert list(joined.non_tensor_batch["user_uid"]) == ["problem-7"] * 4
 
 
+def stacked(infos: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-sample extras as one array per key, a missing value filled as every reward source fills it."""
+    fills = extras_fill_values(infos)
+    return {key: np.array([info.get(key, fill) for info in infos]) for key, fill in fills.items()}
+
+
+@dataclass
+class _Chunk:
+    """What a reward source's ``get_chunk`` returns (``training.schedule.RewardChunkLike``)."""
+
+    indices: np.ndarray
+    rm_scores: torch.Tensor
+    reward_extra_info: dict[str, np.ndarray]
+
+
 def _chunk_of(batch, extras):
-    """A whole-batch ``RewardChunk`` carrying ``extras`` (zero scores), as the pipeline hands out."""
-    return RewardChunk(
+    """A whole-batch chunk carrying ``extras`` (zero scores), as a reward source hands it out."""
+    return _Chunk(
         indices=np.arange(len(batch)),
         rm_scores=torch.zeros(len(batch), batch.batch["responses"].shape[1]),
         reward_extra_info=extras,
-        statuses=extras["status"],
     )
 
 
@@ -351,37 +367,3 @@ def test_any_reward_source_joins_extras_without_replacing_a_batch_field(batch_fa
     assert list(joined.non_tensor_batch["uid"]) == ["A", "A", "B", "B"]
     assert list(joined.non_tensor_batch["user_uid"]) == ["p"] * 4
     assert joined.meta_info["reward_extra_keys"] == ["user_uid", "status"]
-
-
-# ------------------------------------------------------------------ through the pipeline's Ray workers
-
-
-def test_the_pipeline_accounts_for_every_sample_and_splits_the_budget_by_its_workers(
-    ray_cluster, hazards, verl_config_factory, batch_factory
-):
-    """Two workers started with ``num_workers=2`` while ``reward.num_workers`` is 1: each used to take
-    the whole job-wide budget (120 RPM for 60). And a user function raising control flow used to leave
-    its sample without a result: ``get_chunk`` waited forever."""
-    import ray
-
-    from async_reward.legacy import PipelinedRewardLoopManager
-
-    config = verl_config_factory(
-        "async_rate_limited",
-        {"limits": {"requests_per_minute": 600}, "retry": {"max_attempts": 1}},
-        num_workers=1,
-        custom_reward_function={"path": hazards, "name": "async_score"},
-    )
-    with PipelinedRewardLoopManager(config, num_workers=2) as rewards:
-        shares = ray.get(
-            [
-                handle.__ray_call__.remote(lambda worker: worker.manager.admission.request_budget)
-                for handle in rewards.worker_handles
-            ]
-        )
-        assert shares == [300.0, 300.0]
-        truths = [*CONTROL_FLOW, "ok", "ok"]
-        rows = [{"response": "x", "ground_truth": t, "uid": f"g{i // 2}"} for i, t in enumerate(truths)]
-        chunk = rewards.get_chunk(rewards.submit(batch_factory(rows)), len(rows), timeout=60)
-    assert list(chunk.statuses) == ["error"] * len(CONTROL_FLOW) + ["ok", "ok"]
-    assert "KeyboardInterrupt raised by the scoring code" in chunk.reward_extra_info["failure_reason"][0]

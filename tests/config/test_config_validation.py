@@ -5,8 +5,9 @@ and ``async_reward.pipeline.*``), found by introspection: a field added later wi
 ``test_every_field_has_rows``. Each bad value goes through the path a user's config takes
 (``load_config`` on a real verl config, ``load_pipeline_config``); each good value must be accepted,
 so the checks are not simply strict. Then the places that must refuse before any worker starts:
-``prepare_verl_config``, ``PipelinedRewardLoopManager``, the CLI, and verl's own path (the manager's
-constructor in a Ray worker, and verl's ``RewardLoopManager`` built in a Ray actor with our hook).
+``prepare_verl_config``, the CLI, and verl's own path (the manager's constructor in a Ray worker, and
+verl's ``RewardLoopManager`` built in a Ray actor with our hook); the legacy trainer's entry point and
+``PipelinedRewardLoopManager``: tests/legacy/test_config_validation.py.
 """
 
 from __future__ import annotations
@@ -484,36 +485,38 @@ def test_key_variable_from_the_runtime_env_counts(verl_config_factory, monkeypat
     prepare_verl_config(config)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "key"),
-    [
-        (["+async_reward.pipeline=true"], "async_reward.pipeline"),
-        (["+async_reward.pipeline=both"], "async_reward.pipeline"),
-        (["+async_reward=x"], "async_reward"),
-        (["++reward.async_reward=oops"], "reward.async_reward"),
-        (["++reward.async_reward=[1,2]"], "reward.async_reward"),
-        (["++reward.async_reward=5"], "reward.async_reward"),
-        (["+reward.async_reward.timeout_s=" + "9" * 400], "reward.async_reward.timeout_s"),
-        (["+async_reward.pipeline.chunk_timeout_s=" + "9" * 400], "async_reward.pipeline.chunk_timeout_s"),
-        (
-            ["++reward.async_reward.judge.base_url=${oc.env:ASYNC_REWARD_UNSET_URL}"],
-            "reward.async_reward.judge.base_url",
-        ),
-    ],
-)
-def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, monkeypatch):
-    """The user's command line through our entry point's checks: each used to be a bare TypeError,
-    ValueError, AttributeError, OverflowError or OmegaConf InterpolationResolutionError."""
-    from async_reward.legacy.main_ppo import prepare_config
+#: Command lines whose ``reward.async_reward`` node is misshapen or unresolvable, and the key named.
+WRONG_SHAPES: list[tuple[list[str], str]] = [
+    (["++reward.async_reward=oops"], "reward.async_reward"),
+    (["++reward.async_reward=[1,2]"], "reward.async_reward"),
+    (["++reward.async_reward=5"], "reward.async_reward"),
+    (["+reward.async_reward.timeout_s=" + "9" * 400], "reward.async_reward.timeout_s"),
+    (
+        ["++reward.async_reward.judge.base_url=${oc.env:ASYNC_REWARD_UNSET_URL}"],
+        "reward.async_reward.judge.base_url",
+    ),
+]
 
+
+def wrong_shape_refused(prepare: Any, overrides: list[str], monkeypatch: pytest.MonkeyPatch) -> ConfigError:
+    """``prepare`` (an entry point's checks) on verl's config composed from the user's command line."""
     monkeypatch.delenv("ASYNC_REWARD_UNSET_URL", raising=False)
     base = ["reward.reward_manager.name=llm_judge", "+reward.async_reward.judge.base_url=http://x/v1"]
     if any("reward.async_reward=" in o for o in overrides):
         base = base[:1]  # the whole node is replaced
     with pytest.raises(ConfigError) as info:
-        prepare_config(compose_verl_config([*base, *overrides]))
-    assert info.value.key == key, str(info.value)
-    assert info.value.fix and info.value.fix in str(info.value)
+        prepare(compose_verl_config([*base, *overrides]))
+    return info.value
+
+
+@pytest.mark.parametrize(("overrides", "key"), WRONG_SHAPES)
+def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, monkeypatch):
+    """The user's command line through ``prepare_verl_config`` (a user's launcher; the legacy entry
+    point's, with its own node's rows: tests/legacy/test_config_validation.py): each used to be a bare
+    TypeError, ValueError, AttributeError, OverflowError or OmegaConf InterpolationResolutionError."""
+    error = wrong_shape_refused(prepare_verl_config, overrides, monkeypatch)
+    assert error.key == key, str(error)
+    assert error.fix and error.fix in str(error)
 
 
 def test_reward_budgets_cannot_be_split_over_fewer_workers_than_verl_starts(verl_config_factory):
@@ -613,18 +616,6 @@ def test_verl_reward_num_workers_is_checked(verl_config_factory):
         config.reward.num_workers = 0
     with pytest.raises(ConfigError, match=r"reward\.num_workers=0"):
         prepare_verl_config(config)
-
-
-def test_pipelined_manager_refuses_before_starting_workers(ray_cluster, verl_config_factory, monkeypatch):
-    import async_reward.legacy.manager as manager_module
-    from async_reward.legacy import PipelinedRewardLoopManager
-
-    started: list[int] = []
-    monkeypatch.setattr(manager_module, "start_workers", lambda *a, **k: started.append(1))
-    config = verl_config_factory("llm_judge", {"judge": {"base_url": "http://x/v1", "normalize_to": [1, 0]}})
-    with pytest.raises(ConfigError, match=r"judge\.normalize_to=\[1\.0, 0\.0\]"):
-        PipelinedRewardLoopManager(config)
-    assert started == []
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
@@ -770,19 +761,10 @@ def test_an_unresolvable_or_misshapen_reward_node_is_a_config_error(verl_config_
         assert info.value.key is not None and info.value.key.startswith(named), (check, info.value)
 
 
-@pytest.mark.parametrize(
-    ("key", "check"),
-    [
-        ("async_reward", load_pipeline_config),
-        ("actor_rollout_ref.rollout.agent.agent_loop_manager_class", "rollout_settings"),
-    ],
-)
-def test_an_unresolvable_trainer_setting_is_a_config_error(verl_config_factory, key, check):
-    from async_reward.legacy.rollout_settings import check_pipelined_rollout_settings
-
+def test_an_unresolvable_trainer_setting_is_a_config_error(verl_config_factory):
+    """The legacy trainer's node unresolvable (its rollout settings' check: tests/legacy/)."""
     config = verl_config_factory("async_naive", {})
     with open_dict(config):
-        OmegaConf.update(config, key, UNSET, merge=False, force_add=True)
-    run = check_pipelined_rollout_settings if check == "rollout_settings" else check
+        OmegaConf.update(config, "async_reward", UNSET, merge=False, force_add=True)
     with pytest.raises(ConfigError, match="cannot be resolved"):
-        run(config)
+        load_pipeline_config(config)

@@ -15,8 +15,6 @@ import pytest
 from async_reward import ConfigError
 from async_reward.judge import cost
 from async_reward.judge.cost import JudgePricing, cost_metrics, spent_extras
-from async_reward.legacy.chunks import GroupLayout
-from async_reward.legacy.state import Ticket, TicketState
 from async_reward.managers import LLMJudgeRewardManager
 from async_reward.training.metrics import extras_metrics
 from tests.managers.test_managers import chat_requests, judge_settings, score_rows, until_the_server_has
@@ -163,12 +161,12 @@ def test_one_price_alone_is_refused_at_start_up_naming_the_other(verl_config_fac
 # ----------------------------------------------------------------------------- issue 42, items 6-8
 
 
-async def test_a_rubric_in_several_calls_counts_its_calls_apart_from_its_retries(
-    server, verl_config_factory, tokenizer, batch_factory
-):
+async def score_a_rubric_with_a_failing_criterion(
+    server: Any, verl_config_factory: Any, tokenizer: Any, batch_factory: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Six criteria, one call each, every call answered the first time: six calls, no retry (item 6:
     ``reward/retries`` was ``attempts - 1`` = 5). Then one criterion whose call always fails (500):
-    its two extra attempts are the sample's only retries, in the v1 metrics and the pipelined ones."""
+    its two extra attempts are the sample's only retries. Returns the two samples' extras."""
     criteria = [{"name": f"c{i}", "description": f"The response mentions '{i}'"} for i in range(6)]
     row = {"prompt": "What is 2+3?", "response": "The answer is 5", "ground_truth": "5"}
     settings = judge_settings(server, judge={"criteria": criteria, "criteria_per_call": 1})
@@ -190,12 +188,15 @@ async def test_a_rubric_in_several_calls_counts_its_calls_apart_from_its_retries
     metrics = extras_metrics([answered, failed])
     assert metrics["reward/retries"] == 2
     assert metrics["reward/cost/calls"] == 6 + 8
+    return answered, failed
 
-    # The pipelined trainer counts its tickets' retries by the same rule.
-    state = TicketState(Ticket(1, 2, "m"), GroupLayout.from_keys(["a", "b"], 2), None, np.arange(2), -1.0)
-    for index, info in enumerate([answered, failed]):
-        state.record(index, {"reward_score": 0.0, "reward_extra_info": info, "run_s": 0.1})
-    assert state.metrics(in_flight=0)["reward/retries"] == 2
+
+async def test_a_rubric_in_several_calls_counts_its_calls_apart_from_its_retries(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """In the v1 metrics (``extras_metrics``); the legacy pipelined trainer's by the same rule:
+    tests/legacy/test_cost.py."""
+    await score_a_rubric_with_a_failing_criterion(server, verl_config_factory, tokenizer, batch_factory)
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["in flight", "cached"])

@@ -41,10 +41,13 @@ def test_a_run_over_its_budget_says_so_loudly_and_keeps_its_exit_status(tmp_path
 
 def test_every_long_file_named_for_the_hand_out_order_exists() -> None:
     """``tests/conftest.py`` hands the longest files out first by their path: a file moved or renamed
-    and not renamed there would silently lose its place (and run last, alone)."""
+    and not renamed there would silently lose its place (and run last, alone). Those of ``tests/legacy/``
+    go with that folder when the legacy trainer is deleted as a unit (docs/package_structure.md)."""
     from tests.conftest import LONGEST_FILES, TESTS
 
-    assert [name for name in LONGEST_FILES if not (TESTS / name).is_file()] == []
+    deleted = () if (TESTS / "legacy").is_dir() else ("legacy/",)
+    missing = [name for name in LONGEST_FILES if not (TESTS / name).is_file()]
+    assert [name for name in missing if not name.startswith(deleted)] == []
 
 
 def test_every_v1_file_kept_in_one_process_exists() -> None:

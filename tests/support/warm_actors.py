@@ -274,8 +274,14 @@ def install() -> None:
 def _install_pipeline_workers() -> None:
     """The same for our legacy ``PipelinedRewardLoopManager``'s ``PipelineRewardWorker`` actors: its
     ``start_workers`` takes warm ones (by index; a reused actor keeps the name it was built with, which
-    only logs show) and its ``kill_workers`` hands them back."""
-    from async_reward.legacy import dispatch, manager, pool
+    only logs show) and its ``kill_workers`` hands them back. Nothing to wrap where the legacy trainer
+    was deleted (``async_reward.legacy`` absent)."""
+    try:
+        from async_reward.legacy import dispatch, manager, pool
+    except ModuleNotFoundError as missing:
+        if missing.name != "async_reward.legacy":
+            raise
+        return
 
     original_start, original_kill = pool.start_workers, pool.kill_workers
 

@@ -288,8 +288,6 @@ class LocalRewards:
         return ticket
 
     def get_chunk(self, ticket: int, n_samples: int, timeout: float | None = None) -> Any:
-        from async_reward.legacy.chunks import assemble_rm_scores
-
         state = self._tickets[ticket]
         taken: list[np.ndarray] = []
         count = 0
@@ -305,7 +303,7 @@ class LocalRewards:
         scores = state.scores[indices]
         return _Chunk(
             indices=indices,
-            rm_scores=assemble_rm_scores(state.batch.batch, indices, scores.tolist()),
+            rm_scores=_rm_scores(state.batch, indices, scores.tolist()),
             reward_extra_info={"acc": scores.astype(np.float32)},
         )
 
@@ -314,6 +312,17 @@ class LocalRewards:
 
     def cancel(self, ticket: int) -> None:
         self._tickets.pop(ticket, None)
+
+
+def _rm_scores(batch: DataProto, indices: np.ndarray, scores: list[float]) -> torch.Tensor:
+    """``rm_scores`` of ``batch[indices]`` as verl lays them out (``RewardManagerBase.assemble_rm_scores``:
+    each score on the sample's last response token), from the three fields that layout reads."""
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+    index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+    fields = {key: batch.batch[key][index] for key in ("prompts", "responses", "attention_mask")}
+    return RewardManagerBase.assemble_rm_scores(DataProto.from_dict(fields), scores)
 
 
 @dataclass

@@ -7,6 +7,8 @@ from verl's composed ``ppo_trainer`` config, its Ray workers running our ``llm_j
 to the dev server (in a child process, with per-request latency so that the schedule matters), whose
 judge compares the decoded response's final number with the reference. Accuracy is measured every
 ``eval_every`` steps on every problem of the task, greedily, with the judge's rule applied locally.
+It needs the legacy trainer installed (``async_reward.legacy``, imported when a run starts);
+``async_reward_bench.toy.v1_parity`` is the same task on verl v1.
 
 Ray, the server and the reward workers start once; every run starts from a fresh policy seeded by
 its seed, and draws the same prompts in every mode. Outputs: ``<out>/toy_grpo.json`` (curves with
@@ -88,7 +90,13 @@ class ParityConfig:
 
     def validate(self) -> None:
         from async_reward.training.schedule import MODES
+        from async_reward_bench.scenarios import LEGACY_TRAINER
 
+        if not LEGACY_TRAINER:
+            raise ValueError(
+                "this benchmark scores with the deprecated legacy trainer's manager (async_reward.legacy), "
+                "which is not installed: benchmarks/toy_grpo_v1.py runs the same task on verl v1"
+            )
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise ValueError(f"modes must be among {list(MODES)}, got {list(self.modes)}")
