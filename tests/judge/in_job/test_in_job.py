@@ -162,6 +162,22 @@ def served_judge(model_dir: Path, judge_dir: Path, ray_cluster: None) -> Iterato
             ray.util.remove_placement_group(group)
 
 
+#: Replicas of the module's judge a test killed (their index), not yet started again.
+KILLED_REPLICAS: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _killed_replicas_started_again(request: pytest.FixtureRequest) -> None:
+    """A replica a test killed is started again on its address (:func:`restart_killed_replica`) before
+    the next test that uses the module's judge, and only then: when no such test follows (the killing
+    test is the module's last), no replica process is started for nothing."""
+    if KILLED_REPLICAS and "served_judge" in request.fixturenames:
+        models = request.getfixturevalue("served_judge")
+        for index in sorted(KILLED_REPLICAS):
+            restart_killed_replica(models, index)
+            KILLED_REPLICAS.discard(index)
+
+
 @pytest.fixture
 def reward_loops(ray_cluster: None) -> Iterator[Any]:
     """Build verl's real ``RewardLoopManager`` (its workers are killed after the test)."""
@@ -847,7 +863,8 @@ def test_a_colocated_judge_is_put_to_sleep_with_none_of_our_requests_inside(
     assert_timed_out_requests_left_the_replicas(infos, stats)
 
 
-# It kills a replica of the module's judge, and starts it again on its address for the test after it.
+# It kills a replica of the module's judge; a test after it that uses the judge gets it started again
+# on its address first (_killed_replicas_started_again).
 @pytest.mark.ray
 def test_a_replica_killed_mid_batch_leaves_every_sample_with_a_status(
     served_judge, model_dir, judge_dir, reward_loops
@@ -863,10 +880,8 @@ def test_a_replica_killed_mid_batch_leaves_every_sample_with_a_status(
     pending = [worker.compute_score.remote(batch[i : i + 1]) for i in range(len(batch))]
     time.sleep(0.8)  # requests are inside both replicas
     ray.kill(served_judge.rollout_replicas[0]._server_handle, no_restart=True)
-    try:
-        results = ray.get(pending, timeout=180)  # no hang: every sample comes back
-    finally:
-        restart_killed_replica(served_judge, 0)
+    KILLED_REPLICAS.add(0)
+    results = ray.get(pending, timeout=180)  # no hang: every sample comes back
     assert len(results) == len(batch)
     statuses = [r["reward_extra_info"]["status"] for r in results]
     assert set(statuses) <= {"ok", "error", "timeout"} and "error" in statuses, statuses
