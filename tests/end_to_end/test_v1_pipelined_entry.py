@@ -11,11 +11,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
 from async_reward.wiring.integration import SETUP_HOOK
+from tests.config.test_legacy_keys import ANSI, FORWARDED, LOG_JOB_RETURN, TASK_RUNNER_PID
 from tests.conftest import cluster_env
 from tests.end_to_end.test_entry_point import assets, overrides  # noqa: F401  (the module-scoped fixture)
 from tests.v1.pipelined.test_pipelined import SCHEDULES
@@ -35,16 +39,17 @@ DECOUPLED_DRY_RUN_LINE = re.compile(
     r"async_reward: dry run: built (?P<cls>\S+) \(trainer_mode=decoupled\), in pid (?P<pid>\d+)"
 )
 DECOUPLED = "async_reward.v1.decoupled.trainer.PPOTrainerDecoupled"
-#: What the decoupled job of the sweep needs beyond the pipelined ones, inside ``trainer.v1`` (so one
-#: swept value holds it): verl's separate_async asserts train_batch_size = parameter_sync_step x
-#: ppo_mini_batch_size (4 = 2 x 2); a generation window of 3 that the start line must show.
-DECOUPLED_JOB = (
-    "{trainer_mode:decoupled,separate_async:{parameter_sync_step:2},"
-    "decoupled:{dry_run:true,generation_window:3}}"
-)
+#: What the decoupled job of the sweep needs beyond the pipelined ones: verl's separate_async asserts
+#: train_batch_size = parameter_sync_step x ppo_mini_batch_size (4 = 2 x 2); a generation window of 3
+#: that the start line must show.
+DECOUPLED_JOB = {
+    "trainer_mode": "decoupled",
+    "separate_async": {"parameter_sync_step": 2},
+    "decoupled": {"dry_run": True, "generation_window": 3},
+}
 #: verl's separate_async also asserts a standalone rollout pool (nnodes, GPUs, a non-naive weight
-#: sync backend) at construction; these keys sit outside ``trainer.v1``, so all jobs get them: verl
-#: reads them only in its separate-async code, and the pipelined dry runs start no worker.
+#: sync backend) at construction; these keys are on the sweep's command line, so all jobs get them:
+#: verl reads them only in its separate-async code, and the pipelined dry runs start no worker.
 STANDALONE_ROLLOUT = [
     "actor_rollout_ref.rollout.nnodes=1",
     "actor_rollout_ref.rollout.n_gpus_per_node=1",
@@ -105,37 +110,100 @@ def verl_main_ppo(
     return process.returncode, output, process.pid
 
 
-#: The sweep's last job: our mode's keys with verl's own ``sync`` mode, which would ignore them.
-REFUSED_JOB = "{trainer_mode:sync,pipelined:{mini_batch:true,one_step_off_policy:true}}"
+#: A job of the sweep: our mode's keys with verl's own ``sync`` mode, which would ignore them.
+REFUSED_JOB = {"trainer_mode": "sync", "pipelined": {"mini_batch": True, "one_step_off_policy": True}}
 REFUSAL = re.compile(
     r"ConfigError: trainer\.v1\.pipelined\.mini_batch is set .*but trainer\.v1\.trainer_mode=sync is "
     r"training, which never reads trainer\.v1\.pipelined\.\*"
 )
 
 
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(900)
-def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(assets, tmp_path):  # noqa: F811
-    """verl's own entry point and ``trainer.v1.trainer_mode=pipelined``, nothing else of ours (no
-    setup-hook line, no agent-loop or sampler line: verl loads the installed package as a plugin):
-    inside verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
-    with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set; and our
-    mode's keys under verl's ``sync`` are refused there (issue 25.4), before anything trains.
+#: The judge server :func:`tests.end_to_end.test_entry_point.overrides` names (nothing listens there):
+#: beside the judge verl serves, a second judge.
+SECOND_JUDGE_URL = "http://127.0.0.1:9/v1"
+#: The jobs of the served-judge sweep, in the order hydra runs them: each an option of a config group
+#: of the sweep's own (``+sweep_job=...``, a file ``# @package _global_`` merged into verl's config),
+#: so that one swept value can set keys in two nodes (hydra sweeps keys as a product). The first four
+#: set only ``trainer.v1``; the last adds a judge server to the served judge.
+SWEEP_JOBS: dict[str, dict[str, Any]] = {
+    "mini_batch": {
+        "trainer": {
+            "v1": {
+                "trainer_mode": "pipelined",
+                "pipelined": {"mini_batch": True, "one_step_off_policy": False, "dry_run": True},
+            }
+        }
+    },
+    "one_step_off": {
+        "trainer": {
+            "v1": {
+                "trainer_mode": "pipelined",
+                "pipelined": {
+                    "mini_batch": False,
+                    "one_step_off_policy": True,
+                    "max_staleness": 2,
+                    "dry_run": True,
+                },
+            }
+        }
+    },
+    "decoupled": {"trainer": {"v1": DECOUPLED_JOB}},
+    "sync_refused": {"trainer": {"v1": REFUSED_JOB}},
+    "second_judge": {
+        "trainer": {"v1": {"trainer_mode": "pipelined", "pipelined": {"dry_run": True}}},
+        "reward": {"async_reward": {"judge": {"base_url": SECOND_JUDGE_URL}}},
+    },
+}
 
-    Four runs of one ``--multirun`` (each run starts a task-runner actor and TransferQueue: the cost
-    of this test). Hydra sweeps keys as a product, so each job is one value of ``trainer.v1`` (merged
-    into verl's node with ``++``) holding the mode and its keys. The two pipelined runs set the two
-    schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped or
-    read from the other would name the wrong schedule in one run; the one-step-off run also sets
-    ``max_staleness=2``, which its start line must show. Hydra runs every job of the sweep
-    before it raises the first failure, so the refused job (last) fails the command after the others
-    printed their lines. Every schedule's training is tested in-process in
-    tests/v1/pipelined/test_pipelined.py, the decoupled mode's in tests/v1/decoupled/test_decoupled.py.
 
-    ``llm_judge`` judges with the model verl serves in the job (issue 27: verl's GenRM keys, no
-    ``judge.base_url``, the judge on GPUs of its own): each built trainer's task runner says so at
-    start-up. The dry runs stop before verl starts the judge's replicas (nothing can start on CPU):
-    the scoring through verl's router is tested in-process in tests/judge/in_job/test_in_job.py."""
+@dataclass
+class Sweep:
+    """One ``main_ppo --multirun``: its exit status, everything it printed (the driver's lines and
+    those Ray forwards from each job's task runner), the driver's pid, and each job's hydra log (for a
+    failed job, its error with the task runner's traceback), by job name."""
+
+    code: int
+    output: str
+    driver_pid: int
+    logs: dict[str, str]
+
+    def task_runner_pid(self, job: str) -> str | None:
+        """The pid of a failed job's task-runner actor, read off the traceback in its log."""
+        match = TASK_RUNNER_PID.search(self.logs[job])
+        return match["pid"] if match else None
+
+    def forwarded_from(self, pid: str) -> str:
+        """The lines Ray forwarded from the actor with ``pid``."""
+        return "\n".join(
+            line for line in self.output.splitlines() if (m := FORWARDED.match(line)) and m["pid"] == pid
+        )
+
+    def output_without(self, pid: str) -> str:
+        """Everything printed but the lines Ray forwarded from the actor with ``pid``."""
+        return "\n".join(
+            line
+            for line in self.output.splitlines()
+            if not ((m := FORWARDED.match(line)) and m["pid"] == pid)
+        )
+
+
+@pytest.fixture(scope="module")
+def served_judge_sweep(
+    assets: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+    ray_cluster: None,
+) -> Sweep:
+    """``python -m verl.trainer.main_ppo --multirun`` with the jobs of :data:`SWEEP_JOBS`, the judge
+    served in the job (:func:`served_judge_lines`, no ``judge.base_url`` on the command line) and
+    verl's separate-async keys: one interpreter (hydra, verl, Ray's connection) for the five runs,
+    each its own task-runner actor and TransferQueue, as five runs of the command would start. Hydra
+    runs every job before it raises the first failure; each job's error is in its own log file."""
+    tmp_path = tmp_path_factory.mktemp("served_judge_sweep")
+    for name, job in SWEEP_JOBS.items():
+        option = tmp_path / "conf" / "sweep_job" / f"{name}.yaml"
+        option.parent.mkdir(parents=True, exist_ok=True)
+        option.write_text("# @package _global_\n" + OmegaConf.to_yaml(OmegaConf.create(job)))
+    sweep = tmp_path / "sweep"
     judge_in_job = [line for line in overrides(assets) if "judge.base_url" not in line]
     code, output, driver_pid = verl_main_ppo(
         assets,
@@ -143,19 +211,57 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
         [
             "--multirun",
             "trainer.use_v1=true",
-            "++trainer.v1="
-            "{trainer_mode:pipelined,pipelined:{mini_batch:true,one_step_off_policy:false,dry_run:true}},"
-            "{trainer_mode:pipelined,pipelined:{mini_batch:false,one_step_off_policy:true,max_staleness:2,"
-            "dry_run:true}},"
-            f"{DECOUPLED_JOB},"
-            f"{REFUSED_JOB}",
+            f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+            "+sweep_job=" + ",".join(SWEEP_JOBS),
             *STANDALONE_ROLLOUT,
             *served_judge_lines(assets),
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            LOG_JOB_RETURN,
+            f"hydra.sweep.dir={sweep}",
         ],
+        timeout=1020,
         common=judge_in_job,
     )
-    assert code != 0 and REFUSAL.search(output), output[-6000:]
+    output = ANSI.sub("", output)
+    logs: dict[str, str] = {}
+    for job_dir in sorted(path for path in sweep.iterdir() if path.is_dir()):
+        chosen = (job_dir / ".hydra" / "overrides.yaml").read_text()  # the job's overrides, a YAML list
+        name = re.search(r"^- \+sweep_job=(\w+)$", chosen, re.MULTILINE)[1]  # type: ignore[index]
+        (log,) = job_dir.glob("*.log")
+        logs[name] = ANSI.sub("", log.read_text())
+    assert list(logs) == list(SWEEP_JOBS), (list(logs), output[-6000:])  # every job ran, in this order
+    return Sweep(code=code, output=output, driver_pid=driver_pid, logs=logs)
+
+
+@pytest.mark.timeout(1100)
+def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule(
+    assets,  # noqa: F811
+    served_judge_sweep,
+):
+    """verl's own entry point and ``trainer.v1.trainer_mode=pipelined``, nothing else of ours (no
+    setup-hook line, no agent-loop or sampler line: verl loads the installed package as a plugin):
+    inside verl's ``TaskRunnerV1`` actor (not the driver) our trainer is built with the schedule set; and
+    with ``trainer_mode=decoupled``, our decoupled trainer with the generation window set; and our
+    mode's keys under verl's ``sync`` are refused there (issue 25.4), before anything trains.
+
+    The first four runs of :func:`served_judge_sweep` (each run starts a task-runner actor and
+    TransferQueue: the cost of this test); the fifth, a second judge beside the served one, is read by
+    its own test below, and its task runner's lines are left out here. The two pipelined runs set the
+    two schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped
+    or read from the other would name the wrong schedule in one run; the one-step-off run also sets
+    ``max_staleness=2``, which its start line must show. Every schedule's training is tested in-process
+    in tests/v1/pipelined/test_pipelined.py, the decoupled mode's in tests/v1/decoupled/test_decoupled.py.
+
+    ``llm_judge`` judges with the model verl serves in the job (issue 27: verl's GenRM keys, no
+    ``judge.base_url``, the judge on GPUs of its own): each built trainer's task runner says so at
+    start-up. The dry runs stop before verl starts the judge's replicas (nothing can start on CPU):
+    the scoring through verl's router is tested in-process in tests/judge/in_job/test_in_job.py."""
+    sweep = served_judge_sweep
+    second_judge = sweep.task_runner_pid("second_judge")
+    assert second_judge, sweep.logs["second_judge"][-6000:]
+    output = sweep.output_without(second_judge)
+    # the sync job failed with the refusal (hydra logged its error), and so the command
+    assert sweep.code != 0 and REFUSAL.search(sweep.logs["sync_refused"]), sweep.logs["sync_refused"][-6000:]
+    assert REFUSAL.search(output), output[-6000:]
     # one line per built trainer's task runner (the refused job stops before the reward checks)
     in_job = [m.groupdict() for m in IN_JOB_LINE.finditer(output)]
     assert len(in_job) == 3, output[-6000:]
@@ -166,14 +272,14 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     assert sorted(b["schedule"] for b in built) == sorted(SWEPT), output[-6000:]
     assert {s["cls"] for s in started} == {b["cls"] for b in built} == {OURS}
     assert output.count("max_staleness=2: steps take groups across the batches in flight, each chosen") == 1
-    assert all(int(b["pid"]) != driver_pid for b in built)  # in the task-runner actor's process
+    assert all(int(b["pid"]) != sweep.driver_pid for b in built)  # in the task-runner actor's process
     decoupled_started = [m.groupdict() for m in DECOUPLED_START_LINE.finditer(output)]
     decoupled_built = [m.groupdict() for m in DECOUPLED_DRY_RUN_LINE.finditer(output)]
     assert decoupled_started == [{"cls": DECOUPLED, "window": "3"}], output[-6000:]
     assert [b["cls"] for b in decoupled_built] == [DECOUPLED], output[-6000:]
-    assert int(decoupled_built[0]["pid"]) != driver_pid
+    assert int(decoupled_built[0]["pid"]) != sweep.driver_pid
     assert output.count("TaskRunnerV1 pid=") >= 4  # verl's own runner printed them
-    assert SETUP_HOOK not in output  # (verl prints its ray.init kwargs): the plugin did it all
+    assert SETUP_HOOK not in sweep.output  # (verl prints its ray.init kwargs): the plugin did it all
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -215,23 +321,17 @@ IN_JOB_REFUSAL = re.compile(
 )
 
 
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(600)
-def test_a_second_judge_beside_the_served_one_is_refused_in_verls_task_runner(assets, tmp_path):  # noqa: F811
-    """verl's GenRM keys with a ``judge.base_url`` too (:func:`overrides` names one): refused where
-    verl's task runner builds the trainer, naming the key and the fix, before any trainer is built
-    and before the start-up line that would say the served judge is used."""
-    code, output, _ = verl_main_ppo(
-        assets,
-        tmp_path,
-        [
-            "trainer.use_v1=true",
-            "trainer.v1.trainer_mode=pipelined",
-            "+trainer.v1.pipelined.dry_run=true",
-            *served_judge_lines(assets),
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-    )
-    assert code != 0 and IN_JOB_REFUSAL.search(output), output[-6000:]
-    assert not IN_JOB_LINE.search(output) and not DRY_RUN_LINE.search(output), output[-6000:]
-    assert "TaskRunnerV1 pid=" in output  # refused in verl's task runner, not before it
+@pytest.mark.timeout(1100)
+def test_a_second_judge_beside_the_served_one_is_refused_in_verls_task_runner(served_judge_sweep):
+    """verl's GenRM keys with a ``judge.base_url`` too (the last job of :func:`served_judge_sweep`):
+    refused where verl's task runner builds the trainer, naming the key and the fix, before any trainer
+    is built and before the start-up line that would say the served judge is used."""
+    sweep = served_judge_sweep
+    log = sweep.logs["second_judge"]  # the job's own error, as hydra logged it
+    assert sweep.code != 0 and IN_JOB_REFUSAL.search(log), log[-6000:]
+    pid = sweep.task_runner_pid("second_judge")  # refused in verl's task runner, not before it
+    assert pid, log[-6000:]
+    lines = sweep.forwarded_from(pid)
+    assert f"(TaskRunnerV1 pid={pid}" in lines, sweep.output[-6000:]
+    job_output = f"{log}\n{lines}"
+    assert not IN_JOB_LINE.search(job_output) and not DRY_RUN_LINE.search(job_output), job_output[-6000:]

@@ -206,12 +206,79 @@ def loaded_on_import(modules: str) -> dict[str, list[str]]:
     return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+# ------------------------------------------------------------------------------- fresh interpreters
+
+#: The import checks that need a process in which nothing of ours (nor verl) was imported yet: each
+#: runs in a forked child of one probe interpreter (:func:`probe_fresh_imports`), its code first.
+FRESH_CASES = ("managers", "old paths", "library")
+#: What :func:`_fresh_import_case` imports in each case, first in its process.
+_LIBRARY_IMPORTS = ("async_reward", "async_reward.wiring.integration", "async_reward.v1.pipelined.trainer")
+
+
+def _fresh_import_case(case: str) -> dict[str, object]:
+    """In a forked child of :func:`probe_fresh_imports` (nothing of ours or verl's loaded): one case's
+    imports, first, and what they loaded."""
+    import importlib
+    import warnings
+
+    if case == "managers":  # what a reward worker does
+        import async_reward.managers
+
+        return {"case": case, "loaded": sorted(sys.modules)}
+    if case == "old paths":
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            from async_reward.limits import Admission
+        from async_reward._core.limits import Admission as admission
+
+        return {
+            "case": case,
+            "same_objects": Admission is admission,
+            "said": [str(w.message) for w in seen if w.category is DeprecationWarning],
+        }
+    for name in _LIBRARY_IMPORTS:  # "library": the package and the modules a training job loads
+        importlib.import_module(name)
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+    import async_reward
+
+    return {
+        "case": case,
+        "tools": sorted(m for m in sys.modules if m.split(".")[0] in TOOL_PACKAGES),
+        "registered": sorted(n for n in async_reward.MANAGER_NAMES if n in REWARD_MANAGER),
+    }
+
+
+def probe_fresh_imports() -> None:
+    """Run in a subprocess: the third-party packages once (torch, transformers, hydra, ...: most of the
+    CPU-seconds of importing verl, ``tests/support/first_import_probe.py``), then a forked child per
+    case of :data:`FRESH_CASES`. Each child is a fresh interpreter as far as the checks can tell: none
+    of our modules, verl or the tools is loaded before its own imports (asserted here), and what the
+    checks read (which of our modules got loaded, the warnings our old paths give, verl's registry)
+    depends only on those. One interpreter instead of one per check: each start costs a verl import."""
+    from tests.support.first_import_probe import preload_third_party, report_each_in_a_fork
+
+    preload_third_party()
+    ours = ("verl", "async_reward", "async_reward_cli", "async_reward_verl_plugin", *TOOL_PACKAGES)
+    assert not [m for m in sys.modules if m.split(".")[0] in ours]
+    report_each_in_a_fork(FRESH_CASES, _fresh_import_case)
+
+
+@pytest.fixture(scope="module")
+def fresh_imports() -> dict[str, dict[str, object]]:
+    """:func:`probe_fresh_imports` in one fresh interpreter: each case's report, by case."""
+    from tests.support.first_import_probe import run_probe
+
+    reports = run_probe("from tests.project.test_package_structure import probe_fresh_imports as p; p()")
+    return {str(report["case"]): report for report in reports}
+
+
 @pytest.mark.subprocess
-def test_importing_the_library_loads_no_tool_code() -> None:
+def test_importing_the_library_loads_no_tool_code(fresh_imports) -> None:
     """``import async_reward`` (and the modules a training job loads) in a fresh interpreter: no module
     of the benchmark simulator or the toy task is loaded, and our managers are registered with verl
     (the legacy trainer's entry point: tests/legacy/test_package_structure.py)."""
-    loaded = loaded_on_import("async_reward.wiring.integration, async_reward.v1.pipelined.trainer")
+    loaded = fresh_imports["library"]
     assert loaded["tools"] == []
     import async_reward
 
@@ -323,15 +390,11 @@ def test_the_layer_check_fails_on_an_upward_import(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
-def test_the_managers_load_no_trainer_code() -> None:
+def test_the_managers_load_no_trainer_code(fresh_imports) -> None:
     """``import async_reward.managers`` in a fresh interpreter (what a reward worker does): verl loads,
     our managers register, and no module of the trainers (``training``, ``v1``, ``legacy``) or of the
     tools is loaded."""
-    code = "import json, sys\nimport async_reward.managers\nprint(json.dumps(sorted(sys.modules)))\n"
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True
-    )
-    loaded = json.loads(run.stdout.strip().splitlines()[-1])
+    loaded = fresh_imports["managers"]["loaded"]
     assert "verl" in loaded and "async_reward.managers.llm_judge" in loaded
     trainer = [
         m
@@ -342,23 +405,14 @@ def test_the_managers_load_no_trainer_code() -> None:
 
 
 @pytest.mark.subprocess
-def test_an_old_module_path_works_for_one_release_with_a_warning() -> None:
-    """``async_reward.limits`` (0.1's path): the module at its new path, the same object, and a
-    ``DeprecationWarning`` naming the new path (the legacy trainer's ``async_reward.pipeline.main_ppo``,
-    in users' launch scripts: tests/legacy/test_package_structure.py)."""
-    code = (
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as seen:\n"
-        "    warnings.simplefilter('always')\n"
-        "    from async_reward.limits import Admission\n"
-        "from async_reward._core.limits import Admission as admission\n"
-        "assert Admission is admission\n"
-        "said = [str(w.message) for w in seen if w.category is DeprecationWarning]\n"
-        "assert any('async_reward._core.limits' in s for s in said), said\n"
-        "print('ok')\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+def test_an_old_module_path_works_for_one_release_with_a_warning(fresh_imports) -> None:
+    """``async_reward.limits`` (0.1's path), imported first in a fresh interpreter: the module at its new
+    path, the same object, and a ``DeprecationWarning`` naming the new path (the legacy trainer's
+    ``async_reward.pipeline.main_ppo``, in users' launch scripts: tests/legacy/test_package_structure.py)."""
+    old_paths = fresh_imports["old paths"]
+    assert old_paths["same_objects"] is True
+    said = old_paths["said"]
+    assert any("async_reward._core.limits" in s for s in said), said
 
 
 def test_the_package_structure_page_names_every_module() -> None:

@@ -17,6 +17,7 @@ import sys
 import tomllib
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,38 +171,29 @@ def test_a_command_goes_through_to_the_full_parser(capsys) -> None:
     assert "--time-scale" in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def first_imports() -> dict[str, dict[str, Any]]:
+    """:func:`tests.support.cli_probe.probe_first_imports` in one fresh interpreter: each case's
+    report, by case."""
+    from tests.support.first_import_probe import run_probe
+
+    reports = run_probe("from tests.support.cli_probe import probe_first_imports as p; p()")
+    return {report["case"]: report for report in reports}
+
+
 @pytest.mark.subprocess
-def test_importing_the_package_registers_all_five_managers() -> None:
+def test_importing_the_package_registers_all_five_managers(first_imports) -> None:
     """In a fresh interpreter: nothing but ``import async_reward`` fills verl's registry."""
-    code = """
-import json
-import async_reward
-from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
-print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in REWARD_MANAGER.items()}))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    registered = json.loads(proc.stdout.splitlines()[-1])
+    registered = first_imports["import async_reward"]["registered"]
     for name in async_reward.MANAGER_NAMES:
         assert registered[name].startswith("async_reward.managers."), (name, registered.get(name))
 
 
 @pytest.mark.subprocess
-def test_after_the_front_door_the_package_has_every_submodule_it_loaded() -> None:
+def test_after_the_front_door_the_package_has_every_submodule_it_loaded(first_imports) -> None:
     """``async-reward score`` imports the command line before the package's ``__init__`` (which it runs
     later, building the manager): every ``async_reward.<name>`` module loaded then is an attribute of
     the package, as a user's scorer reading ``async_reward.config.X`` expects."""
-    code = """
-import json, sys
-import async_reward_cli
-async_reward_cli.import_command_line()
-early = sorted(n for n in sys.modules if n.startswith("async_reward.") and n.count(".") == 1)
-import async_reward
-missing = [n for n in early if getattr(async_reward, n.split(".")[1], None) is not sys.modules[n]]
-print(json.dumps({"early": early, "missing": missing}))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.splitlines()[-1])
+    result = first_imports["front door first"]
     assert "async_reward.tools" in result["early"] and "async_reward.config" in result["early"]
     assert result["missing"] == []
