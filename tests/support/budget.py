@@ -191,6 +191,8 @@ class _Counts:
         self.cpu_s: Counter[str] = Counter()
         """CPU seconds per file of this process and all it started (:class:`ProcessTreeCPU`)."""
         self.tree = ProcessTreeCPU()
+        self.is_xdist_controller = False
+        """Set in :func:`pytest_configure`: this process hands tests to pytest-xdist's processes."""
         self.cpu_seen = 0.0
         self.seen_workers = 0
         self.current_file = ""
@@ -211,7 +213,10 @@ class _Counts:
             self.seen_workers = total
 
     def charge_cpu(self, path: str) -> None:
-        """The CPU used since the last charge goes to ``path`` (called as each file ends)."""
+        """The CPU used since the last charge goes to ``path`` (called as each file ends). Not in
+        pytest-xdist's controller: its process tree holds every test process, whose CPU they report."""
+        if self.is_xdist_controller:
+            return
         now = self.tree.total_s()
         self.cpu_s[path] += max(0.0, now - self.cpu_seen)
         self.cpu_seen = now
@@ -273,7 +278,9 @@ class Budget:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         path = nodeid.split("::")[0]
         if path != _COUNTS.current_file:
-            if _COUNTS.current_file:
+            if _COUNTS.is_xdist_controller:  # it sees its processes' tests start; their CPU is theirs
+                pass
+            elif _COUNTS.current_file:
                 _COUNTS.charge_cpu(_COUNTS.current_file)
             else:  # the process's own start-up (imports, collection) is no file's
                 _COUNTS.tree.start()
@@ -380,6 +387,9 @@ def over_budget_message(wall_s: float, budget_s: float) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _COUNTS.is_xdist_controller = not hasattr(config, "workerinput") and bool(
+        getattr(config.option, "numprocesses", None)
+    )
     subprocess.Popen.__init__ = _counting_popen_init  # type: ignore[method-assign]
     config.pluginmanager.register(Budget(), "async_reward_budget")
 
