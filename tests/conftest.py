@@ -87,11 +87,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
     items.sort(key=rank)
-    # One work unit per file (what ``--dist loadfile`` did: a module's fixtures stay in one process),
-    # except the v1 files above, which share one.
-    for item in items:
-        name = item.path.relative_to(TESTS).as_posix()
-        item.add_marker(pytest.mark.xdist_group("v1-warm-actors" if name in V1_WARM_FILES else name))
 
 
 #: The test files (paths under tests/) that took longest in a full run (test time summed over a
@@ -119,6 +114,24 @@ LONGEST_FILES = [
     "legacy/test_trainer.py",
     "wiring/test_worker_imports.py",
 ]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test`` (``--dist loadgroup`` or ``loadfile``): one work unit per test file, so a module's
+    fixtures (a ``main_ppo`` sweep, a served judge) are built in one process only, and one unit for the
+    :data:`V1_WARM_FILES`. pytest-xdist's own ``loadgroup`` reads the group from a rewritten
+    ``item._nodeid``, which pytest 9's ``nodeid`` no longer reads: every test went out on its own, the
+    sweeps ran once per process, and the three processes ended on the same file."""
+    if config.getvalue("dist") not in ("loadgroup", "loadfile"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "v1-warm-actors" if path.removeprefix("tests/") in V1_WARM_FILES else path
+
+    return FileScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
