@@ -6,6 +6,8 @@ Stand-ins (each honest about what it does not do):
 * :class:`ScriptedLLMServer` (a Ray actor) replaces a vLLM replica behind verl's real load balancer
   and ``LLMServerClient``: it answers each prompt with the next scripted response for that prompt
   (after a delay, for a response marked :data:`SLOW`; once the test opens it, for one at :data:`GATE`).
+  It lives in tests/support/scripted_server.py, which imports neither torch nor verl (its process
+  starts in a sixth of the CPU time).
 * :class:`StandInActor` replaces the actor worker group: constant log-probs and entropy, no model;
   ``update_actor`` records exactly what the actor would train on (the batch's advantages,
   ``loss_mask`` (checked equal to ``response_mask``), uids, scores and reward extras, read from
@@ -24,10 +26,8 @@ picked by ``TaskRunnerV1.init_agent_loop_manager`` from the config, and ``PPOTra
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,18 +41,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import compose_verl_config, shutdown_reward_loop
+from tests.support.scripted_server import (  # noqa: F401  (the stand-ins' names, as the tests import them)
+    AT_VERSION,
+    GATE,
+    GENERATION_ERROR,
+    SLOW,
+    ScriptedLLMServer,
+)
 from tests.support.warm_actors import release
 
-#: A scripted response starting ``@@sleep:<seconds>@@`` is answered that much later, without the marker.
-SLOW = re.compile(r"@@sleep:([0-9.]+)@@")
-#: A scripted response starting ``@@version:<k>@@`` (after any ``@@sleep@@``) is answered once the
-#: policy version (``set_version``, each weight sync) reaches k, with that version.
-AT_VERSION = re.compile(r"@@version:([0-9]+)@@")
-#: A scripted response starting with this (after any ``@@sleep@@``) raises in the server instead.
-GENERATION_ERROR = "@@error@@"
-#: A scripted response starting with this (after any ``@@sleep@@``) is answered once the test calls
-#: ``open_gate`` (bounded: 120 s): a cause the test controls, where a delay would race the run.
-GATE = "@@gate@@"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
@@ -93,92 +90,6 @@ def write_dataset(path: Path, rows: list[tuple[str, str]]) -> str:
         ]
     ).to_parquet(path)
     return str(path)
-
-
-@ray.remote
-class ScriptedLLMServer:
-    """Stands in for a vLLM replica: the k-th request whose prompt contains a scripted question gets
-    that question's k-th response (cycling); sessions of a prompt run concurrently, so which session
-    gets which response is not fixed, but each group's set of responses is."""
-
-    def __init__(self, model_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.script: dict[str, list[str]] = {}
-        self.calls: dict[str, int] = defaultdict(int)
-        self.version = 0
-        self.run = 0
-        self.gate_open = False
-        self.at_gate = 0  # generations of this run waiting at the gate now
-
-    def start(self, script: dict[str, list[str]]) -> None:
-        """A new run: its script, call counters and policy version from zero, its gate closed. A
-        generation of an earlier run still waiting (for its version or gate) ends (the server is
-        shared by the session's runs)."""
-        self.script, self.calls, self.version = dict(script), defaultdict(int), 0
-        self.gate_open = False
-        self.run += 1
-
-    def open_gate(self) -> int:
-        """Answer the responses waiting at :data:`GATE` (and any later ones) of this run; returns how
-        many were waiting at it."""
-        self.gate_open = True
-        return self.at_gate
-
-    def set_version(self, version: int) -> None:
-        self.version = version
-
-    def requests(self) -> int:
-        """Generation requests answered or raised since :meth:`start`."""
-        return sum(self.calls.values())
-
-    async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **_: Any
-    ) -> Any:
-        from verl.workers.rollout.replica import TokenOutput
-
-        prompt = self.tokenizer.decode(prompt_ids)
-        question = next((q for q in self.script if q in prompt), None)
-        if question is None:
-            raise ValueError(f"no scripted response for prompt {prompt!r}")
-        responses = self.script[question]
-        text = responses[self.calls[question] % len(responses)]
-        self.calls[question] += 1
-        delay = SLOW.match(text)
-        if delay:  # a slow generation: the test needs it to finish after a given point of the run
-            await asyncio.sleep(float(delay.group(1)))
-            text = text[delay.end() :]
-        if text.startswith(GATE):
-            run, deadline = self.run, time.monotonic() + 120.0
-            self.at_gate += 1
-            try:
-                while not self.gate_open and time.monotonic() < deadline:
-                    if self.run != run:
-                        raise RuntimeError("a generation of an earlier run, superseded")
-                    await asyncio.sleep(0.02)
-            finally:
-                self.at_gate -= 1
-            text = text[len(GATE) :]
-        version = AT_VERSION.match(text)
-        if version:  # answered once the policy reaches a version: generated with those weights
-            run = self.run
-            while self.version < int(version.group(1)):
-                if self.run != run:
-                    raise RuntimeError("a generation of an earlier run, superseded")
-                await asyncio.sleep(0.05)
-            text = text[version.end() :]
-        if text.startswith(GENERATION_ERROR):  # a replica error: the session raises in generation
-            raise RuntimeError(f"scripted generation error for {question!r}")
-        token_ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
-        log_probs = [-1.0] * len(token_ids) if sampling_params.get("logprobs") else None
-        return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
-            stop_reason="completed",
-            num_preempted=0,
-            extra_fields={"global_steps": self.version},
-        )
 
 
 class ScriptedRollout:

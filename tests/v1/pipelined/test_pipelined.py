@@ -180,6 +180,42 @@ ROWS = [(question, str(i + 1)) for i, question in enumerate(QUESTIONS)]
 SCRIPT = {q: [f"The answer is {i + 1}", f"The answer is {i + 7}"] for i, q in enumerate(QUESTIONS)}
 
 
+def test_the_scripted_server_answers_in_verls_tokens_without_loading_torch_or_verl(
+    model_dir, rollout
+) -> None:
+    """The stand-in token server (tests/support/scripted_server.py) reads prompts and writes responses
+    with the ids verl's tokenizer gives, and its answer arrives as verl's ``TokenOutput``, while its
+    own process loads neither torch nor verl (nor transformers, which loads torch): what makes it a
+    second of CPU to start instead of six."""
+    import sys
+
+    import ray
+    from transformers import AutoTokenizer
+    from verl.workers.rollout.replica import TokenOutput
+
+    from tests.support.scripted_server import ScriptTokenizer
+
+    verls, ours = AutoTokenizer.from_pretrained(str(model_dir)), ScriptTokenizer(model_dir)
+    prompt = verls.apply_chat_template(
+        [{"role": "user", "content": QUESTIONS[3]}], add_generation_prompt=True, tokenize=False
+    )
+    scripted = [text for texts in SCRIPT.values() for text in texts]
+    for text in [prompt, *scripted, "fail @@fault:503@@", "a <eos> b"]:
+        ids = verls.encode(text)
+        assert ours.encode(text) == ids and ours.decode(ids) == verls.decode(ids), text
+    assert ours.eos_token_id == verls.eos_token_id
+    ray.get(rollout.server.start.remote({QUESTIONS[3]: ["The answer is 4"]}))
+    generated = rollout.server.generate.remote(
+        "r", prompt_ids=verls.encode(prompt), sampling_params={"logprobs": True}
+    )
+    answer = ray.get(generated)
+    assert isinstance(answer, TokenOutput)
+    assert answer.token_ids == [*verls.encode("The answer is 4"), verls.eos_token_id]
+    assert answer.log_probs == [-1.0] * len(answer.token_ids) and answer.extra_fields == {"global_steps": 0}
+    loaded = ray.get(rollout.server.__ray_call__.remote(lambda _: {m.split(".")[0] for m in sys.modules}))
+    assert not {"torch", "verl", "transformers"} & loaded, sorted(loaded)
+
+
 def train_pipelined(
     tmp_path: Path,
     model_dir: Path,
