@@ -574,11 +574,14 @@ BACKLOG_SCRIPT = script_for({0: ["The answer is 2 @@fault:400@@", "The answer is
 @pytest.fixture(scope="module")
 def backlog_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge) -> tuple[TrainingRun, list[str]]:
     """A slow judge and a backlog of 2 sessions: dispatch pauses while 2 generated sessions wait. Two
-    reward workers; the judge is held from the start, and worker 0 is killed once it holds two
-    requests (so sessions wait on it: tests/v1/test_reward_failover.py), then released."""
+    reward workers; the judge is held from the start, and worker 1 is killed once it holds two
+    requests (so sessions wait on it: with two held, one went to each worker,
+    tests/v1/test_reward_failover.py), then released. Worker 1, not 0: most runs of the session have
+    only worker 0 (``reward.num_workers=1``), and one after this run finds it warm
+    (tests/support/warm_actors.py) instead of starting a new one."""
     reset_judge_server(judge)
     judge.update_config(latency_ms=BACKLOG_JUDGE_MS)
-    killer = RewardWorkerKiller(judge, ["reward_loop_worker_0"], in_flight=2)
+    killer = RewardWorkerKiller(judge, ["reward_loop_worker_1"], in_flight=2)
     killer.start()
     try:
         run = train(
@@ -623,8 +626,8 @@ def test_exclude_skips_a_group_left_with_nothing_to_train_and_replaces_it(backlo
 
 
 def test_a_reward_worker_killed_mid_batch_costs_no_group_and_keeps_the_progress_tags_right(backlog_run):
-    """Reward worker 0 is killed while the judge holds sessions sent through it: they are scored again
-    on worker 1 (our agent loop's failover), so every step trains its batch, the ledger balances, no
+    """Reward worker 1 is killed while the judge holds sessions sent through it: they are scored again
+    on worker 0 (our agent loop's failover), so every step trains its batch, the ledger balances, no
     group is evicted for it (the one eviction is the excluded group above), one death is counted and
     the re-scored sessions are. A re-scored session leaves the reward backlog once: the backlog read
     from the progress tags never goes negative and ends with every scored session consumed once."""
