@@ -519,12 +519,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"  verdict: {regime['verdict']['outcome']}")
         print()
     load = ", ".join(f"{x:.1f}" for x in results["load_average_before"])
+    if busy:  # again where the output ends, so that no one reads the tables without it
+        print(f"async-reward bench: WARNING: the machine was too busy for its figures ({len(busy)} above)")
     print(
         f"wall time {results['wall_time_s']:.1f} s (setup {results['setup_s']:.1f} s); load average "
         f"{load} on {results['cpus']} CPUs at the start; results in {cfg.out_dir / 'pipeline_speedup.json'}"
     )
-    if busy:  # again where the output ends, so that no one reads the tables without it
-        print(f"async-reward bench: WARNING: the machine was too busy for its figures ({len(busy)} above)")
     failed = verdict is not None and verdict["outcome"] == "FAIL"
     return 1 if failed and (args.check or args.quick) else 0
 
