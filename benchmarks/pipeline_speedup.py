@@ -4,7 +4,7 @@ v1's (``sync``, ``colocate_async``) against a slow reward service, with a verdic
 A thin script over ``async_reward_bench.speedup`` (also ``async-reward bench``)::
 
     python benchmarks/pipeline_speedup.py --quick     # ours, recipe regime: ~70 s on a quiet machine
-    python benchmarks/pipeline_speedup.py             # 4 regimes x 7 strategies, ~20 min (2 cores)
+    python benchmarks/pipeline_speedup.py             # the README's table: 5 regimes x 3 strategies, ~11 min
     python benchmarks/pipeline_speedup.py --regimes long_tail --strategies both v1_colocate_async
     python benchmarks/pipeline_speedup.py --quick --disable-pipeline   # must FAIL: nothing overlaps
 

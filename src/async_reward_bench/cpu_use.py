@@ -14,18 +14,27 @@ Two readings, from ``/proc`` (None where there is none): the whole machine's bus
 own process, which runs the trainer and the v1 agent loop in threads under one GIL, each reward worker
 and the judge server). The machine can be half idle while one process is at 100 % of its core: that
 process is then what samples wait for, so the flag is on either.
+
+And one reading before anything starts (:func:`busy_before_start`): how busy other work keeps the
+machine. The harness itself uses up to about half of a 2-core machine at the default time scale, so
+other work that already takes a quarter of it pushes the runs towards saturation; the benchmark
+says so loudly at the start and again under its results, beside the figures flagged saturated.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BEFORE_START_PROBE_S",
+    "BUSY_BEFORE_START_SHARE",
     "CPU_SATURATED_SHARE",
     "PROCESS_SATURATED_SHARE",
     "CpuTimes",
     "ProcessCpu",
+    "busy_before_start",
     "busy_share",
     "process_ticks",
 ]
@@ -37,6 +46,15 @@ CPU_SATURATED_SHARE = 0.8
 #: Share of one core a single process of the harness used during a run above which its figures are
 #: flagged (a Python process is held to one core by its GIL, whatever the machine has left).
 PROCESS_SATURATED_SHARE = 0.9
+
+#: Share of the machine's CPU time other work used just before a run started above which the run
+#: warns that the machine is too busy for its figures: the harness alone takes up to about half of a
+#: 2-core machine at the default time scale (``docs/benchmarks.md``), so a quarter more brings the
+#: runs close to :data:`CPU_SATURATED_SHARE`.
+BUSY_BEFORE_START_SHARE = 0.25
+
+#: Seconds the machine is watched before a run starts (a sleep: it costs no CPU itself).
+BEFORE_START_PROBE_S = 0.5
 
 _STAT = Path("/proc/stat")
 
@@ -100,6 +118,15 @@ class ProcessCpu:
         read = {name: process_ticks(pid, proc) for name, pid in pids.items()}
         return cls({name: t for name, t in read.items() if t is not None}, clock)
 
+    def cpu_seconds(self, after: ProcessCpu, ticks_per_s: float) -> dict[str, float]:
+        """CPU seconds each process read both times spent between ``self`` and ``after``: where the
+        harness's own cost goes (per process, whatever else the machine runs)."""
+        return {
+            name: (after.ticks[name] - start) / ticks_per_s
+            for name, start in self.ticks.items()
+            if name in after.ticks
+        }
+
     def busiest(self, after: ProcessCpu, ticks_per_s: float) -> tuple[str, float] | None:
         """The process that used the largest share of one core between ``self`` and ``after``, and
         that share; None if none was read both times or no time passed."""
@@ -113,3 +140,11 @@ class ProcessCpu:
             return None
         name = max(shares, key=lambda n: shares[n])
         return name, shares[name]
+
+
+def busy_before_start(seconds: float = BEFORE_START_PROBE_S, stat: Path = _STAT) -> float | None:
+    """The machine's busy share over ``seconds`` of sleep now: other work's, before the benchmark's own
+    processes start (None where ``stat`` cannot be read)."""
+    before = CpuTimes.now(stat)
+    time.sleep(seconds)
+    return busy_share(before, CpuTimes.now(stat))

@@ -20,6 +20,7 @@ Pure bookkeeping without clocks or threads, so it is tested exactly; ``v1_agent_
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Hashable
 
 import numpy as np
@@ -56,6 +57,13 @@ def rollout_work(makespan_s: float, sigma: float, samples: int, slots: int, draw
 class GenerationState:
     """Sequences being decoded: each needs ``work`` seconds of decoding at full speed.
 
+    Every active sequence advances at the same rate, so the state is one running total of the
+    decoding each has had since the engine started (``_decoded``) and, per sequence, the total at
+    which it is done, in a heap: the next to finish is the heap's first, and a completion costs
+    O(log n) instead of a pass over every sequence. Decoding 640 completions among 2560 active
+    sequences (a decoupled window four batches deep) took about 0.3 s of CPU with a pass per
+    completion, which the time scale multiplies by 100 into the benchmark's figures.
+
     Args:
         full_speed_slots: sequences the engine decodes at full speed at once; more share its
             throughput.
@@ -65,52 +73,63 @@ class GenerationState:
         if full_speed_slots < 1:
             raise ValueError(f"full_speed_slots must be >= 1, got {full_speed_slots}")
         self.full_speed_slots = full_speed_slots
-        self._left: dict[Hashable, float] = {}
+        self._decoded = 0.0
+        """Decoding seconds each active sequence has had since the engine started (all alike)."""
+        self._done_at: dict[Hashable, float] = {}
+        """Per active sequence, in order of arrival: the ``_decoded`` total at which it is done."""
+        self._heap: list[tuple[float, int, Hashable]] = []
+        """``(done at, arrival number, key)`` of every active sequence: the first is the next done."""
+        self._arrivals = 0
 
     def __len__(self) -> int:
-        return len(self._left)
+        return len(self._done_at)
 
     def add(self, key: Hashable, work_s: float) -> None:
         """Start decoding ``key``, which needs ``work_s`` seconds at full speed."""
-        if key in self._left:
+        if key in self._done_at:
             raise KeyError(f"sequence {key!r} is already being decoded")
         if not work_s >= 0:
             raise ValueError(f"work must be >= 0, got {work_s}")
-        self._left[key] = float(work_s)
+        done_at = self._decoded + float(work_s)
+        self._done_at[key] = done_at
+        heapq.heappush(self._heap, (done_at, self._arrivals, key))
+        self._arrivals += 1
 
     def rate(self) -> float:
         """Seconds of decoding each active sequence gets per second (1.0 up to ``full_speed_slots``)."""
-        return min(1.0, self.full_speed_slots / len(self._left)) if self._left else 0.0
+        return min(1.0, self.full_speed_slots / len(self._done_at)) if self._done_at else 0.0
 
     def time_to_next(self) -> float | None:
         """Seconds until the next sequence finishes at the current rate (None when idle)."""
-        if not self._left:
+        if not self._heap:
             return None
-        return max(0.0, min(self._left.values())) / self.rate()
+        return max(0.0, self._heap[0][0] - self._decoded) / self.rate()
 
     def advance(self, elapsed_s: float) -> list[Hashable]:
-        """Decode for ``elapsed_s`` seconds and return the sequences that finished, in finishing order.
+        """Decode for ``elapsed_s`` seconds and return the sequences that finished, in finishing order
+        (ties in order of arrival).
 
         The rate is recomputed after every completion, so one long step equals many short ones.
         """
         finished: list[Hashable] = []
         left_s = max(0.0, elapsed_s)
-        while self._left:
-            done = [key for key, work in self._left.items() if work <= _DONE]
-            for key in done:
-                del self._left[key]
-            finished.extend(done)
-            if not self._left or left_s <= 0:
+        while self._heap:
+            # done within rounding of the running total (a relative margin: it grows through a run)
+            margin = _DONE * max(1.0, abs(self._decoded))
+            while self._heap and self._heap[0][0] - self._decoded <= margin:
+                key = heapq.heappop(self._heap)[2]
+                del self._done_at[key]
+                finished.append(key)
+            if not self._heap or left_s <= 0:
                 break
             step = min(left_s, self.time_to_next() or 0.0)
-            progress = step * self.rate()
-            for key in self._left:
-                self._left[key] -= progress
+            self._decoded += step * self.rate()
             left_s -= step
         return finished
 
     def clear(self) -> list[Hashable]:
-        """Stop decoding everything; returns what was still being decoded."""
-        dropped = list(self._left)
-        self._left.clear()
+        """Stop decoding everything; returns what was still being decoded (in order of arrival)."""
+        dropped = list(self._done_at)
+        self._done_at.clear()
+        self._heap.clear()
         return dropped

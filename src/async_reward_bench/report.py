@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from async_reward.training.schedule import StepRecord
-from async_reward_bench.cpu_use import CPU_SATURATED_SHARE, PROCESS_SATURATED_SHARE
+from async_reward_bench.cpu_use import BUSY_BEFORE_START_SHARE, CPU_SATURATED_SHARE, PROCESS_SATURATED_SHARE
 from async_reward_bench.repeats import add_spread
 from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
@@ -19,6 +19,8 @@ __all__ = [
     "STEADY_STATE_RULE",
     "add_relative",
     "below_bound_tolerance",
+    "busy_machine_warnings",
+    "busy_start_warning",
     "busy_time",
     "format_table",
     "measured_steps",
@@ -374,3 +376,39 @@ def _saturation(summary: dict[str, Any]) -> str:
             f"{PROCESS_SATURATED_SHARE * 100:.0f} %)"
         )
     return " and ".join(why)
+
+
+def busy_start_warning(busy_before: float | None, cpus: int) -> str:
+    """The warning a run prints before it starts when other work keeps the machine busy (``""``
+    when it does not, or when the share could not be read)."""
+    if busy_before is None or busy_before <= BUSY_BEFORE_START_SHARE:
+        return ""
+    return (
+        f"WARNING: the machine is busy: other work used {busy_before * 100:.0f} % of its {cpus} CPUs just "
+        f"before the start (over {BUSY_BEFORE_START_SHARE * 100:.0f} %). Its figures will carry that work "
+        "(the harness's CPU counts 1/time-scale times heavier than in a real run): stop it, or read the "
+        "figures flagged * as the machine's, not the schedules'"
+    )
+
+
+def busy_machine_warnings(results: dict[str, Any]) -> list[str]:
+    """The warnings printed under a run's verdict: the machine busy before the start, and every figure
+    measured with the CPUs saturated (``*`` in its table), named; empty on a machine quiet enough."""
+    lines = []
+    start = busy_start_warning(results.get("cpu_busy_before_start"), int(results.get("cpus", 0)))
+    if start:
+        lines.append(start)
+    saturated = [
+        f"{regime_name}/{name}"
+        for regime_name, regime in results.get("regimes", {}).items()
+        for name, summary in regime.get("strategies", {}).items()
+        if _saturation(summary)
+    ]
+    if saturated:
+        total = sum(len(regime.get("strategies", {})) for regime in results.get("regimes", {}).values())
+        lines.append(
+            f"WARNING: {len(saturated)} of {total} figures ran on saturated CPUs ({', '.join(saturated)}; "
+            "* in the tables): they include the harness's own CPU cost, not only the schedule's; rerun on a "
+            "quiet machine or with a larger --time-scale"
+        )
+    return lines

@@ -28,6 +28,10 @@ on FAIL. ``--disable-pipeline`` runs each of our strategies with the baseline sc
 name, to show the verdict failing a pipeline that overlaps nothing (``benchmark.structure``), at any
 machine load.
 
+With no options it runs the README's performance table (``scenarios.DEFAULT_STRATEGIES`` over every
+regime, 12 steps: about 11 minutes on 2 cores); every other strategy on request. It says loudly when
+the machine is too busy for its figures: other work before the start, figures run on saturated CPUs.
+
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.
 """
@@ -49,6 +53,7 @@ from async_reward_bench.calibration import StageMedians, load_medians, recipe_ta
 from async_reward_bench.gpu_split import GpuSplit, colocated_bound, colocated_stages, split_for
 from async_reward_bench.scenarios import (
     DEFAULT_REGIMES,
+    DEFAULT_STRATEGIES,
     LEGACY_TRAINER,
     OUR_STRATEGIES,
     REGIMES,
@@ -139,7 +144,7 @@ def _run_summary(
         # Colocated: the GPUs that generate also train; they idle when doing neither.
         result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
     result["load_average_1min"] = os.getloadavg()[0]
-    for key in ("cpu_busy_fraction", "busiest_process", "busiest_process_cpu"):
+    for key in ("cpu_busy_fraction", "busiest_process", "busiest_process_cpu", "process_cpu_s_per_step"):
         if run.get(key) is not None:
             result[key] = run[key]
     if "scored_during_rollout" in run:
@@ -196,15 +201,20 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run every (regime, strategy) and return the results (also written to ``cfg.out_dir``)."""
     from async_reward._core.progress import progress_bar
     from async_reward_bench.backend import CalibratedBackend
-    from async_reward_bench.cpu_use import CpuTimes, ProcessCpu, busy_share
+    from async_reward_bench.cpu_use import CpuTimes, ProcessCpu, busy_before_start, busy_share
     from async_reward_bench.environment import bench_environment
     from async_reward_bench.gc_pauses import no_full_collections
     from async_reward_bench.repeats import combine_repeats, reseed_judge
-    from async_reward_bench.report import STEADY_STATE_RULE, add_relative
+    from async_reward_bench.report import STEADY_STATE_RULE, add_relative, busy_start_warning
     from async_reward_bench.timeline import plot_timeline
     from async_reward_bench.verdict import FULL_TOLERANCES, QUICK_TOLERANCES, judge
 
     cfg.validate()
+    # Other work on the machine, before anything of ours starts: said at once, and again under the results.
+    busy_before = busy_before_start()
+    warning = busy_start_warning(busy_before, len(os.sched_getaffinity(0)))
+    if warning:
+        print(f"async-reward bench: {warning}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     medians = load_medians(cfg.calibration_csv)
     stages: StageMedians = medians[cfg.calibration_run]
@@ -217,6 +227,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         "recipe": targets,
         "cpus": len(os.sched_getaffinity(0)),
         "load_average_before": os.getloadavg(),
+        "cpu_busy_before_start": busy_before,
         "regimes": {},
     }
     total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps * cfg.repeats
@@ -268,11 +279,12 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                         else:
                             run = _run_one(env, backend, run_cfg, strategy, next(tags), bar)
                     run["cpu_busy_fraction"] = busy_share(cpu_before, CpuTimes.now())
-                    busiest = processes_before.busiest(
-                        ProcessCpu.now(env["pids"], time.perf_counter()), os.sysconf("SC_CLK_TCK")
-                    )
+                    processes_after = ProcessCpu.now(env["pids"], time.perf_counter())
+                    busiest = processes_before.busiest(processes_after, os.sysconf("SC_CLK_TCK"))
                     if busiest is not None:
                         run["busiest_process"], run["busiest_process_cpu"] = busiest
+                    spent = processes_before.cpu_seconds(processes_after, os.sysconf("SC_CLK_TCK"))
+                    run["process_cpu_s_per_step"] = {name: s / cfg.steps for name, s in spent.items()}
                     runs.append(_run_summary(run, run_cfg, strategy, split, summary))
                     if cfg.plots and seed == cfg.seed:  # the first run's timeline
                         path = cfg.out_dir / f"timeline_{regime_name}_{strategy}.png"
@@ -349,7 +361,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--strategies",
         nargs="+",
         choices=list(STRATEGIES),
-        help="strategies (default: all offered). "
+        help=f"strategies (default: {' '.join(DEFAULT_STRATEGIES)}, the README's performance table; "
+        "every other one on request). "
         + (
             f"{legacy} run on the deprecated legacy trainer (async_reward.legacy)"
             if LEGACY_TRAINER
@@ -461,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
     ``make bench`` runs: a failing first command must say so), 2 on bad settings, else 0 (also for
     INCONCLUSIVE: the machine was too busy to tell, which says nothing against the code).
     """
-    from async_reward_bench.report import format_table
+    from async_reward_bench.report import busy_machine_warnings, format_table
     from async_reward_bench.verdict import summary_line
 
     cfg = config_from_args(args)
@@ -483,6 +496,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"async-reward bench: {summary_line(verdict)}")
     else:
         print("async-reward bench: no verdict (it judges our strategies in the recipe regime; none ran)")
+    busy = busy_machine_warnings(results)
+    for line in busy:
+        print(f"async-reward bench: {line}")
     print(
         f"\n{cfg.prompts}x{cfg.group_size} samples/step, capacity {cfg.capacity}, {cfg.mini_batches} "
         f"mini-batches, time scale {cfg.time_scale:.4g}, {cfg.steps} steps per strategy"
@@ -503,6 +519,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  verdict: {regime['verdict']['outcome']}")
         print()
     load = ", ".join(f"{x:.1f}" for x in results["load_average_before"])
+    if busy:  # again where the output ends, so that no one reads the tables without it
+        print(f"async-reward bench: WARNING: the machine was too busy for its figures ({len(busy)} above)")
     print(
         f"wall time {results['wall_time_s']:.1f} s (setup {results['setup_s']:.1f} s); load average "
         f"{load} on {results['cpus']} CPUs at the start; results in {cfg.out_dir / 'pipeline_speedup.json'}"

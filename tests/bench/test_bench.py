@@ -101,7 +101,7 @@ def test_regime_latency_sets_the_service_load():
     cfg = speedup.BenchConfig()
     samples = cfg.prompts * cfg.group_size
     stages = load_medians()["gsm8k_qwen2_7b_base"]
-    assert cfg.regimes == ("recipe", "balanced", "gpu_bound", "long_tail")  # long_tail_fast on request
+    assert cfg.regimes == ("recipe", "balanced", "gpu_bound", "long_tail", "long_tail_fast")  # the README's
     for name, ratio in (("balanced", 1.0), ("gpu_bound", 0.5), ("long_tail", 1.0), ("long_tail_fast", 0.1)):
         regime = speedup.REGIMES[name]
         gpu = regime_stages(regime, stages).gpu_work_s
@@ -186,6 +186,51 @@ def test_schedule_facts_read_leads_from_events_and_ticket_times():
     assert facts["reward_wait_share"] == pytest.approx([2.99 / 4.5, 1.0 / 5.5])
     no_ticket = schedule_facts([step(0, [("update", 0.0, 1.0, 0)], blocked=0.0)], time_scale=1.0)
     assert math.isnan(no_ticket["update_lead_s"][0]) and math.isnan(no_ticket["reward_wait_share"][0])
+
+
+def test_the_default_run_is_the_readme_performance_table():
+    """``async-reward bench`` with no options runs the README table's rows over its five columns, long
+    enough for a steady window of several steps at every staleness those rows reach (verl's
+    ``colocate_async`` up to 4 with the fast reward), one run, with the GC pauses held off as
+    always; ``--quick`` stays ``make bench``'s short run, and every other strategy runs on request."""
+    import re
+    from pathlib import Path
+
+    from async_reward_bench.scenarios import DEFAULT_STRATEGIES, OFFERED_STRATEGIES, V1_STRATEGIES
+    from async_reward_bench.steady_state import scheduled_staleness, steady_window
+
+    parser = speedup.configure_parser(__import__("argparse").ArgumentParser())
+    cfg = speedup.config_from_args(parser.parse_args([]))
+    cfg.validate()
+    rows = ("v1_pipelined_both", "v1_pipelined_both_stale2", "v1_colocate_async")
+    assert cfg.strategies == DEFAULT_STRATEGIES == rows and set(rows) <= set(
+        V1_STRATEGIES
+    )  # no legacy needed
+    assert cfg.regimes == ("recipe", "balanced", "gpu_bound", "long_tail", "long_tail_fast")
+    assert (cfg.steps, cfg.repeats, cfg.time_scale, cfg.seed, cfg.prompts, cfg.capacity) == (
+        12,
+        1,
+        0.01,
+        0,
+        128,
+        32,
+    )
+    for strategy in rows:  # the staleness each schedule is set up for, and the most colocate_async reaches
+        for staleness in {scheduled_staleness(strategy), 4 if strategy == "v1_colocate_async" else 0}:
+            first, stop = steady_window(cfg.steps, staleness) or (0, 0)
+            assert stop - first >= 3, (strategy, staleness)
+    assert steady_window(cfg.steps, 2) == (3, 10)
+    # The README's table: these rows, these columns, and the command that reproduces it.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    performance = readme.split("## Performance", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in performance.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows) and table[0].count("|") == 2 + len(cfg.regimes)
+    assert "`async-reward bench`" in performance and re.search(r"no options", performance)
+    quick = speedup.config_from_args(parser.parse_args(["--quick"]))
+    assert (quick.regimes, quick.steps, quick.time_scale, quick.checks) == (("recipe",), 6, 1 / 300, "quick")
+    assert quick.strategies[-1] == "v1_pipelined_both"
+    every = speedup.config_from_args(parser.parse_args(["--strategies", *OFFERED_STRATEGIES]))
+    assert every.strategies == OFFERED_STRATEGIES and len(every.strategies) > len(rows)
 
 
 def test_repeats_need_a_judge_this_process_can_reseed(tmp_path, capsys):

@@ -14,17 +14,20 @@ from typing import Any
 
 import pytest
 
+from async_reward_bench import speedup
 from async_reward_bench.cpu_use import (
+    BUSY_BEFORE_START_SHARE,
     CPU_SATURATED_SHARE,
     PROCESS_SATURATED_SHARE,
     CpuTimes,
     ProcessCpu,
+    busy_before_start,
     busy_share,
     process_ticks,
 )
 from async_reward_bench.gc_pauses import no_full_collections
 from async_reward_bench.repeats import combine_repeats
-from async_reward_bench.report import add_relative, format_table
+from async_reward_bench.report import add_relative, busy_machine_warnings, busy_start_warning, format_table
 from tests.bench.test_bench_report import BOUND, LATENCY, figure, regime
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -55,6 +58,25 @@ def test_a_process_name_with_spaces_and_parentheses_does_not_shift_its_cpu_field
     (tmp_path / "42" / "stat").write_text("42 (ray::a (b) c) " + " ".join(fields) + "\n")
     assert process_ticks(42, tmp_path) == 1000
     assert process_ticks(43, tmp_path) is None
+
+
+def test_each_process_cpu_seconds_between_two_readings(tmp_path: Path):
+    """What each harness process spent (the JSON's ``process_cpu_s_per_step``): a process read only
+    once is left out rather than counted from zero."""
+
+    def write(pid: int, ticks: int) -> None:
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", *["0"] * 10, str(ticks), "0", "0", "0"]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) " + " ".join(fields) + "\n")
+
+    write(1, 100)
+    write(2, 50)
+    before = ProcessCpu.now({"benchmark": 1, "worker": 2, "judge": 3}, 0.0, tmp_path)
+    write(1, 100 + 3 * 100)
+    write(3, 10)  # started in between: not read before
+    after = ProcessCpu.now({"benchmark": 1, "worker": 2, "judge": 3}, 10.0, tmp_path)
+    assert before.cpu_seconds(after, 100) == {"benchmark": 3.0, "worker": 0.0}
+    assert before.busiest(after, 100) == ("benchmark", pytest.approx(0.3))
 
 
 @pytest.mark.subprocess
@@ -115,6 +137,78 @@ def test_the_table_shows_both_cpu_shares_and_flags_a_saturated_run_naming_the_pr
     assert notes[0].startswith("  * v1_pipelined_both: v1 reward worker 1 used 95 % of a core (over 90 %)")
     assert notes[1].startswith("  * v1_colocate_async: the CPUs were 85 % busy (over 80 %)")
     assert all("--time-scale" in note for note in notes)
+
+
+def test_the_busy_share_before_the_start_is_read_over_a_sleep(tmp_path: Path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 0 100 0 0 0 0 0 0\n")
+    assert busy_before_start(0.0, stat) is None  # nothing changed: no time passed, no figure
+    assert busy_before_start(0.0, tmp_path / "missing") is None
+    own = busy_before_start(0.05)  # this machine's: a share, whatever else runs
+    assert own is None or 0.0 <= own <= 1.0
+
+
+def test_a_busy_machine_is_warned_of_at_the_start_and_under_the_results():
+    """Other work before the start, and each figure measured on saturated CPUs, named in one warning;
+    a quiet machine gets none."""
+    quiet = {"both": _cpu_figure(420.0, 0.45, 0.31), "v1_pipelined_both": _cpu_figure(421.0, 0.5, 0.4)}
+    busy = {
+        "both": _cpu_figure(420.0, CPU_SATURATED_SHARE + 0.05, 0.3),
+        "v1_decoupled": _cpu_figure(421.0, 0.5, PROCESS_SATURATED_SHARE + 0.02, "benchmark"),
+        "v1_pipelined_both": _cpu_figure(422.0, 0.5, 0.4),
+    }
+    calm = {
+        "cpus": 2,
+        "cpu_busy_before_start": BUSY_BEFORE_START_SHARE - 0.05,
+        "regimes": {"recipe": regime(quiet)},
+    }
+    assert busy_start_warning(calm["cpu_busy_before_start"], 2) == "" and busy_machine_warnings(calm) == []
+    assert busy_start_warning(None, 2) == ""  # no /proc: no claim either way
+    loaded = {
+        "cpus": 2,
+        "cpu_busy_before_start": 0.6,
+        "regimes": {"recipe": regime(quiet), "balanced": regime(busy)},
+    }
+    start, figures = busy_machine_warnings(loaded)
+    assert start.startswith(
+        "WARNING: the machine is busy: other work used 60 % of its 2 CPUs just before the start"
+    )
+    assert figures.startswith(
+        "WARNING: 2 of 5 figures ran on saturated CPUs (balanced/both, balanced/v1_decoupled;"
+    )
+    assert "recipe/" not in figures and "v1_pipelined_both" not in figures
+
+
+def test_the_run_says_a_busy_machine_under_its_verdict_and_where_its_output_ends(
+    monkeypatch, tmp_path, capsys
+):
+    strategies = {"v1_pipelined_both": _cpu_figure(421.0, CPU_SATURATED_SHARE + 0.1, 0.4)}
+    add_relative(strategies, BOUND, LATENCY)
+    results = {
+        "regimes": {"recipe": regime(strategies)},
+        "recipe": {},
+        "steady_state": "",
+        "wall_time_s": 1.0,
+        "setup_s": 0.5,
+        "load_average_before": (3.0, 1.0, 1.0),
+        "cpu_busy_before_start": 0.7,
+        "cpus": 2,
+    }
+    monkeypatch.setattr(speedup, "run_benchmark", lambda cfg: results)
+    assert (
+        speedup.main(["--regimes", "recipe", "--strategies", "v1_pipelined_both", "--out", str(tmp_path)])
+        == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("async-reward bench: v1 mode") and lines[1].startswith(
+        "async-reward bench: no verdict"
+    )
+    assert lines[2].startswith("async-reward bench: WARNING: the machine is busy: other work used 70 %")
+    assert lines[3].startswith(
+        "async-reward bench: WARNING: 1 of 1 figures ran on saturated CPUs (recipe/v1_pipelined_both"
+    )
+    assert lines[-2] == "async-reward bench: WARNING: the machine was too busy for its figures (2 above)"
+    assert lines[-1].startswith("wall time")  # the last line, as before
 
 
 def test_repeats_keep_the_busiest_run_and_its_process():

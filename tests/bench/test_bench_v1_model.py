@@ -65,6 +65,55 @@ def test_clear_drops_what_is_decoding_and_work_is_validated():
     assert engine.clear() == ["x"] and len(engine) == 0
 
 
+class _PassPerCompletion:
+    """The engine as first written (a pass over every sequence per completion): the reference the
+    heap-based ``GenerationState`` must match."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.left = slots, {}
+
+    def rate(self) -> float:
+        return min(1.0, self.slots / len(self.left)) if self.left else 0.0
+
+    def advance(self, elapsed: float) -> list:
+        finished, left_s = [], max(0.0, elapsed)
+        while self.left:
+            done = [k for k, w in self.left.items() if w <= 1e-9]
+            for k in done:
+                del self.left[k]
+            finished.extend(done)
+            if not self.left or left_s <= 0:
+                break
+            step = min(left_s, max(0.0, min(self.left.values())) / self.rate())
+            for k in self.left:
+                self.left[k] -= step * self.rate()
+            left_s -= step
+        return finished
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_engine_finishes_what_a_pass_per_completion_finishes_when_it_does(seed):
+    """Arrivals between advances, more sequences than slots, long runs: every advance returns the same
+    sequences as the reference, and the next finish is due at the same time."""
+    rng = np.random.default_rng(seed)
+    engine, reference = GenerationState(full_speed_slots=8), _PassPerCompletion(8)
+    arrived = 0
+    for _ in range(300):
+        for _ in range(int(rng.integers(0, 6))):
+            work = float(rng.choice([0.0, 1.0, rng.uniform(0.01, 40.0)]))  # ties and instant ones too
+            engine.add(arrived, work)
+            reference.left[arrived] = work
+            arrived += 1
+        elapsed = float(rng.exponential(2.0))
+        assert sorted(engine.advance(elapsed)) == sorted(reference.advance(elapsed))
+        assert len(engine) == len(reference.left) and engine.rate() == reference.rate()
+        due = engine.time_to_next()
+        expected = min(reference.left.values()) / reference.rate() if reference.left else None
+        assert due == pytest.approx(expected, rel=1e-6, abs=1e-6) if expected is not None else due is None
+    engine.advance(1e6)
+    assert arrived > 500 and len(engine) == 0 and engine.time_to_next() is None
+
+
 def test_long_tail_regime_stretches_only_the_rollout():
     from async_reward_bench.calibration import load_medians
 

@@ -114,9 +114,9 @@ def test_every_other_module_imports_where_the_legacy_trainer_cannot_be_imported(
     assert len(modules) > 100 and "async_reward_bench.speedup" in modules  # the library and the tools
     assert seen["failed"] == {}
     assert seen["legacy_loaded"] == []
-    from async_reward_bench.scenarios import OUR_STRATEGIES, V1_STRATEGIES
+    from async_reward_bench.scenarios import DEFAULT_STRATEGIES, OUR_STRATEGIES
 
-    assert seen["default"] == list(V1_STRATEGIES) and seen["quick"] == ["v1_pipelined_both"]
+    assert seen["default"] == list(DEFAULT_STRATEGIES) and seen["quick"] == ["v1_pipelined_both"]
     assert f"{', '.join(OUR_STRATEGIES)} are not offered" in seen["help"]
     code, said = seen["both"]  # asked for one of ours: refused before anything starts, saying why
     assert code == 2 and "both run on the deprecated legacy trainer (async_reward.legacy)" in said

@@ -448,6 +448,12 @@ def test_bench_forwards_its_options(monkeypatch):
     assert main(["bench"]) == 0
     assert main(["bench", "--bench-help"]) == 0
     assert calls == [["--quick", "--steps", "3", "--out=somewhere", "--regimes", "recipe"], [], ["--help"]]
+    # what the benchmark makes of the bare command: the README's performance table, 12 steps, one run
+    cfg = speedup.config_from_args(
+        speedup.configure_parser(__import__("argparse").ArgumentParser()).parse_args([])
+    )
+    assert cfg.strategies == ("v1_pipelined_both", "v1_pipelined_both_stale2", "v1_colocate_async")
+    assert len(cfg.regimes) == 5 and (cfg.steps, cfg.repeats) == (12, 1)
 
 
 def test_bench_help_forwarding_and_strictness_of_other_subcommands(capsys):
