@@ -36,6 +36,9 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 # Ray starts two workers ahead for the first driver of a cluster; no actor of the suite ever took one
 # (each actor needs a process of its own), so each cluster paid 2-3 CPU-s for two idle imports of Ray.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+# Ray's dashboard agent (one per cluster, started even without the dashboard) walks every worker
+# process with psutil for node stats every 5 s; nothing in the suite reads them, so once a minute.
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 
 #: This folder: the test files are named by their path under it.
 TESTS = Path(__file__).resolve().parent
