@@ -10,9 +10,7 @@ count too: a package ``__init__`` that imports its heavy modules closes circles 
 from __future__ import annotations
 
 import ast
-import json
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from graphlib import CycleError, TopologicalSorter
@@ -187,23 +185,6 @@ def test_the_library_never_imports_its_tools() -> None:
     }
     assert offending == {}
     assert "async_reward_bench.speedup" in graph["async_reward.tools.cli"]  # the reader sees tool imports
-
-
-def loaded_on_import(modules: str) -> dict[str, list[str]]:
-    """``import <modules>`` in a fresh interpreter: the tool modules it loaded (``tools``) and our managers
-    registered with verl (``registered``)."""
-    code = (
-        "import json, sys\n"
-        f"import async_reward, {modules}\n"
-        "from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER\n"
-        f"tools = sorted(m for m in sys.modules if m.split('.')[0] in {TOOL_PACKAGES!r})\n"
-        "ours = sorted(n for n in async_reward.MANAGER_NAMES if n in REWARD_MANAGER)\n"
-        "print(json.dumps({'tools': tools, 'registered': ours}))\n"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True
-    )
-    return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------------------- fresh interpreters
