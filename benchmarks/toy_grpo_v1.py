@@ -4,6 +4,7 @@
 
     python benchmarks/toy_grpo_v1.py --quick     # one seed, 6 steps per mode
     python benchmarks/toy_grpo_v1.py             # sync, both, both_is; 8 seeds x 30 steps
+    python benchmarks/toy_grpo_v1.py --modes rule rule_judge --steps 15  # rule vs rule + gated judge
 
 Writes ``bench_out/toy_grpo_v1.json`` and ``bench_out/toy_grpo_v1.png``.
 """

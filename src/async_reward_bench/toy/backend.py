@@ -14,7 +14,7 @@ for runs (and tests) without Ray or HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -202,11 +202,13 @@ def expected_score(
     problems: Sequence[tuple[int, int]] | None = None,
     *,
     temperature: float = 1.0,
+    accept: Callable[[str, str], bool] = exact_match,
 ) -> float:
     """The probability that a response sampled at ``temperature`` is judged right, averaged over
     ``problems`` (default: all of the task's): exact, by enumerating every response the sampler can
     produce (up to ``task.max_response_tokens`` tokens, ending at ``<eos>`` or cut there), each judged
-    by the dev server's rule on its decoded text.
+    by ``accept(decoded text, reference)``: the dev server's rule unless given (the composite
+    comparison also asks for right *and* bare, ``task.is_bare``).
 
     Why: a training run's sampled score (32 draws a step) and greedy accuracy (steps of 0.25 on 4
     problems) are too coarse to tell learning from luck in a short run; this moves smoothly with the
@@ -242,7 +244,7 @@ def expected_score(
                     sequence, total = [*tokens, token], logp + next_log_probs[token]
                     if token == eos or position == length - 1:
                         text = tokenizer.decode(sequence, skip_special_tokens=True)
-                        right[i] += float(np.exp(total)) * exact_match(text, truths[i])
+                        right[i] += float(np.exp(total)) * accept(text, truths[i])
                     else:
                         grown.append((i, sequence, total))
             live = grown

@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "STRAY_SYMBOLS",
     "ArithmeticTask",
     "PromptSampler",
     "build_char_tokenizer",
+    "compute_score",
     "exact_match",
+    "is_bare",
 ]
 
 #: Special tokens, first in the vocabulary: ``<pad>`` is id 0, ``<eos>`` id 1.
@@ -68,6 +71,27 @@ def build_char_tokenizer(directory: str | Path | None = None) -> Any:
 def exact_match(response: str, ground_truth: str) -> bool:
     """The dev server judge's rule: the response's final answer (last ``\\boxed{}`` or number) matches."""
     return answers_match(extract_final_answer(response), ground_truth)
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **_: Any
+) -> float:
+    """The toy's rule as a verl reward function (``reward.custom_reward_function``, path
+    ``pkg://async_reward_bench.toy.task``): 1.0 when :func:`exact_match`, else 0.0. The rule of the
+    benchmark's ``rule`` arms, scored in the reward worker without a judge call."""
+    return float(exact_match(solution_str, ground_truth))
+
+
+#: Characters of the toy's vocabulary that are not part of an answer. The rule does not see them (the
+#: final number of ``"7="`` or ``"+7"`` is 7, right for ``3+4=``); the gated judge of the ``rule_judge``
+#: arm grades them (``async_reward_bench.toy.v1_parity``).
+STRAY_SYMBOLS: tuple[str, ...] = ("+", "=")
+
+
+def is_bare(response: str) -> bool:
+    """Whether a decoded response writes no :data:`STRAY_SYMBOLS`: the answer and nothing else,
+    the property the ``rule_judge`` arm's judge grades and the rule does not."""
+    return not any(symbol in response for symbol in STRAY_SYMBOLS)
 
 
 @dataclass(frozen=True)

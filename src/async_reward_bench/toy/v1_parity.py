@@ -17,7 +17,10 @@ the reference), ``both`` (``trainer_mode=pipelined``, mini-batch + one-step off-
 ``both_fill`` (the same with ``fill_rollout_tail_at=0.5``; neither in the default modes, ask for them
 with ``--modes``), and
 ``sync_group`` / ``both_group`` (``sync`` / ``both`` with the judge grading each GRPO group in one
-call, ``judge.mode=group``: issue 29's learning with group judging against pointwise; ask for them).
+call, ``judge.mode=group``: issue 29's learning with group judging against pointwise; ask for them),
+and ``rule`` / ``rule_judge`` (issue 45, on ``sync``: the toy's rule alone as ``async_naive``, against
+``async_composite`` of that rule and a judge asked only where the rule scored 1, grading what the rule
+does not see; ask for them: ``--modes rule rule_judge``).
 Every mode of a seed starts from the same policy and trains on the same prompts in the same order.
 
 Accuracy (greedy, every problem, the judge's rule applied locally) is measured before the first step
@@ -85,8 +88,34 @@ MODES: dict[str, tuple[str, ...]] = {
 GROUP_JUDGING = ("+reward.async_reward.judge.mode=group", "+reward.async_reward.judge.group_wait_s=120")
 MODES["sync_group"] = (*MODES["sync"], *GROUP_JUDGING)
 MODES["both_group"] = (*MODES["both"], *GROUP_JUDGING)
+#: Issue 45's rewards, on ``sync``. The toy's rule as a verl reward function in ``async_naive``, no
+#: judge call (``rule``); and ``async_composite``: that rule plus half a judge's verdict, the judge
+#: (``llm_judge``, the dev server over HTTP) asked only where the rule scored 1 (``rule_judge``). The
+#: judge grades what the rule does not see: a right answer that also writes a stray ``+`` or ``=``
+#: (``"7="``, ``"+7"``: final number 7, right for the rule; ``task.STRAY_SYMBOLS``). Two negative
+#: ``must_have`` criteria the dev server grades by the quoted symbol, so a right bare answer scores
+#: 1.5, a right one with a stray symbol 1.0, a wrong one 0 with its judge ``skipped``.
+RULE_FUNCTION = (
+    "reward.custom_reward_function.path=pkg://async_reward_bench.toy.task",
+    "reward.custom_reward_function.name=compute_score",
+)
+GATED_JUDGE = (
+    "+reward.async_reward.composite.components=[{name:rule,manager:async_naive},"
+    "{name:judge,manager:llm_judge,weight:0.5,only_if:{component:rule,score_at_least:1},"
+    "async_reward:{judge:{criteria:["
+    "{name:writes_plus,description:\"The response writes the symbol '+'\",polarity:negative,must_have:true},"
+    "{name:writes_equals,description:\"The response writes the symbol '='\",polarity:negative,must_have:true}"
+    "]}}}]"
+)
+MODES["rule"] = (*MODES["sync"], "reward.reward_manager.name=async_naive", *RULE_FUNCTION)
+MODES["rule_judge"] = (
+    *MODES["sync"],
+    "reward.reward_manager.name=async_composite",
+    *RULE_FUNCTION,
+    GATED_JUDGE,
+)
 #: Modes on verl's own ``sync`` trainer (with our v1 lines), the others on our pipelined mode.
-SYNC_MODES = ("sync", "sync_group")
+SYNC_MODES = ("sync", "sync_group", "rule", "rule_judge")
 
 
 @dataclass
@@ -258,6 +287,7 @@ def environment(cfg: V1ParityConfig) -> Iterator[dict[str, Any]]:
             "model_dir": model_dir,
             "directory": directory,
             "url": server.url,
+            "judge": server,
             "server": policy_server,
             "load_balancer": load_balancer,
         }
@@ -279,7 +309,7 @@ def run_one(
 
     from async_reward_bench.toy.backend import evaluate_accuracy, expected_score
     from async_reward_bench.toy.policy import TinyPolicy
-    from async_reward_bench.toy.task import ArithmeticTask
+    from async_reward_bench.toy.task import ArithmeticTask, exact_match, is_bare
     from async_reward_bench.toy.v1_policy import (
         PolicyActor,
         PolicyServerManager,
@@ -311,8 +341,24 @@ def run_one(
             return
         accuracy = evaluate_accuracy(policy, task, tokenizer)
         score = expected_score(policy, task, tokenizer, temperature=temperature)
+        # right and bare: what rule_judge's reward asks for beyond the rule (task.is_bare)
+        bare = expected_score(
+            policy,
+            task,
+            tokenizer,
+            temperature=temperature,
+            accept=lambda text, truth: exact_match(text, truth) and is_bare(text),
+        )
         wall = now - clock["start"] - clock["eval_s"] if version else 0.0
-        curve.append({"step": version, "wall_s": wall, "accuracy": accuracy, "expected_score": score})
+        curve.append(
+            {
+                "step": version,
+                "wall_s": wall,
+                "accuracy": accuracy,
+                "expected_score": score,
+                "expected_bare_score": bare,
+            }
+        )
         if version:
             clock["eval_s"] += time.perf_counter() - now
         if bar is not None:
@@ -348,6 +394,8 @@ def run_one(
         runner.trainer = trainer
         task_runner: Any = TaskRunnerV1  # verl's Ray actor class; its method runs on our runner
         task_runner.__ray_actor_class__.init_agent_loop_manager(runner)
+        if env.get("judge") is not None:
+            env["judge"].reset()  # the judge's own counts of this run's calls and tokens
         clock["start"], clock["eval_s"] = time.perf_counter(), 0.0
         trainer.fit(runner.agent_loop_manager)
         total = time.perf_counter() - clock["start"] - clock["eval_s"]
@@ -365,6 +413,7 @@ def run_one(
     logged = [json.loads(line)["data"] for line in log_path.read_text().splitlines() if line.strip()]
     steps = [m for m in logged if "training/global_step" in m]
     served = ray.get(env["server"].served_by_version.remote())
+    judge_stats = env["judge"].stats() if env.get("judge") is not None else {}
     return {
         "mode": mode,
         "seed": seed,
@@ -372,6 +421,7 @@ def run_one(
         "final_accuracy": curve[-1]["accuracy"],
         "mean_accuracy": float(np.mean([point["accuracy"] for point in curve[1:]])),
         "expected_score": [point["expected_score"] for point in curve],
+        "expected_bare_score": [point["expected_bare_score"] for point in curve],
         "train_score": [m.get("critic/score/mean", float("nan")) for m in steps],
         "staleness": [m.get("off_policy/staleness", 0.0) for m in steps],
         "reward_blocked_s": float(sum(m.get("timing_s/reward_blocked", 0.0) for m in steps)),
@@ -381,6 +431,14 @@ def run_one(
         "is_weights_mean": [m.get("rollout_corr/rollout_is_mean", float("nan")) for m in steps],
         # members listed per judge call (group judging: the group size; 0 when not logged: pointwise)
         "judge_group_size": [m.get("reward/extra/judge_group_size/mean", 0.0) for m in steps],
+        # the judge server's own counts over the run (every mode but rule calls it)
+        "judge_requests": int(judge_stats.get("requests_by_path", {}).get("/v1/chat/completions", 0)),
+        "judge_server_tokens": int(judge_stats.get("tokens_total", 0)),
+        # per step, as the run logged them: the tokens its judge calls spent (reward/cost/tokens), and
+        # rule_judge's share of samples whose judge the gate skipped and the judge's mean score where asked
+        "cost_tokens": [m.get("reward/cost/tokens", 0.0) for m in steps],
+        "judge_skipped": [m.get("reward/extra/composite_judge_skipped/mean", float("nan")) for m in steps],
+        "judge_score": [m.get("reward/extra/composite_judge_score/mean", float("nan")) for m in steps],
         "total_time_s": total,
         "step_time_s": total / cfg.steps,
         "actor_s": actor.update_s,
@@ -475,7 +533,8 @@ def _paired(differences: list[float]) -> dict[str, float]:
 
 def paired_comparisons(runs: list[dict[str, Any]], modes: tuple[str, ...]) -> dict[str, Any]:
     """Each mode against the first, paired by seed: the per-seed difference of final and mean
-    accuracy (per step), and of accuracy at equal wall time (the slower run's accuracy when the
+    accuracy (per step), of the final expected score and expected right-and-bare score (exact, at
+    the sampling temperature), and of accuracy at equal wall time (the slower run's accuracy when the
     faster of the two finished, each seed's pair on its own clock), with the paired t statistic
     ``mean / (std / sqrt(n))`` of each (NaN with one seed)."""
     by = {(run["mode"], run["seed"]): run for run in runs}
@@ -492,17 +551,43 @@ def paired_comparisons(runs: list[dict[str, Any]], modes: tuple[str, ...]) -> di
             "seeds": seeds,
             "final_accuracy": _paired([o["final_accuracy"] - r["final_accuracy"] for r, o in pairs]),
             "mean_accuracy": _paired([o["mean_accuracy"] - r["mean_accuracy"] for r, o in pairs]),
+            "final_expected_score": _paired(
+                [o["expected_score"][-1] - r["expected_score"][-1] for r, o in pairs]
+            ),
+            "final_expected_bare_score": _paired(
+                [o["expected_bare_score"][-1] - r["expected_bare_score"][-1] for r, o in pairs]
+            ),
             "accuracy_at_equal_wall_time": _paired(at_equal_time),
             "step_time_ratio": _paired([o["step_time_s"] / r["step_time_s"] for r, o in pairs]),
         }
     return out
 
 
+def format_judging(runs: list[dict[str, Any]], modes: tuple[str, ...], steps: int) -> str:
+    """Per mode, mean over seeds: judge calls and tokens a step (the judge server's counts), and the
+    final expected score and expected right-and-bare score."""
+    lines = [
+        f"{'mode':<12} {'judge calls/step':>16} {'judge tokens/step':>17} {'expected score':>14} "
+        f"{'right and bare':>14}"
+    ]
+    for mode in modes:
+        mine = [run for run in runs if run["mode"] == mode]
+        if not mine:
+            continue
+        calls = np.mean([run.get("judge_requests", 0) / steps for run in mine])
+        tokens = np.mean([run.get("judge_server_tokens", 0) / steps for run in mine])
+        score = np.mean([run["expected_score"][-1] for run in mine])
+        bare = np.mean([run["expected_bare_score"][-1] for run in mine])
+        lines.append(f"{mode:<12} {calls:>16.1f} {tokens:>17.1f} {score:>14.3f} {bare:>14.3f}")
+    return "\n".join(lines)
+
+
 def format_paired(paired: dict[str, Any], reference: str) -> str:
     """The paired-by-seed lines of the summary."""
     lines = []
     for mode, c in paired.items():
-        for key in ("final_accuracy", "mean_accuracy", "accuracy_at_equal_wall_time"):
+        keys = ("final_accuracy", "mean_accuracy", "final_expected_score", "final_expected_bare_score")
+        for key in (*keys, "accuracy_at_equal_wall_time"):
             v = c[key]
             lines.append(
                 f"{mode} - {reference}, {key} paired by seed: {v['mean_difference']:+.3f} "
@@ -606,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{results['task']}; {cfg.steps} steps, seeds {list(cfg.seeds)}, through verl v1 fit")
     print(format_summary(results["summary"]))
     print(format_paired(results["paired"], cfg.modes[0]))
+    print(format_judging(results["runs"], cfg.modes, cfg.steps))
     print(
         f"\nwall time {results['wall_time_s']:.1f} s (setup {results['setup_s']:.1f} s); "
         f"results in {cfg.out_dir / 'toy_grpo_v1.json'}"
