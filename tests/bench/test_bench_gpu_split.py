@@ -118,7 +118,10 @@ def test_busy_time_counts_overlaps_once_within_the_window():
 
 def test_the_split_flags_reach_the_run_and_the_regime_summary():
     parser = speedup.configure_parser(__import__("argparse").ArgumentParser())
-    args = parser.parse_args(["--total-gpus", "16", "--rollout-gpus", "5", "--weight-sync-s", "5"])
+    # the default strategies (the README's table) are all colocated: the split flags name separate ones
+    argv = ["--total-gpus", "16", "--rollout-gpus", "5", "--weight-sync-s", "5"]
+    argv += ["--strategies", "v1_separate_async"]
+    args = parser.parse_args(argv)
     cfg = speedup.config_from_args(args)
     assert (cfg.total_gpus, cfg.rollout_gpus, cfg.weight_sync_s) == (16, 5, 5.0)
     cfg.validate()
