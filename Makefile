@@ -32,7 +32,8 @@ install: $(STAMP)
 # together, so their warm actors start once: tests/conftest.py's V1_WARM_FILES). Each process starts
 # its own local Ray cluster when its first Ray test needs one. The suite is CPU-bound on two cores; three processes were
 # the fastest (2026-11-27, same tree: two 707 s of pytest, three 657 s; another tree: three 628 s,
-# four 735 s), so three stays; TEST_WORKERS=0 runs it in one.
+# four 735 s; 2026-11-29, one unit per file: two 863 s, three 682 s), so three stays; TEST_WORKERS=0
+# runs it in one.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)

@@ -298,6 +298,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The deprecated trainer: on top, and imported by nothing else, so it can be deleted as a unit.
     ("legacy", ("async_reward.legacy",)),
 )
+#: Packages of one layer that never import each other: the two v1 trainer modes share what they
+#: share through ``async_reward.v1`` below them, so either can change (or go) without the other.
+SIBLINGS: tuple[tuple[str, str], ...] = (("async_reward.v1.pipelined", "async_reward.v1.decoupled"),)
 #: Modules outside the library's layers (the console script's front door, verl's plugin entry).
 OUTSIDE_LAYERS = ("async_reward_cli", "async_reward_verl_plugin", *TOOL_PACKAGES)
 
@@ -315,8 +318,13 @@ def layer_of(module: str) -> int | None:
     return None if best is None else best[0]
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    """Every import that runs upwards, and every import of ``legacy`` from outside it."""
+    """Every import that runs upwards, every import of ``legacy`` from outside it, and every import
+    between two :data:`SIBLINGS`."""
     legacy = layer_of("async_reward.legacy")
     found = []
     for module, targets in sorted(graph.items()):
@@ -329,6 +337,13 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if there > here or (there == legacy and here != legacy):
                 found.append(f"{module} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]})")
+            for first, second in SIBLINGS:
+                crossing = {_in(module, first), _in(target, second)} == {True} or {
+                    _in(module, second),
+                    _in(target, first),
+                } == {True}
+                if crossing:
+                    found.append(f"{module} imports {target}: sibling packages {first} and {second}")
     return found
 
 
@@ -342,7 +357,8 @@ def test_every_module_of_the_library_has_a_layer() -> None:
 
 def test_imports_only_run_downwards() -> None:
     """``_core`` imports nothing of ours, ``config`` only ``_core`` and the judge's language, managers
-    and the judge never import trainer code, and nothing imports ``legacy``."""
+    and the judge never import trainer code, nothing imports ``legacy``, and the two v1 modes do not
+    import each other."""
     assert layer_violations(import_graph()) == []
 
 
@@ -366,6 +382,8 @@ def test_the_layer_check_fails_on_an_upward_import(tmp_path: Path) -> None:
     for module, line in (
         ("_core/deadline.py", "from async_reward.config import AsyncRewardConfig\n"),
         ("managers/naive.py", "def _later():\n    from async_reward.v1 import agent_loop\n"),
+        ("v1/decoupled/window.py", "from async_reward.v1.pipelined import choice\n"),
+        ("v1/pipelined/pool.py", "def _later():\n    from async_reward.v1.decoupled import window\n"),
     ):
         assert_the_layer_check_finds(tmp_path, module, line)
 

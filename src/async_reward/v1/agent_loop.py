@@ -56,6 +56,7 @@ from verl.utils import tensordict_utils as tu
 
 from async_reward._core.config_rules import select_key
 from async_reward._core.postprocess import apply_group_postprocessing
+from async_reward._core.result import DISPATCH_ORDER_KEY
 from async_reward.config import ConfigError
 from async_reward.config.v1 import (
     REPLAY_BUFFER_NAME,
@@ -73,7 +74,14 @@ from async_reward.v1.reward_failover import (
     is_unavailable,
 )
 
-__all__ = ["RewardAgentLoopManager", "RewardAgentLoopWorker", "excluded_uid"]
+__all__ = [
+    "DRY_RUN_AGENT_LOOP_MANAGER",
+    "DryRunAgentLoopManager",
+    "RewardAgentLoopManager",
+    "RewardAgentLoopWorker",
+    "excluded_uid",
+    "number_dispatches",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -336,3 +344,28 @@ def _postprocess_group(uid: str, scores: list[Any]) -> list[Any]:
     if any(score is None for score in scores):
         return scores
     return apply_group_postprocessing([uid] * len(scores), scores)
+
+
+#: The agent-loop manager a dry run hands verl's task runner: it starts nothing.
+DRY_RUN_AGENT_LOOP_MANAGER = "async_reward.v1.agent_loop.DryRunAgentLoopManager"
+
+
+class DryRunAgentLoopManager:
+    """What a dry run hands verl's task runner instead of an agent-loop manager: nothing starts."""
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> DryRunAgentLoopManager:
+        return cls()
+
+
+def number_dispatches(prompts: Any, first: int) -> int:
+    """Number ``prompts`` (a verl prompt batch) from ``first`` in their order, as the
+    :data:`~async_reward._core.result.DISPATCH_ORDER_KEY` field; returns the next number.
+
+    verl's agent-loop worker hands each prompt field to every session's kwargs, and its
+    ``_compute_score`` puts the kwargs into the reward request's non-tensor batch, where our managers
+    read it into ``RewardSample.dispatch_order``: within one policy version, each reward worker admits
+    the earliest-dispatched group first (``admission_priority``)."""
+    count = len(prompts)
+    tu.assign_non_tensor_stack(prompts, DISPATCH_ORDER_KEY, list(range(first, first + count)))
+    return first + count

@@ -467,7 +467,7 @@ async def test_within_a_policy_version_the_earliest_dispatched_group_is_admitted
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils import tensordict_utils as tu
 
-    from async_reward.v1.decoupled.agent_loop import number_dispatches
+    from async_reward.v1.agent_loop import number_dispatches
     from tests.managers.test_managers import ORDER_RECORDING_FUNCTION, admitted_in_turn, write_module
     from tests.v1.test_reward_failover import CapturingRewardWorker
 

@@ -36,17 +36,14 @@ from typing import Any
 import ray
 import transfer_queue as tq
 from omegaconf import DictConfig
-from verl.utils import tensordict_utils as tu
 
-from async_reward._core.result import DISPATCH_ORDER_KEY
-from async_reward.v1.agent_loop import RewardAgentLoopManager, RewardAgentLoopWorker
+from async_reward.v1.agent_loop import RewardAgentLoopManager, RewardAgentLoopWorker, number_dispatches
 
 __all__ = [
     "DECOUPLED_AGENT_LOOP_MANAGER",
     "DecoupledAgentLoopManager",
     "DecoupledAgentLoopWorker",
     "GroupFailedError",
-    "number_dispatches",
 ]
 
 logger = logging.getLogger(__name__)
@@ -206,19 +203,6 @@ class DecoupledAgentLoopWorker(RewardAgentLoopWorker):
 
 
 DecoupledAgentLoopWorkerActor: Any = ray.remote(DecoupledAgentLoopWorker)
-
-
-def number_dispatches(prompts: Any, first: int) -> int:
-    """Number ``prompts`` (a verl prompt batch) from ``first`` in their order, as the
-    :data:`~async_reward._core.result.DISPATCH_ORDER_KEY` field; returns the next number.
-
-    verl's agent-loop worker hands each prompt field to every session's kwargs, and its
-    ``_compute_score`` puts the kwargs into the reward request's non-tensor batch, where our managers
-    read it into ``RewardSample.dispatch_order``: within one policy version, each reward worker admits
-    the earliest-dispatched group first (``admission_priority``)."""
-    count = len(prompts)
-    tu.assign_non_tensor_stack(prompts, DISPATCH_ORDER_KEY, list(range(first, first + count)))
-    return first + count
 
 
 class DecoupledAgentLoopManager(RewardAgentLoopManager):

@@ -43,6 +43,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
 from async_reward.config import ConfigError
 from async_reward.config.v1 import AGENT_LOOP_MANAGER, REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH
+from async_reward.v1.agent_loop import DRY_RUN_AGENT_LOOP_MANAGER
 from async_reward.v1.checks import apply_legacy_and_check
 from async_reward.v1.decoupled.agent_loop import DECOUPLED_AGENT_LOOP_MANAGER, DecoupledAgentLoopManager
 from async_reward.v1.decoupled.config import (
@@ -61,7 +62,6 @@ from async_reward.v1.decoupled.window import (
     dispatch_blocker,
     top_up_count,
 )
-from async_reward.v1.pipelined.trainer import DRY_RUN_AGENT_LOOP_MANAGER
 
 __all__ = ["PPOTrainerDecoupled"]
 

@@ -35,6 +35,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from async_reward.config import ConfigError
 from async_reward.config.v1 import AGENT_LOOP_MANAGER
 from async_reward.v1.agent_loop import (
+    DRY_RUN_AGENT_LOOP_MANAGER,
     RewardAgentLoopManager,
     RewardAgentLoopWorker,
     _VerlWorker,
@@ -44,9 +45,7 @@ from async_reward.v1.agent_loop import (
 from async_reward.v1.pipelined.config import PIPELINED_MODE, is_pipelined_mode
 
 __all__ = [
-    "DRY_RUN_AGENT_LOOP_MANAGER",
     "PIPELINED_AGENT_LOOP_MANAGER",
-    "DryRunAgentLoopManager",
     "PipelinedAgentLoopManager",
     "PipelinedAgentLoopWorker",
     "use_pipelined_agent_loop",
@@ -56,8 +55,6 @@ logger = logging.getLogger(__name__)
 
 #: ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` of the pipelined mode (the trainer sets it).
 PIPELINED_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined.agent_loop.PipelinedAgentLoopManager"
-#: The agent-loop manager a dry run hands verl's task runner: it starts nothing.
-DRY_RUN_AGENT_LOOP_MANAGER = "async_reward.v1.pipelined.agent_loop.DryRunAgentLoopManager"
 
 #: Set only inside the task of a session whose trajectory is being written before its score: verl's
 #: write calls ``_compute_score`` first, and every session of the worker shares the worker object,
@@ -139,14 +136,6 @@ class PipelinedAgentLoopManager(RewardAgentLoopManager):
             )
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = PipelinedAgentLoopWorkerActor
-
-
-class DryRunAgentLoopManager:
-    """What a dry run hands verl's task runner instead of an agent-loop manager: nothing starts."""
-
-    @classmethod
-    def create(cls, *args: Any, **kwargs: Any) -> DryRunAgentLoopManager:
-        return cls()
 
 
 def use_pipelined_agent_loop(config: DictConfig, dry_run: bool) -> None:

@@ -55,13 +55,9 @@ from verl.utils.debug import marked_timer
 from async_reward.config.v1 import max_untrained_skips
 from async_reward.training.exclusion import rows_for_update
 from async_reward.training.metrics import extras_metrics
+from async_reward.v1.agent_loop import number_dispatches
 from async_reward.v1.checks import apply_legacy_and_check
-from async_reward.v1.decoupled.agent_loop import number_dispatches
-from async_reward.v1.pipelined.agent_loop import (
-    DRY_RUN_AGENT_LOOP_MANAGER,
-    DryRunAgentLoopManager,
-    use_pipelined_agent_loop,
-)
+from async_reward.v1.pipelined.agent_loop import use_pipelined_agent_loop
 from async_reward.v1.pipelined.batches import GroupState, InFlightBatch, check_prepared, read_groups
 from async_reward.v1.pipelined.choice import JudgeCatchUp
 from async_reward.v1.pipelined.config import (
@@ -84,9 +80,7 @@ from async_reward.v1.pipelined.waits import (
 from async_reward.v1.replay_buffer import row_loss_tokens, session_reward_extras
 
 __all__ = [
-    "DRY_RUN_AGENT_LOOP_MANAGER",
     "AgentLoopWorkerDied",
-    "DryRunAgentLoopManager",
     "PPOTrainerPipelined",
     "RewardWaitTimeout",
 ]
