@@ -6,6 +6,8 @@ tests/legacy/test_bench.py; its v1 strategies alone: tests/bench/test_bench_v1_s
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,21 @@ from async_reward_bench.report import measured_steps, probe_lag_ms, service_busy
 from async_reward_bench.scenarios import regime_latency, regime_stages
 
 TINY = ["--steps", "3", "--time-scale", "0.002", "--prompts", "16", "--capacity", "4", "--no-progress"]
+
+
+def assert_a_sane_tiny_run(name: str, summary: dict[str, Any], out_dir: Path) -> None:
+    """What every strategy of a :data:`TINY` run in the recipe regime writes (80 samples a step, 4
+    updates, 3 steps), whatever the machine's load: sane numbers, every sample scored once and ok,
+    and its timeline picture."""
+    assert len(summary["step_times_s"]) == 3 and min(summary["step_times_s"]) > 0
+    assert summary["step_s"] > 0 and summary["ratio_to_bound"] > 0.5
+    assert 0 < summary["service_busy_fraction"] <= 1.0
+    assert summary["probe_lag_ms"] >= 0
+    assert summary["updates_per_step"] == [4, 4, 4]
+    assert summary["reward_status_ok"] == [80, 80, 80]  # every sample scored once, ok
+    png = Path(summary["timeline_png"])
+    assert png == out_dir / f"timeline_recipe_{name}.png", name
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_exit_code_follows_the_outcome(monkeypatch, tmp_path, capsys):

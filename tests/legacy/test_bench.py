@@ -13,13 +13,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from async_reward_bench import speedup
-from tests.bench.test_bench import TINY
+from tests.bench.test_bench import TINY, assert_a_sane_tiny_run
 
 OURS = ["baseline", "mini_batch", "one_step_off", "both", "recipe_style"]
 #: The v1 mode beside our legacy strategies: the first line compares it with legacy ``both`` of the same
@@ -75,15 +74,7 @@ def test_tiny_benchmark_of_every_legacy_strategy_writes_sane_results(ray_cluster
     assert regime["bound_s"] == pytest.approx(410.0)  # 80 samples x 20.5 s / 4 slots: the recipe's share
     assert list(regime["strategies"]) == OURS + V1
     for name, summary in regime["strategies"].items():
-        assert len(summary["step_times_s"]) == 3 and min(summary["step_times_s"]) > 0
-        assert summary["step_s"] > 0 and summary["ratio_to_bound"] > 0.5
-        assert 0 < summary["service_busy_fraction"] <= 1.0
-        assert summary["probe_lag_ms"] >= 0
-        assert summary["updates_per_step"] == [4, 4, 4]
-        assert summary["reward_status_ok"] == [80, 80, 80]  # every sample scored once, ok
-        png = Path(summary["timeline_png"])
-        assert png == tmp_path / f"timeline_recipe_{name}.png"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert_a_sane_tiny_run(name, summary, tmp_path)
     strategies = regime["strategies"]
     for name in OURS:
         assert strategies[name]["staleness"] == (
