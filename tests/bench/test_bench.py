@@ -211,7 +211,6 @@ def test_the_default_run_is_the_readme_performance_table():
     ``colocate_async`` up to 4 with the fast reward), one run, with the GC pauses held off as
     always; ``--quick`` stays ``make bench``'s short run, and every other strategy runs on request."""
     import re
-    from pathlib import Path
 
     from async_reward_bench.scenarios import DEFAULT_STRATEGIES, OFFERED_STRATEGIES, V1_STRATEGIES
     from async_reward_bench.steady_state import scheduled_staleness, steady_window
