@@ -123,6 +123,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.group_wait_s", 5.0, "without judge.mode=group", {}),
     ("judge.group_wait_s", 0.0, "must be in", {"judge.mode": "group"}),
     ("judge.group_shuffle", False, "without judge.mode=group", {}),
+    ("judge.group_shuffle", None, "not a boolean", {"judge.mode": "group"}),
     ("judge.group_seed", 1, "without judge.mode=group", {}),
     ("judge.criteria_per_call", 0, ">= 1", {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.expected_verdict", True, "whole-number verdicts", {"judge.max_score": 9.5}),
@@ -246,7 +247,10 @@ GOOD_WITH_OTHERS = [
 
 #: Deprecated keys: derived now, still honoured for one release with a DeprecationWarning that names
 #: the key, says what replaced it and the fix (their good rows above must warn so).
-DEPRECATED = {"judge.top_logprobs": "derived from the verdict scale now"}
+DEPRECATED = {
+    "judge.top_logprobs": "derived from the verdict scale now",
+    "judge.group_seed": "seeded by the group's uid",
+}
 
 
 def leaf_fields(cls: type, prefix: str = "") -> list[str]:

@@ -148,12 +148,14 @@ class JudgeConfig:
     count that arrived (never a partial group judged, never a wait without end). Where sessions are
     scored as they finish generating (verl's agent loop), it must cover the spread of generation
     times inside a group."""
-    group_shuffle: bool | None = None
-    """With ``mode: group``: list the members in an order shuffled per call (seeded by
-    ``group_seed`` and the group's ``uid``), so a judge's position bias favours no member
-    systematically (null: true). False: arrival order (for measuring that bias)."""
+    group_shuffle: bool = True
+    """With ``mode: group``: list the members in an order shuffled per call (seeded by the group's
+    ``uid``), so a judge's position bias favours no member systematically. False: arrival order
+    (for measuring that bias); refused without ``mode: group``."""
     group_seed: int | None = None
-    """With ``mode: group``: the seed of the shuffle (null: 0)."""
+    """Deprecated: the shuffle is seeded by the group's ``uid`` alone (random per group in
+    training; the benchmarks' fixed uids give the same orders run after run), with the seed 0 this
+    key defaulted to. When set it is still honoured for one release, with a ``DeprecationWarning``."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -374,8 +376,13 @@ class JudgeConfig:
         if self.mode not in ("pointwise", "group"):
             raise bad_value(f"{path}.mode", self.mode, "is not a judging mode", "use pointwise or group")
         if self.mode != "group":
-            for key in ("group_wait_s", "group_shuffle", "group_seed"):
-                if getattr(self, key) is not None:
+            # group_shuffle: true is the default, so only false says it was meant for a group.
+            for key, is_set in (
+                ("group_wait_s", self.group_wait_s is not None),
+                ("group_shuffle", self.group_shuffle is not True),
+                ("group_seed", self.group_seed is not None),
+            ):
+                if is_set:
                     raise bad_value(
                         f"{path}.{key}",
                         getattr(self, key),
@@ -393,6 +400,12 @@ class JudgeConfig:
             ("cache", self.cache, "group verdicts are not cached"),
         ]
         self._refuse_conflicts(path, conflicts, "judge.mode=group", "set judge.mode=pointwise")
+        if self.group_seed is not None:
+            warn_deprecated_key(
+                f"{path}.group_seed",
+                "the shuffle is seeded by the group's uid (random per group in training)",
+                "delete the line (the seed it defaulted to, 0, is kept)",
+            )
 
     def _refuse_conflicts(
         self, path: str, conflicts: list[tuple[str, bool, str]], feature: str, turn_off: str
