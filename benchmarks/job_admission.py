@@ -85,11 +85,11 @@ def run_pair(config: Any, tokenizer_dir: Path, loads: list[int]) -> dict[str, An
 def judge_config(base: Any, url: str, admission: str, workers: int, **limits: Any) -> Any:
     settings = {
         "judge": {"base_url": url + "/v1"},
-        "num_workers": workers,
         "timeout_s": 60.0,
         "limits": {"admission": admission, **limits},
     }
-    return make_config(base, "llm_judge", async_reward=settings)
+    # The workers run_pair starts, as verl's reward.num_workers (the budgets are split over them).
+    return make_config(base, "llm_judge", async_reward=settings, reward={"num_workers": workers})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 import typing
@@ -58,15 +59,15 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("limits.admission", None, "not a string", {}),
     ("limits.requests_per_minute", 0, "> 0", {}),
     ("limits.requests_per_minute", NAN, "finite", {}),
-    ("limits.requests_per_minute", 3, "less than one request", {"num_workers": 4}),
+    ("limits.requests_per_minute", 3, "less than one request", {"reward.num_workers": 4}),
     ("limits.tokens_per_minute", -1, "> 0", {}),
-    ("limits.tokens_per_minute", 3, "less than one token", {"num_workers": 4}),
+    ("limits.tokens_per_minute", 3, "less than one token", {"reward.num_workers": 4}),
     ("limits.estimated_tokens_per_request", -1, ">= 0", {}),
     (
         "limits.estimated_tokens_per_request",
         600,
         "could ever be admitted",
-        {"limits.tokens_per_minute": 1000, "num_workers": 2},
+        {"limits.tokens_per_minute": 1000, "reward.num_workers": 2},
     ),
     ("retry.max_attempts", 0, ">= 1", {}),
     ("retry.initial_backoff_s", -1, ">= 0", {}),
@@ -122,6 +123,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.group_wait_s", 5.0, "without judge.mode=group", {}),
     ("judge.group_wait_s", 0.0, "must be in", {"judge.mode": "group"}),
     ("judge.group_shuffle", False, "without judge.mode=group", {}),
+    ("judge.group_shuffle", None, "not a boolean", {"judge.mode": "group"}),
     ("judge.group_seed", 1, "without judge.mode=group", {}),
     ("judge.criteria_per_call", 0, ">= 1", {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.expected_verdict", True, "whole-number verdicts", {"judge.max_score": 9.5}),
@@ -243,6 +245,15 @@ GOOD_WITH_OTHERS = [
 ]
 
 
+#: Deprecated keys: derived now, still honoured for one release with a DeprecationWarning that names
+#: the key, says what replaced it and the fix (their good rows above must warn so).
+DEPRECATED = {
+    "judge.top_logprobs": "derived from the verdict scale now",
+    "judge.group_seed": "seeded by the group's uid",
+    "num_workers": "the reward workers sharing the RPM/TPM budgets are reward.num_workers",
+}
+
+
 def leaf_fields(cls: type, prefix: str = "") -> list[str]:
     """Dotted names of every non-dataclass field of ``cls``, nested dataclasses expanded."""
     names = []
@@ -288,8 +299,11 @@ def load(verl_config_factory: Any, key: str, value: Any, others: dict[str, Any] 
             config.async_reward = nested(settings)
             config.algorithm.adv_estimator = "grpo"  # mini_batch needs a group-local estimator
         return load_pipeline_config(config)
-    # The reward workers read only the `reward` node: a config holding just that is the same path.
-    return load_config(OmegaConf.create({"reward": {"num_workers": 1, "async_reward": nested(settings)}}))
+    # The reward workers read only the `reward` node: a config holding just that is the same path
+    # (verl's reward.num_workers, 1 unless a row's others set it).
+    workers = settings.pop("reward.num_workers", 1)
+    node = {"num_workers": workers, "async_reward": nested(settings)}
+    return load_config(OmegaConf.create({"reward": node}))
 
 
 def shown(value: Any) -> list[str]:
@@ -340,7 +354,13 @@ def test_bad_value_is_refused_naming_key_value_and_fix(verl_config_factory, key,
     ids=[f"{k}={v!r}" for k, v, *_ in [*GOOD, *GOOD_WITH_OTHERS]],
 )
 def test_good_value_is_accepted(verl_config_factory, key, value, others):
-    loaded = load(verl_config_factory, key, value, others)
+    if key in DEPRECATED:  # honoured, and the warning says what replaced it and the fix
+        replaced_by = DEPRECATED[key]
+        said = rf"reward\.async_reward\.{re.escape(key)} is deprecated: .*{replaced_by}.*; delete the line"
+        with pytest.warns(DeprecationWarning, match=said):
+            loaded = load(verl_config_factory, key, value, others)
+    else:
+        loaded = load(verl_config_factory, key, value, others)
     node: Any = loaded
     for part in key.removeprefix("pipeline.").split("."):
         node = getattr(node, part)
@@ -529,9 +549,22 @@ def test_reward_budgets_cannot_be_split_over_fewer_workers_than_verl_starts(verl
     with pytest.raises(ConfigError, match=r"num_workers=2 is below reward\.num_workers \(8\)") as info:
         prepare_verl_config(config)
     assert info.value.key == "reward.async_reward.num_workers"
+    assert "delete the line" in info.value.fix and "reward.num_workers" in info.value.fix
+    with open_dict(config):
+        config.reward.async_reward.num_workers = 8  # equal: honoured, deprecated
+    with pytest.warns(
+        DeprecationWarning, match=r"async_reward\.num_workers is deprecated: .*; delete the line\."
+    ):
+        assert load_config(config).worker_count == 8
     with open_dict(config):
         config.reward.async_reward.num_workers = 16  # more is conservative (a budget shared with others)
-    assert load_config(config).worker_count == 16
+    with pytest.warns(
+        DeprecationWarning, match=r"smaller share, still honoured\); delete the line, and lower"
+    ):
+        assert load_config(config).worker_count == 16
+    with open_dict(config):
+        del config.reward.async_reward.num_workers  # the replacement: verl's reward.num_workers alone
+    assert load_config(config).worker_count == 8
 
 
 USER_CODE = """

@@ -11,7 +11,8 @@ Every written verdict is weighed and the lowest value counts (``managers.span_we
   replaces an expected 8.8);
 * a written verdict off the scale is ``invalid`` weighted as it is plain;
 * the same per criterion of a rubric, where the reply's final block may be the quoted lines;
-* ``judge.top_logprobs`` without ``expected_verdict`` is refused at start-up.
+* ``judge.top_logprobs`` without ``expected_verdict`` is refused at start-up; the number asked for is
+  derived from the scale (the deprecated key, still honoured, warns).
 
 Over real HTTP: the local judge server (its own verdict's tokens unsure, quoted digits certain) and,
 for reply shapes it cannot write (a reply that ends with a quote, a verdict of 90, an emoji rendered
@@ -320,16 +321,42 @@ def test_top_logprobs_without_expected_verdict_is_refused_naming_the_key_and_the
     with pytest.raises(ConfigError) as loaded:  # the user's path: a verl config's reward node
         load_config({"reward": {"async_reward": {"judge": {"base_url": "http://x/v1", "top_logprobs": 20}}}})
     assert loaded.value.key == "reward.async_reward.judge.top_logprobs"
-    JudgeConfig(base_url="http://x/v1", expected_verdict=True, top_logprobs=5).validate()
+    with pytest.warns(DeprecationWarning, match=DEPRECATED_TOP_LOGPROBS):  # deprecated, still honoured
+        JudgeConfig(base_url="http://x/v1", expected_verdict=True, top_logprobs=5).validate()
     JudgeConfig(base_url="http://x/v1").validate()
 
 
-@pytest.mark.parametrize(("top", "sent"), [(None, 20), (11, 11)])
-async def test_the_request_asks_for_top_logprobs_or_twenty(
-    scripted, verl_config_factory, tokenizer, batch_factory, top, sent
+#: What setting the deprecated key says: its name, that it is derived now, and the fix.
+DEPRECATED_TOP_LOGPROBS = (
+    r"reward\.async_reward\.judge\.top_logprobs is deprecated: it is derived from the verdict scale now "
+    r"\(\d+ alternatives .*\); delete the line"
+)
+
+
+@pytest.mark.parametrize(
+    ("scale", "sent"),
+    [
+        ({}, 20),  # 0-10: 11 verdicts, two spellings each, capped at OpenAI's and vLLM's 20
+        ({"min_score": 0, "max_score": 1}, 4),
+        ({"min_score": 1, "max_score": 5}, 10),
+        ({"min_score": 0, "max_score": 100}, 20),  # more verdicts than the cap: the cap, as before
+    ],
+)
+async def test_the_request_asks_for_top_logprobs_derived_from_the_scale(
+    scripted, verl_config_factory, tokenizer, batch_factory, scale, sent
+):
+    scripted.script("Verdict: [[1]]", "[[1]]")
+    manager = manager_for(scripted, verl_config_factory, tokenizer, **scale)
+    output = (await score_rows(manager, batch_factory, ROW))[0]
+    assert scripted.bodies[-1]["logprobs"] is True and scripted.bodies[-1]["top_logprobs"] == sent
+    assert output["reward_extra_info"]["judge_weighting"] == "expected"  # the derived number weighs it
+
+
+async def test_the_deprecated_top_logprobs_is_honoured_with_a_warning(
+    scripted, verl_config_factory, tokenizer, batch_factory
 ):
     scripted.script("Verdict: [[7]]", "[[7]]")
-    judge = {} if top is None else {"top_logprobs": top}
-    manager = manager_for(scripted, verl_config_factory, tokenizer, **judge)
+    with pytest.warns(DeprecationWarning, match=DEPRECATED_TOP_LOGPROBS):
+        manager = manager_for(scripted, verl_config_factory, tokenizer, top_logprobs=11)
     await score_rows(manager, batch_factory, ROW)
-    assert scripted.bodies[-1]["logprobs"] is True and scripted.bodies[-1]["top_logprobs"] == sent
+    assert scripted.bodies[-1]["logprobs"] is True and scripted.bodies[-1]["top_logprobs"] == 11

@@ -37,7 +37,7 @@ from async_reward._core.config_rules import (
 )
 from async_reward._core.errors import ConfigError
 from async_reward._core.result import BATCH_KEYS, RESERVED_EXTRA_KEYS
-from async_reward.config._shared import CONFIG_PATH
+from async_reward.config._shared import CONFIG_PATH, warn_deprecated_key
 from async_reward.config.composite import CompositeConfig
 from async_reward.config.judge import JudgeConfig
 from async_reward.config.limits import LimitsConfig
@@ -101,7 +101,9 @@ class AsyncRewardConfig:
     num_workers: int | None = field(
         default=None, metadata=at_least(1, "write the number of reward worker processes, or null")
     )
-    """Reward worker processes sharing the RPM/TPM budgets. None: read ``reward.num_workers``."""
+    """Deprecated: the reward worker processes sharing the RPM/TPM budgets are verl's
+    ``reward.num_workers``, which :func:`load_config` writes here. Set, it is still honoured for one
+    release with a ``DeprecationWarning`` (below ``reward.num_workers`` it is refused, as before)."""
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     """Admission limits."""
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -207,7 +209,8 @@ class AsyncRewardConfig:
 def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewardConfig:
     """Read and validate ``reward.async_reward`` from a full verl config.
 
-    ``num_workers`` defaults to ``reward.num_workers`` so that job-wide budgets are split correctly.
+    ``num_workers`` is ``reward.num_workers``, so that job-wide budgets are split over the reward
+    workers verl starts (the deprecated ``num_workers`` key: :func:`_worker_count`).
     verl's ``rate_limited`` keys (``reward.max_concurrent``, ``max_rpm``, ``max_tpm``,
     ``estimated_tokens_per_request``, ``timeout``) are applied to the same settings here
     (``async_reward.config.verl_keys``).
@@ -232,24 +235,52 @@ def load_config(verl_config: DictConfig | Mapping[str, Any] | None) -> AsyncRewa
         raw = apply_verl_reward_keys(reward_node, raw)
     config = parse_config(AsyncRewardConfig, raw)
     verl_workers = reward_node.get("num_workers") if hasattr(reward_node, "get") else None
-    if verl_workers is not None:
-        if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
-            raise bad_value(
-                "reward.num_workers",
-                verl_workers,
-                "must be an integer >= 1 (verl starts that many reward worker processes)",
-                "write reward.num_workers=1 or more",
-            )
-        if config.num_workers is None:
-            config.num_workers = verl_workers
-        elif config.num_workers < verl_workers:
-            raise bad_value(
-                f"{CONFIG_PATH}.num_workers",
-                config.num_workers,
-                f"is below reward.num_workers ({verl_workers}): each of the {verl_workers} reward worker "
-                f"processes would take 1/{config.num_workers} of the job-wide RPM/TPM budgets, "
-                f"{verl_workers / config.num_workers:g} times the total",
-                f"remove it (it defaults to reward.num_workers) or set it to at least {verl_workers}",
-            )
+    deprecated = _worker_count(config, verl_workers)
     config.validate()
+    if deprecated is not None:  # said once the config is known to be usable
+        warn_deprecated_key(f"{CONFIG_PATH}.num_workers", *deprecated)
     return config
+
+
+def _worker_count(config: AsyncRewardConfig, verl_workers: Any) -> tuple[str, str] | None:
+    """Set ``config.num_workers`` to ``reward.num_workers``, the processes verl starts; where the
+    deprecated ``num_workers`` key is set, what its warning says (what replaced it, the fix).
+
+    The key below ``reward.num_workers`` is refused, as before (each worker would take more than its
+    share of the job-wide budgets); above it, it is honoured this release (a smaller share each, for
+    budgets shared with other jobs), and the fix is to lower the budgets to this job's part.
+
+    Raises:
+        ConfigError: ``reward.num_workers`` is not an integer >= 1, or the key is below it.
+    """
+    replaced = "the reward workers sharing the RPM/TPM budgets are reward.num_workers"
+    if verl_workers is None:  # not a verl config (a bare reward node): the key still counts
+        return None if config.num_workers is None else (replaced, "delete the line")
+    if isinstance(verl_workers, bool) or not isinstance(verl_workers, int) or verl_workers < 1:
+        raise bad_value(
+            "reward.num_workers",
+            verl_workers,
+            "must be an integer >= 1 (verl starts that many reward worker processes)",
+            "write reward.num_workers=1 or more",
+        )
+    ours = config.num_workers
+    if ours is None:
+        config.num_workers = verl_workers
+        return None
+    if ours < verl_workers:
+        raise bad_value(
+            f"{CONFIG_PATH}.num_workers",
+            ours,
+            f"is below reward.num_workers ({verl_workers}): each of the {verl_workers} reward worker "
+            f"processes would take 1/{ours} of the job-wide RPM/TPM budgets, "
+            f"{verl_workers / ours:g} times the total",
+            f"delete the line ({CONFIG_PATH}.num_workers is deprecated: the budgets are split over "
+            "reward.num_workers)",
+        )
+    if ours == verl_workers:
+        return replaced, "delete the line"
+    return (
+        f"{replaced} ({verl_workers}; the key's {ours} gives each a smaller share, still honoured)",
+        "delete the line, and lower limits.requests_per_minute / tokens_per_minute to the part of "
+        "the budgets this job may use",
+    )

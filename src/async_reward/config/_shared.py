@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,8 +16,9 @@ from async_reward._core.config_rules import (
 )
 from async_reward._core.errors import ConfigError
 from async_reward._core.redaction import HIDDEN
+from async_reward._core.start_lines import say_once
 
-__all__ = ["CONFIG_PATH"]
+__all__ = ["CONFIG_PATH", "warn_deprecated_key"]
 
 #: Where the settings live in the verl config.
 CONFIG_PATH = "reward.async_reward"
@@ -63,3 +65,14 @@ def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) 
         key=key,
         fix=fix,
     )
+
+
+def warn_deprecated_key(key: str, replaced_by: str, fix: str) -> None:
+    """Say that ``key`` is deprecated (still honoured this release): what replaced it and the fix.
+
+    A ``DeprecationWarning`` for code that asks for them, and the same words once in the job's log
+    (:func:`say_once`): Python hides a ``DeprecationWarning`` raised outside ``__main__``, and a key
+    set in a YAML file has no caller of its own to be shown to."""
+    message = f"{key} is deprecated: {replaced_by}; {fix}. It is still honoured in this release."
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    say_once(message)

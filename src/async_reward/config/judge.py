@@ -19,14 +19,37 @@ from async_reward._core.config_rules import (
     rule,
     validate_fields,
 )
-from async_reward.config._shared import _URL_FIX, CONFIG_PATH, _env_name, _is_url, _require_env
+from async_reward.config._shared import (
+    _URL_FIX,
+    CONFIG_PATH,
+    _env_name,
+    _is_url,
+    _require_env,
+    warn_deprecated_key,
+)
 from async_reward.judge.cost import JudgePricing
 from async_reward.judge.rubric.criteria import Criterion
 
-__all__ = ["JudgeConfig"]
+__all__ = ["MAX_TOP_LOGPROBS", "JudgeConfig", "scale_top_logprobs"]
 
 #: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
 _JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
+#: Most alternatives a token OpenAI's API and vLLM list (``top_logprobs`` above it is refused, HTTP 400).
+MAX_TOP_LOGPROBS = 20
+
+
+def scale_top_logprobs(min_score: float, max_score: float) -> int:
+    """The ``top_logprobs`` ``expected_verdict`` asks for on the scale ``[min_score, max_score]``.
+
+    Two per whole-number verdict on the scale, at most :data:`MAX_TOP_LOGPROBS`: the rule of
+    ``async_reward.judge.expected`` weighs every verdict the server lists at a place, in each of its
+    spellings (``" 7"`` and ``"7"`` at the first place), so one per verdict could leave half the scale
+    unlisted. 0-10 asks for 20 (the cap), pass/fail 0-1 for 4. A scale of more than 10 verdicts asks
+    for the cap, as a fixed 20 did: the verdicts not listed are left out, and each sample's
+    ``judge_verdict_mass`` says how much probability the listed ones covered. A rubric's criteria
+    are graded on the judge's one scale, so they need the same number."""
+    verdicts = math.floor(max_score) - math.ceil(min_score) + 1
+    return max(1, min(MAX_TOP_LOGPROBS, 2 * verdicts))
 
 
 @dataclass
@@ -107,9 +130,9 @@ class JudgeConfig:
         default=None,
         metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)"),
     )
-    """With ``expected_verdict``: alternatives listed per token (null: 20); enough to cover the
-    scale (0-10 written as one token each needs 11). Refused without ``expected_verdict``, which is
-    what asks for them: set alone it would be ignored."""
+    """Deprecated (derived from the scale: :attr:`requested_top_logprobs`); when set it is still
+    honoured for one release, with a ``DeprecationWarning``. Refused without ``expected_verdict``,
+    which is what asks for alternatives: set alone it would be ignored."""
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one verdict per response, one call each. ``group``: the members of a GRPO group
     (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
@@ -125,12 +148,14 @@ class JudgeConfig:
     count that arrived (never a partial group judged, never a wait without end). Where sessions are
     scored as they finish generating (verl's agent loop), it must cover the spread of generation
     times inside a group."""
-    group_shuffle: bool | None = None
-    """With ``mode: group``: list the members in an order shuffled per call (seeded by
-    ``group_seed`` and the group's ``uid``), so a judge's position bias favours no member
-    systematically (null: true). False: arrival order (for measuring that bias)."""
+    group_shuffle: bool = True
+    """With ``mode: group``: list the members in an order shuffled per call (seeded by the group's
+    ``uid``), so a judge's position bias favours no member systematically. False: arrival order
+    (for measuring that bias); refused without ``mode: group``."""
     group_seed: int | None = None
-    """With ``mode: group``: the seed of the shuffle (null: 0)."""
+    """Deprecated: the shuffle is seeded by the group's ``uid`` alone (random per group in
+    training; the benchmarks' fixed uids give the same orders run after run), with the seed 0 this
+    key defaulted to. When set it is still honoured for one release, with a ``DeprecationWarning``."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -250,6 +275,14 @@ class JudgeConfig:
                 "is set without judge.expected_verdict (only the weighted verdict asks for alternatives)",
                 "remove judge.top_logprobs, or set judge.expected_verdict=true",
             )
+        if self.top_logprobs is not None:
+            derived = scale_top_logprobs(self.min_score, self.max_score)
+            warn_deprecated_key(
+                f"{path}.top_logprobs",
+                f"it is derived from the verdict scale now ({derived} alternatives for "
+                f"{self.min_score:g} to {self.max_score:g}: two per verdict, at most {MAX_TOP_LOGPROBS})",
+                "delete the line",
+            )
         self._validate_criteria(path)
         self._validate_group(path)
         own = set(_JUDGE_OWN_FIELDS) | ({"logprobs", "top_logprobs"} if self.expected_verdict else set())
@@ -259,8 +292,9 @@ class JudgeConfig:
                 f"{path}.extra_body",
                 overridden,
                 "would override request fields the judge config sets",
-                "set judge.model / temperature / max_tokens / template / top_logprobs instead (stream "
-                "and n are not supported: one complete reply is read per call)",
+                "set judge.model / temperature / max_tokens / template instead (logprobs and "
+                "top_logprobs follow judge.expected_verdict and the scale; stream and n are not "
+                "supported: one complete reply is read per call)",
             )
 
     def _validate_criteria(self, path: str) -> None:
@@ -342,8 +376,13 @@ class JudgeConfig:
         if self.mode not in ("pointwise", "group"):
             raise bad_value(f"{path}.mode", self.mode, "is not a judging mode", "use pointwise or group")
         if self.mode != "group":
-            for key in ("group_wait_s", "group_shuffle", "group_seed"):
-                if getattr(self, key) is not None:
+            # group_shuffle: true is the default, so only false says it was meant for a group.
+            for key, is_set in (
+                ("group_wait_s", self.group_wait_s is not None),
+                ("group_shuffle", self.group_shuffle is not True),
+                ("group_seed", self.group_seed is not None),
+            ):
+                if is_set:
                     raise bad_value(
                         f"{path}.{key}",
                         getattr(self, key),
@@ -361,6 +400,12 @@ class JudgeConfig:
             ("cache", self.cache, "group verdicts are not cached"),
         ]
         self._refuse_conflicts(path, conflicts, "judge.mode=group", "set judge.mode=pointwise")
+        if self.group_seed is not None:
+            warn_deprecated_key(
+                f"{path}.group_seed",
+                "the shuffle is seeded by the group's uid (random per group in training)",
+                "delete the line (the seed it defaulted to, 0, is kept)",
+            )
 
     def _refuse_conflicts(
         self, path: str, conflicts: list[tuple[str, bool, str]], feature: str, turn_off: str
@@ -398,8 +443,11 @@ class JudgeConfig:
 
     @property
     def requested_top_logprobs(self) -> int:
-        """The ``top_logprobs`` a request with ``expected_verdict`` asks for (``top_logprobs``, or 20)."""
-        return 20 if self.top_logprobs is None else self.top_logprobs
+        """The ``top_logprobs`` a request with ``expected_verdict`` asks for: derived from the scale
+        (:func:`scale_top_logprobs`), or the deprecated ``top_logprobs`` where it is still set."""
+        if self.top_logprobs is not None:
+            return self.top_logprobs
+        return scale_top_logprobs(self.min_score, self.max_score)
 
     @property
     def reward_floor(self) -> float:

@@ -6,9 +6,9 @@ response with the others in view (a consistent scale inside the group, which is 
 advantages compare). The rules:
 
 * **Labels, not names.** The prompt shows the members as ``R1`` ... ``Rn``, each in its own escaped
-  ``<response>`` block, in an order shuffled per call (:func:`shown_order`: seeded by
-  ``judge.group_seed`` and the group's ``uid``, so a run is reproducible; each sample's extras say
-  where it was shown, ``judge_group_position``).
+  ``<response>`` block, in an order shuffled per call (:func:`shown_order`: seeded by the group's
+  ``uid``, so a run is reproducible; each sample's extras say where it was shown,
+  ``judge_group_position``).
 * **One line per member, read like a rubric's.** The reply must end with exactly one
   ``R<k>: [[n]] <reason>`` line per member, read by the rubric's rules
   (``criteria.read_labelled_verdicts``): only the final block counts; a missing, repeated or
