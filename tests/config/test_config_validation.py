@@ -124,13 +124,9 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.group_wait_s", 0.0, "must be in", {"judge.mode": "group"}),
     ("judge.group_shuffle", False, "without judge.mode=group", {}),
     ("judge.group_shuffle", None, "not a boolean", {"judge.mode": "group"}),
-    ("judge.group_seed", 1, "without judge.mode=group", {}),
     ("judge.criteria_per_call", 0, ">= 1", {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.expected_verdict", True, "whole-number verdicts", {"judge.max_score": 9.5}),
     ("judge.extra_body", {"logprobs": True}, "override request fields", {"judge.expected_verdict": True}),
-    ("judge.top_logprobs", 0, "[1, 20]", {}),
-    ("judge.top_logprobs", 21, "[1, 20]", {}),
-    ("judge.top_logprobs", 5, "without judge.expected_verdict", {}),
     ("judge.prompt_price_per_million", -1.0, ">= 0", {"judge.completion_price_per_million": 1.0}),
     ("judge.prompt_price_per_million", 3.0, "without reward.async_reward.judge.completion_price", {}),
     ("judge.completion_price_per_million", NAN, "finite", {"judge.prompt_price_per_million": 1.0}),
@@ -235,11 +231,9 @@ GOOD_WITH_OTHERS = [
     ("judge.prompt_price_per_million", 3.0, {"judge.completion_price_per_million": 15.0}),
     ("judge.extra_body", {"logprobs": True}, {"judge.expected_verdict": False}),  # then it is yours
     ("judge.expected_verdict", True, {"judge.min_score": 1, "judge.max_score": 5}),
-    ("judge.top_logprobs", 11, {"judge.expected_verdict": True}),
     ("judge.criteria_per_call", 1, {"judge.criteria": [{"name": "a", "description": "d"}]}),
     ("judge.group_wait_s", 0.5, {"judge.mode": "group"}),
     ("judge.group_shuffle", False, {"judge.mode": "group"}),
-    ("judge.group_seed", 7, {"judge.mode": "group"}),
     ("judge.prompt_price_per_million", 0.0, {"judge.completion_price_per_million": 0.0}),
     ("judge.completion_price_per_million", 15.0, {"judge.prompt_price_per_million": 3.0}),
 ]
@@ -248,8 +242,6 @@ GOOD_WITH_OTHERS = [
 #: Deprecated keys: derived now, still honoured for one release with a DeprecationWarning that names
 #: the key, says what replaced it and the fix (their good rows above must warn so).
 DEPRECATED = {
-    "judge.top_logprobs": "derived from the verdict scale now",
-    "judge.group_seed": "seeded by the group's uid",
     "num_workers": "the reward workers sharing the RPM/TPM budgets are reward.num_workers",
 }
 
@@ -277,6 +269,21 @@ def test_every_field_has_rows():
     good = {key for key, _ in GOOD} | {key for key, *_ in GOOD_WITH_OTHERS}
     assert sorted(set(ALL_FIELDS) - good) == []
     assert {key for key, *_ in BAD} | good <= set(ALL_FIELDS)  # no stale rows
+
+
+#: Keys that were never released and are derived instead: (key, value, the others). Refused as unknown.
+DERIVED_NOT_KEYS = [
+    ("judge.top_logprobs", 11, {"judge.expected_verdict": True}),  # from the verdict scale
+    ("judge.group_seed", 1, {"judge.mode": "group"}),  # the group's uid seeds the shuffle
+]
+
+
+@pytest.mark.parametrize(("key", "value", "others"), DERIVED_NOT_KEYS, ids=[k for k, *_ in DERIVED_NOT_KEYS])
+def test_a_derived_setting_is_not_a_key(verl_config_factory, key, value, others):
+    with pytest.raises(ConfigError) as refused:
+        load(verl_config_factory, key, value, others)
+    assert refused.value.key == f"reward.async_reward.{key}"
+    assert "unknown key" in str(refused.value) and key not in ALL_FIELDS
 
 
 def nested(flat: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Every written verdict is weighed and the lowest value counts (``managers.span_we
   replaces an expected 8.8);
 * a written verdict off the scale is ``invalid`` weighted as it is plain;
 * the same per criterion of a rubric, where the reply's final block may be the quoted lines;
-* ``judge.top_logprobs`` without ``expected_verdict`` is refused at start-up; the number asked for is
+* ``judge.top_logprobs`` is not a key (refused at start-up); the number asked for is
   derived from the scale (the deprecated key, still honoured, warns).
 
 Over real HTTP: the local judge server (its own verdict's tokens unsure, quoted digits certain) and,
@@ -313,24 +313,15 @@ async def test_a_rubric_reply_quoting_more_criterion_lines_than_can_be_weighed_i
 # ------------------------------------------------------------------------------- item 9
 
 
-def test_top_logprobs_without_expected_verdict_is_refused_naming_the_key_and_the_fix():
-    with pytest.raises(ConfigError) as refused:
-        JudgeConfig(base_url="http://x/v1", top_logprobs=5).validate()
-    assert refused.value.key == "reward.async_reward.judge.top_logprobs"
-    assert "expected_verdict" in str(refused.value) and "judge.expected_verdict=true" in refused.value.fix
-    with pytest.raises(ConfigError) as loaded:  # the user's path: a verl config's reward node
-        load_config({"reward": {"async_reward": {"judge": {"base_url": "http://x/v1", "top_logprobs": 20}}}})
-    assert loaded.value.key == "reward.async_reward.judge.top_logprobs"
-    with pytest.warns(DeprecationWarning, match=DEPRECATED_TOP_LOGPROBS):  # deprecated, still honoured
-        JudgeConfig(base_url="http://x/v1", expected_verdict=True, top_logprobs=5).validate()
-    JudgeConfig(base_url="http://x/v1").validate()
-
-
-#: What setting the deprecated key says: its name, that it is derived now, and the fix.
-DEPRECATED_TOP_LOGPROBS = (
-    r"reward\.async_reward\.judge\.top_logprobs is deprecated: it is derived from the verdict scale now "
-    r"\(\d+ alternatives .*\); delete the line"
-)
+def test_top_logprobs_is_not_a_key_the_scale_decides_it():
+    """The number of alternatives is derived from the verdict scale (below), never set: a config that
+    sets it is refused at start-up, naming the key, whether or not ``expected_verdict`` is on."""
+    for judge in ({"top_logprobs": 20}, {"top_logprobs": 11, "expected_verdict": True}):
+        with pytest.raises(ConfigError) as refused:  # the user's path: a verl config's reward node
+            load_config({"reward": {"async_reward": {"judge": {"base_url": "http://x/v1", **judge}}}})
+        assert refused.value.key == "reward.async_reward.judge.top_logprobs"
+        assert "unknown key" in str(refused.value)
+    JudgeConfig(base_url="http://x/v1", expected_verdict=True).validate()
 
 
 @pytest.mark.parametrize(
@@ -350,13 +341,3 @@ async def test_the_request_asks_for_top_logprobs_derived_from_the_scale(
     output = (await score_rows(manager, batch_factory, ROW))[0]
     assert scripted.bodies[-1]["logprobs"] is True and scripted.bodies[-1]["top_logprobs"] == sent
     assert output["reward_extra_info"]["judge_weighting"] == "expected"  # the derived number weighs it
-
-
-async def test_the_deprecated_top_logprobs_is_honoured_with_a_warning(
-    scripted, verl_config_factory, tokenizer, batch_factory
-):
-    scripted.script("Verdict: [[7]]", "[[7]]")
-    with pytest.warns(DeprecationWarning, match=DEPRECATED_TOP_LOGPROBS):
-        manager = manager_for(scripted, verl_config_factory, tokenizer, top_logprobs=11)
-    await score_rows(manager, batch_factory, ROW)
-    assert scripted.bodies[-1]["logprobs"] is True and scripted.bodies[-1]["top_logprobs"] == 11

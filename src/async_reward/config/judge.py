@@ -25,7 +25,6 @@ from async_reward.config._shared import (
     _env_name,
     _is_url,
     _require_env,
-    warn_deprecated_key,
 )
 from async_reward.judge.cost import JudgePricing
 from async_reward.judge.rubric.criteria import Criterion
@@ -126,13 +125,6 @@ class JudgeConfig:
     them keeps its plain verdict, said in the log and in each sample's ``judge_weighting``. Needs a
     whole-number verdict scale. With ``criteria``, each criterion's verdict is weighed at its own line
     (``managers.criteria_weighting``): all of a sample's criteria, or none, with the reason."""
-    top_logprobs: int | None = field(
-        default=None,
-        metadata=in_range(1, 20, "ask for 1 to 20 alternatives a token (OpenAI's and vLLM's cap)"),
-    )
-    """Deprecated (derived from the scale: :attr:`requested_top_logprobs`); when set it is still
-    honoured for one release, with a ``DeprecationWarning``. Refused without ``expected_verdict``,
-    which is what asks for alternatives: set alone it would be ignored."""
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one verdict per response, one call each. ``group``: the members of a GRPO group
     (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
@@ -152,10 +144,6 @@ class JudgeConfig:
     """With ``mode: group``: list the members in an order shuffled per call (seeded by the group's
     ``uid``), so a judge's position bias favours no member systematically. False: arrival order
     (for measuring that bias); refused without ``mode: group``."""
-    group_seed: int | None = None
-    """Deprecated: the shuffle is seeded by the group's ``uid`` alone (random per group in
-    training; the benchmarks' fixed uids give the same orders run after run), with the seed 0 this
-    key defaulted to. When set it is still honoured for one release, with a ``DeprecationWarning``."""
     cache: bool = False
     """Cache verdicts of identical requests for the life of the worker (identical in-flight requests
     always share one call)."""
@@ -268,21 +256,6 @@ class JudgeConfig:
                 "judge's template asking for that scale) and judge.normalize_to, e.g. [-1, 1], for a "
                 "signed reward; or set judge.expected_verdict=false",
             )
-        if self.top_logprobs is not None and not self.expected_verdict:
-            raise bad_value(
-                f"{path}.top_logprobs",
-                self.top_logprobs,
-                "is set without judge.expected_verdict (only the weighted verdict asks for alternatives)",
-                "remove judge.top_logprobs, or set judge.expected_verdict=true",
-            )
-        if self.top_logprobs is not None:
-            derived = scale_top_logprobs(self.min_score, self.max_score)
-            warn_deprecated_key(
-                f"{path}.top_logprobs",
-                f"it is derived from the verdict scale now ({derived} alternatives for "
-                f"{self.min_score:g} to {self.max_score:g}: two per verdict, at most {MAX_TOP_LOGPROBS})",
-                "delete the line",
-            )
         self._validate_criteria(path)
         self._validate_group(path)
         own = set(_JUDGE_OWN_FIELDS) | ({"logprobs", "top_logprobs"} if self.expected_verdict else set())
@@ -380,7 +353,6 @@ class JudgeConfig:
             for key, is_set in (
                 ("group_wait_s", self.group_wait_s is not None),
                 ("group_shuffle", self.group_shuffle is not True),
-                ("group_seed", self.group_seed is not None),
             ):
                 if is_set:
                     raise bad_value(
@@ -400,12 +372,6 @@ class JudgeConfig:
             ("cache", self.cache, "group verdicts are not cached"),
         ]
         self._refuse_conflicts(path, conflicts, "judge.mode=group", "set judge.mode=pointwise")
-        if self.group_seed is not None:
-            warn_deprecated_key(
-                f"{path}.group_seed",
-                "the shuffle is seeded by the group's uid (random per group in training)",
-                "delete the line (the seed it defaulted to, 0, is kept)",
-            )
 
     def _refuse_conflicts(
         self, path: str, conflicts: list[tuple[str, bool, str]], feature: str, turn_off: str
@@ -443,10 +409,8 @@ class JudgeConfig:
 
     @property
     def requested_top_logprobs(self) -> int:
-        """The ``top_logprobs`` a request with ``expected_verdict`` asks for: derived from the scale
-        (:func:`scale_top_logprobs`), or the deprecated ``top_logprobs`` where it is still set."""
-        if self.top_logprobs is not None:
-            return self.top_logprobs
+        """The ``top_logprobs`` a request with ``expected_verdict`` asks for, derived from the scale
+        (:func:`scale_top_logprobs`)."""
         return scale_top_logprobs(self.min_score, self.max_score)
 
     @property

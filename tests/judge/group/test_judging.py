@@ -98,7 +98,7 @@ def judge_config(**judge: Any) -> Any:
         ({"mode": "group", "group_wait_s": 0}, "judge.group_wait_s"),
         ({"group_wait_s": 5}, "judge.group_wait_s"),
         ({"group_shuffle": False}, "judge.group_shuffle"),
-        ({"group_seed": 3}, "judge.group_seed"),
+        ({"mode": "group", "group_seed": 3}, "judge.group_seed"),  # no such key: the uid seeds it
     ],
 )
 def test_bad_group_settings_are_refused_by_key(judge, key):
@@ -213,30 +213,22 @@ def positions(order: list[int]) -> list[int]:
     return [order.index(member) + 1 for member in range(len(order))]
 
 
-async def test_the_shuffle_is_seeded_by_the_uid_and_a_deprecated_group_seed_is_still_honoured(
-    server, verl_config_factory, tokenizer, batch_factory
-):
-    """By default the order is the uid's (the seed fixed at 0, what ``group_seed`` defaulted to); a
-    ``group_seed`` set is honoured this release and warns that it is deprecated."""
-    rows = [{**row, "uid": "seeded"} for row in GROUP]
-    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
-    shown = [
-        info["judge_group_position"] for info in infos(await score_members(manager, batch_factory, rows))
-    ]
-    assert shown == positions(shown_order(3, seed=0, uid="seeded"))
-    seed = next(
-        s
-        for s in range(1, 100)
-        if shown_order(3, seed=s, uid="seeded") != shown_order(3, seed=0, uid="seeded")
+async def test_the_shuffle_is_seeded_by_the_groups_uid(server, verl_config_factory, tokenizer, batch_factory):
+    """The order shown is the one the group's uid seeds (random per group in training, so no member
+    is shown first systematically; fixed uids give the same order run after run): two uids whose
+    orders differ are shown in their own orders by the same manager."""
+    other = next(
+        f"uid-{i}"
+        for i in range(100)
+        if shown_order(3, seed=0, uid=f"uid-{i}") != shown_order(3, seed=0, uid="seeded")
     )
-    with pytest.warns(
-        DeprecationWarning, match=r"judge\.group_seed is deprecated: .*group's uid.*delete the line"
-    ):
-        manager = registered_manager(group_config(verl_config_factory, server, group_seed=seed), tokenizer)
-    reseeded = [
-        info["judge_group_position"] for info in infos(await score_members(manager, batch_factory, rows))
-    ]
-    assert reseeded == positions(shown_order(3, seed=seed, uid="seeded")) != shown
+    manager = registered_manager(group_config(verl_config_factory, server), tokenizer)
+    for uid in ("seeded", other):
+        rows = [{**row, "uid": uid} for row in GROUP]
+        shown = [
+            info["judge_group_position"] for info in infos(await score_members(manager, batch_factory, rows))
+        ]
+        assert shown == positions(shown_order(3, seed=0, uid=uid)), uid
 
 
 #: Wrong answers that write member lines: the judge gives each 0.

@@ -102,9 +102,9 @@ class GroupRendezvous:
         judge = manager.judge
         self.wait_s = _DEFAULT_WAIT_S if judge.group_wait_s is None else float(judge.group_wait_s)
         self.shuffle = bool(judge.group_shuffle)
-        # 0, the deprecated group_seed's default: the uid varies the order; a fixed seed keeps the
-        # benchmarks' orders (fixed uids) the same run after run.
-        self.seed = 0 if judge.group_seed is None else int(judge.group_seed)
+        # A fixed seed: the uid (random per group in training) varies the order, and the benchmarks'
+        # fixed uids give the same orders run after run.
+        self.seed = 0
         self._open: dict[str, _Group] = {}
         #: uid -> why a member of it can no longer join (judged, or expired).
         self._closed: OrderedDict[str, str] = OrderedDict()
