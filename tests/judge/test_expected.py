@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from async_reward import ConfigError
-from async_reward.config import JudgeConfig
+from async_reward.config import JudgeConfig, load_config
 from async_reward.judge.expected import ExpectedVerdict, reply_tokens
 from async_reward.judge.verdict import VerdictRules, read_verdict, verdict_spans
 from async_reward.managers import LLMJudgeRewardManager
@@ -373,8 +373,8 @@ def test_expected_verdict_needs_a_whole_number_scale_and_owns_the_logprobs_field
     with pytest.raises(ConfigError) as owned:
         JudgeConfig(base_url="http://x/v1", expected_verdict=True, extra_body={"top_logprobs": 5}).validate()
     assert owned.value.key == "reward.async_reward.judge.extra_body"
-    with pytest.raises(ConfigError) as top:
-        JudgeConfig(base_url="http://x/v1", top_logprobs=21).validate()
+    with pytest.raises(ConfigError) as top:  # derived from the scale, not a key
+        load_config({"reward": {"async_reward": {"judge": {"base_url": "http://x/v1", "top_logprobs": 21}}}})
     assert top.value.key == "reward.async_reward.judge.top_logprobs"
 
 
