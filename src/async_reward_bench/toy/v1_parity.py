@@ -221,7 +221,6 @@ def _overrides(cfg: V1ParityConfig, mode: str, model_dir: Path, dataset: str, ur
     return [
         *common,
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
-        "+trainer.v1.pipelined.poll_interval_s=0.02",
         *MODES[mode],
     ]
 

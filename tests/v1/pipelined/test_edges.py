@@ -290,7 +290,6 @@ def epoch_run(tmp_path_factory, model_dir, rollout, transfer_queue, judge_server
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags("both"),
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             "+trainer.v1.pipelined.chunk_timeout_s=40",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "reward.reward_manager.name=async_remote",
@@ -361,7 +360,6 @@ def test_untrained_steps_past_max_untrained_skips_stop_the_run_naming_the_key(
             *base_overrides(model_dir, dataset, steps=3, prompts=4, n=2),
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags("baseline"),  # the mode pipelines by default; this run is about the outage
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             "+trainer.v1.sampler.sampler_kwargs.max_untrained_skips=1",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "trainer.val_before_train=false",
@@ -432,7 +430,6 @@ def test_a_dead_agent_loop_worker_stops_the_step_waiting_for_generation(
             *base_overrides(model_dir, dataset, steps=1, prompts=4, n=2),
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags("baseline"),  # the mode pipelines by default; this run is about the watchdog
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "reward.reward_manager.name=async_remote",
             f"+reward.async_reward.remote.url={server.url}/score",

@@ -62,6 +62,7 @@ from omegaconf import DictConfig
 
 from async_reward._core.config_rules import (
     bad_value,
+    deprecated_key,
     names_config_errors,
     parse_config,
     plain_container,
@@ -76,6 +77,7 @@ __all__ = [
     "DECOUPLED_MODE_PATH",
     "DecoupledModeConfig",
     "DecoupledWindows",
+    "POLL_INTERVAL_S",
     "derive_windows",
     "is_decoupled_mode",
     "load_decoupled_mode_config",
@@ -85,6 +87,14 @@ __all__ = [
 #: ``trainer.v1.trainer_mode`` of our trainer (registered by :mod:`async_reward.v1.decoupled.trainer`).
 #: verl's node the mode's verl settings are read from (and copied into ours).
 SEPARATE_ASYNC_PATH = "trainer.v1.separate_async"
+
+#: Seconds between the sampler's reads of TransferQueue while the trainer waits for scored groups;
+#: each poll also tops up the generation window. A poll is three tag listings (verl's, the sampler's
+#: prompt tags, the top-up's) of every prompt in flight: at a quarter of the pipelined mode's rate
+#: of one listing a poll, about the same listing cost a second; 0.2 s still adds at most a fifth of a second to a wait for
+#: scoring that takes seconds, where verl's 2 s would be a visible share of a step. Internal: nothing
+#: for a user to trade at this value.
+POLL_INTERVAL_S = 0.2
 
 
 @dataclass
@@ -120,9 +130,9 @@ class DecoupledModeConfig:
     window or waiting for the judge does not count); ``submission``, verl's own measure (the step the
     prompt was dispatched in), for comparison."""
 
-    poll_interval_s: float = 0.2
-    """How often the sampler re-reads TransferQueue while the trainer waits for scored groups; each
-    poll also tops up the generation window. verl polls every 2 s."""
+    poll_interval_s: float = POLL_INTERVAL_S
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
+    sampler polls every :data:`POLL_INTERVAL_S`."""
 
     stale_wait_timeout_s: float | None = None
     """Longest a sample waits for groups at their staleness limit to be scored (module docstring);
@@ -237,6 +247,12 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
     config.validate()
     check_decoupled_mode_against_verl(config, verl_config)
     derive_windows(config, verl_config)
+    if "poll_interval_s" in own:
+        deprecated_key(
+            f"{DECOUPLED_MODE_PATH}.poll_interval_s",
+            f"the sampler polls TransferQueue every {POLL_INTERVAL_S} s",
+            "delete the line",
+        )
     return config
 
 

@@ -19,7 +19,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from async_reward._core.config_rules import bad_value, names_config_errors, plain_container, rule, select_key
+from async_reward._core.config_rules import (
+    bad_value,
+    deprecated_key,
+    names_config_errors,
+    plain_container,
+    rule,
+    select_key,
+)
 from async_reward.config import ConfigError, parse_config
 from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
 from async_reward.training.config import PipelineConfig, check_against_verl
@@ -28,6 +35,7 @@ __all__ = [
     "DEFAULT_ON",
     "PIPELINED_MODE",
     "PIPELINED_MODE_PATH",
+    "POLL_INTERVAL_S",
     "PipelinedModeConfig",
     "is_pipelined_mode",
     "load_pipelined_mode_config",
@@ -37,6 +45,14 @@ __all__ = [
 #: the schedule the README recommends (mini-batch updates, the next batch generated one step off
 #: policy); ``+trainer.v1.pipelined.<flag>=false`` turns one off.
 DEFAULT_ON = ("mini_batch", "one_step_off_policy")
+
+#: Seconds between the trainer's reads of TransferQueue's tags while it waits for a batch to be
+#: generated or for the next chunk of scored groups (TransferQueue has no change notification). A tag
+#: listing costs about a millisecond, so 0.05 s keeps polling to a few percent of one core while
+#: adding at most 50 ms to a wait of seconds; verl's replay buffer polls every 2 s, which at tens of
+#: seconds per step is a visible share of the step. Internal: at this value both the polling's cost and
+#: the delay it adds are small beside a step, so there is nothing for a user to trade.
+POLL_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -52,12 +68,11 @@ class PipelinedModeConfig(PipelineConfig):
     """As :attr:`PipelineConfig.one_step_off_policy`; on by default in this mode."""
 
     poll_interval_s: float = field(
-        default=0.05,
+        default=POLL_INTERVAL_S,
         metadata=rule(lambda v: 0 < v <= 10, "must be > 0 and <= 10 seconds", "write e.g. 0.05"),
     )
-    """How often the trainer reads TransferQueue's tags while it waits for a batch to be generated or
-    for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
-    seconds per step is a visible share of it; a tag listing costs about a millisecond."""
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
+    trainer polls every :data:`POLL_INTERVAL_S`."""
 
     fill_rollout_tail_at: float | None = field(
         default=None,
@@ -153,6 +168,12 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
         check_pipelined_mode_against_verl(config, verl_config)
     except ConfigError as error:
         raise _naming_the_default(error, defaulted) from None
+    if "poll_interval_s" in node:
+        deprecated_key(
+            f"{PIPELINED_MODE_PATH}.poll_interval_s",
+            f"the trainer polls TransferQueue every {POLL_INTERVAL_S} s",
+            "delete the line",
+        )
     return config
 
 

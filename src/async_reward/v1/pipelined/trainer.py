@@ -603,7 +603,8 @@ class PPOTrainerPipelined(PPOTrainer):
         return read_groups(self._listing(), uids)
 
     def _pause_between_polls(self) -> None:
-        """Sleep ``poll_interval_s`` (TransferQueue has no change notification to wait on). The
+        """Sleep :data:`~async_reward.v1.pipelined.config.POLL_INTERVAL_S`, or the deprecated
+        ``poll_interval_s`` where set (TransferQueue has no change notification to wait on). The
         benchmark, whose durations are time-scaled but whose poll could not be without starving this
         machine's reward workers, wakes on its tag store's writes instead."""
         time.sleep(self.pipeline_config.poll_interval_s)
