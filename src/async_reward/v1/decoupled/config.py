@@ -75,9 +75,9 @@ from async_reward.judge.in_job.admitted import manager_admission
 __all__ = [
     "DECOUPLED_MODE",
     "DECOUPLED_MODE_PATH",
+    "POLL_INTERVAL_S",
     "DecoupledModeConfig",
     "DecoupledWindows",
-    "POLL_INTERVAL_S",
     "derive_windows",
     "is_decoupled_mode",
     "load_decoupled_mode_config",
@@ -90,10 +90,10 @@ SEPARATE_ASYNC_PATH = "trainer.v1.separate_async"
 
 #: Seconds between the sampler's reads of TransferQueue while the trainer waits for scored groups;
 #: each poll also tops up the generation window. A poll is three tag listings (verl's, the sampler's
-#: prompt tags, the top-up's) of every prompt in flight: at a quarter of the pipelined mode's rate
-#: of one listing a poll, about the same listing cost a second; 0.2 s still adds at most a fifth of a second to a wait for
-#: scoring that takes seconds, where verl's 2 s would be a visible share of a step. Internal: nothing
-#: for a user to trade at this value.
+#: prompt tags, the top-up's) of every prompt in flight: at a quarter of the pipelined mode's rate of
+#: one listing a poll, about the same listing cost a second; 0.2 s still adds at most a fifth of a
+#: second to a wait for scoring that takes seconds, where verl's 2 s would be a visible share of a
+#: step. Internal: nothing for a user to trade at this value.
 POLL_INTERVAL_S = 0.2
 
 
@@ -145,9 +145,11 @@ class DecoupledModeConfig:
     retry.max_total_s)`` (the first and the last ``timeout_s``)."""
 
     ledger: Literal["warn", "raise"] = "warn"
-    """What an unaccounted prompt does at the end of a step (every dispatched prompt must be trained,
-    evicted with a reason, or still in flight): ``warn`` logs it and counts ``ledger/unaccounted``;
-    ``raise`` stops the run (tests)."""
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): an
+    unaccounted prompt at the end of a step (every dispatched prompt must be trained, evicted with a
+    reason, or still in flight) is always logged and counted in ``ledger/unaccounted`` and
+    ``ledger/double_counted`` (``ledger/balanced`` drops to 0 for good); ``raise`` stopped the run,
+    which only tests wanted, and they now assert those counts instead."""
 
     dry_run: bool = False
     """Build the trainer in verl's task-runner actor, print its start line and a ``dry run: built``
@@ -251,6 +253,13 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
         deprecated_key(
             f"{DECOUPLED_MODE_PATH}.poll_interval_s",
             f"the sampler polls TransferQueue every {POLL_INTERVAL_S} s",
+            "delete the line",
+        )
+    if "ledger" in own:
+        deprecated_key(
+            f"{DECOUPLED_MODE_PATH}.ledger",
+            "an unaccounted prompt is always logged and counted in ledger/unaccounted (a test asserts "
+            "that count, and ledger/balanced, instead of stopping the run)",
             "delete the line",
         )
     return config
