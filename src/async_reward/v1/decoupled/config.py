@@ -99,7 +99,11 @@ POLL_INTERVAL_S = 0.2
 
 @dataclass
 class DecoupledModeConfig:
-    """What a user may set under ``trainer.v1.decoupled`` (None: derived, see the module docstring)."""
+    """What a user may set under ``trainer.v1.decoupled`` (None: derived, see the module docstring).
+
+    ``dry_run`` is a key although it acts as a flag: verl's command line is made of Hydra overrides, so
+    a key of the node is the flag. ``poll_interval_s`` and ``ledger`` are deprecated (read for one
+    release, with a warning)."""
 
     generation_window: int | None = None
     """Prompt groups generating at once (pending or with a session still generating). A group leaves
