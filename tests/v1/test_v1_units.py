@@ -545,7 +545,7 @@ def test_a_deprecated_key_is_still_honoured_with_a_warning_naming_the_fix(
     hides those raised in a library, once a process in the log. Unset, nothing warns (an error here)."""
     import importlib
 
-    from async_reward._core import config_rules
+    from async_reward._core import errors
 
     module_name, loader_name = MODE_LOADERS[mode].split(":")
     loader = getattr(importlib.import_module(module_name), loader_name)
@@ -553,7 +553,7 @@ def test_a_deprecated_key_is_still_honoured_with_a_warning_naming_the_fix(
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     lines = (judge, "algorithm.adv_estimator=grpo", f"trainer.v1.trainer_mode={mode}")
     assert honoured(loader(v1_config(*lines))) == default != value
-    monkeypatch.setattr(config_rules, "_LOGGED_DEPRECATIONS", set())
+    monkeypatch.setattr(errors, "_LOGGED_DEPRECATIONS", set())
     config = v1_config(*lines, f"+{key}={line}")
     with caplog.at_level(logging.WARNING, logger="async_reward.config"):
         with pytest.deprecated_call() as launcher:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 import types
 import typing
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -32,7 +30,6 @@ __all__ = [
     "bad_value",
     "check_finite",
     "dataclass_from_flags",
-    "deprecated_key",
     "greater_than",
     "in_range",
     "missing_value",
@@ -54,28 +51,6 @@ def bad_value(key: str, value: Any, problem: str, fix: str, *, hide: bool = Fals
 def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
     """``<key> is required by <needed_by> (not set); <fix>``."""
     return ConfigError(f"{key} is required by {needed_by} (not set); {fix}", key=key, fix=fix)
-
-
-#: Deprecated keys already logged in this process (the loaders run several times a run).
-_LOGGED_DEPRECATIONS: set[str] = set()
-_deprecation_log = logging.getLogger("async_reward.config")
-
-
-def deprecated_key(key: str, replaced_by: str, fix: str) -> None:
-    """Say that ``key``, set by the user, is deprecated: honoured this release, removed in the next.
-
-    A ``DeprecationWarning`` (the form tools and tests catch) and, once a process, a logged warning:
-    Python hides ``DeprecationWarning`` raised in library code by default, and verl's command line
-    runs it there, so the log line is what a user sees. Both say what replaced the key and ``fix``.
-    """
-    message = (
-        f"{key} is deprecated and will be removed in the next release: {replaced_by}. The value set is "
-        f"honoured until then; fix: {fix}"
-    )
-    warnings.warn(message, DeprecationWarning, stacklevel=2)  # the loader that read the key
-    if key not in _LOGGED_DEPRECATIONS:
-        _LOGGED_DEPRECATIONS.add(key)
-        _deprecation_log.warning("%s", message)
 
 
 def _show(value: Any) -> str:

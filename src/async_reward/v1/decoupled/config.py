@@ -62,12 +62,12 @@ from omegaconf import DictConfig
 
 from async_reward._core.config_rules import (
     bad_value,
-    deprecated_key,
     names_config_errors,
     parse_config,
     plain_container,
     select_key,
 )
+from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError
 from async_reward.config.v1 import DECOUPLED_MODE, DECOUPLED_MODE_PATH, is_decoupled_mode
 from async_reward.judge.in_job.admitted import manager_admission

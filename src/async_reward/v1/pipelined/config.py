@@ -24,12 +24,12 @@ from omegaconf import DictConfig
 
 from async_reward._core.config_rules import (
     bad_value,
-    deprecated_key,
     names_config_errors,
     plain_container,
     rule,
     select_key,
 )
+from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError, parse_config
 from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
 from async_reward.training.config import PipelineConfig, check_against_verl
