@@ -86,7 +86,7 @@ for mode in $MODES; do
     v1_lines) kit_mode=v1; extra=("${V1_LINES[@]}" +reward.async_reward.on_failure=exclude) ;;
     v1_pipelined) kit_mode=v1; extra=("${V1_LINES[@]}" trainer.v1.trainer_mode=pipelined
                                       +trainer.v1.pipelined.mini_batch=true
-                                      +trainer.v1.pipelined.one_step_off_policy=true) ;;
+                                      +trainer.v1.pipelined.max_staleness=1) ;;
     v1_judge_in_job) kit_mode=v1; extra=("${V1_LINES[@]}" "${JUDGE_IN_JOB[@]}") ;;
     *) kit_mode=$mode; extra=() ;;
   esac

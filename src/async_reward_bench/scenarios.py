@@ -52,14 +52,14 @@ OUR_STRATEGIES: dict[str, str] = {
 #: ``trainer.v1.pipelined`` settings. ``_stale2`` / ``_stale3``: the batches of the next 2 / 3 steps
 #: generate together and steps take groups across them (``max_staleness=2`` / ``3``); ``_fill``: the same, the
 #: batch after next starting once the next is half gathered (``fill_rollout_tail_at=0.5``).
-V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | float]] = {
-    "v1_pipelined_baseline": {"mini_batch": False, "one_step_off_policy": False},
-    "v1_pipelined_mini_batch": {"mini_batch": True, "one_step_off_policy": False},
-    "v1_pipelined_one_step_off": {"mini_batch": False, "one_step_off_policy": True},
-    "v1_pipelined_both": {"mini_batch": True, "one_step_off_policy": True},
-    "v1_pipelined_both_stale2": {"mini_batch": True, "one_step_off_policy": True, "max_staleness": 2},
-    "v1_pipelined_both_stale3": {"mini_batch": True, "one_step_off_policy": True, "max_staleness": 3},
-    "v1_pipelined_both_fill": {"mini_batch": True, "one_step_off_policy": True, "fill_rollout_tail_at": 0.5},
+V1_PIPELINED_SCHEDULES: dict[str, dict[str, bool | int | float]] = {
+    "v1_pipelined_baseline": {"mini_batch": False, "max_staleness": 0},
+    "v1_pipelined_mini_batch": {"mini_batch": True, "max_staleness": 0},
+    "v1_pipelined_one_step_off": {"mini_batch": False, "max_staleness": 1},
+    "v1_pipelined_both": {"mini_batch": True, "max_staleness": 1},
+    "v1_pipelined_both_stale2": {"mini_batch": True, "max_staleness": 2},
+    "v1_pipelined_both_stale3": {"mini_batch": True, "max_staleness": 3},
+    "v1_pipelined_both_fill": {"mini_batch": True, "fill_rollout_tail_at": 0.5},
 }
 #: verl's v1 trainer -> its ``trainer.v1.trainer_mode`` (``benchmark.v1_trainer`` runs them): verl's own
 #: modes, and ours in each schedule. ``v1_separate_async`` (verl's) and ``v1_decoupled`` (ours, the

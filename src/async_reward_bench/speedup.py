@@ -458,7 +458,7 @@ def v1_mode_headline(strategies: dict[str, dict[str, Any]]) -> str:
     if v1 is None:
         return ""
     line = (
-        f"v1 mode (trainer.v1.trainer_mode=pipelined, mini_batch + one_step_off_policy) at "
+        f"v1 mode (trainer.v1.trainer_mode=pipelined, mini_batch, max_staleness=1) at "
         f"{v1['ratio_to_bound']:.3f}x the critical-path bound"
     )
     legacy = strategies.get("both")

@@ -46,9 +46,7 @@ def scheduled_staleness(strategy: str) -> int:
     if flags is not None:
         if "max_staleness" in flags:
             return int(flags["max_staleness"])
-        if "fill_rollout_tail_at" in flags:
-            return 2
-        return 1 if flags.get("one_step_off_policy") else 0
+        return 2 if "fill_rollout_tail_at" in flags else 1  # the mode's default, 2 with the fill
     return 0 if V1_STRATEGIES.get(strategy) == "sync" else _V1_WARMUP_STALENESS
 
 

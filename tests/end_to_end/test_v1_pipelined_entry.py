@@ -111,9 +111,9 @@ def verl_main_ppo(
 
 
 #: A job of the sweep: our mode's keys with verl's own ``sync`` mode, which would ignore them.
-REFUSED_JOB = {"trainer_mode": "sync", "pipelined": {"mini_batch": True, "one_step_off_policy": True}}
+REFUSED_JOB = {"trainer_mode": "sync", "pipelined": {"mini_batch": True, "max_staleness": 1}}
 REFUSAL = re.compile(
-    r"ConfigError: trainer\.v1\.pipelined\.mini_batch is set .*but trainer\.v1\.trainer_mode=sync is "
+    r"ConfigError: trainer\.v1\.pipelined\.max_staleness is set .*but trainer\.v1\.trainer_mode=sync is "
     r"training, which never reads trainer\.v1\.pipelined\.\*"
 )
 
@@ -130,7 +130,7 @@ SWEEP_JOBS: dict[str, dict[str, Any]] = {
         "trainer": {
             "v1": {
                 "trainer_mode": "pipelined",
-                "pipelined": {"mini_batch": True, "one_step_off_policy": False, "dry_run": True},
+                "pipelined": {"mini_batch": True, "max_staleness": 0, "dry_run": True},
             }
         }
     },
@@ -138,12 +138,7 @@ SWEEP_JOBS: dict[str, dict[str, Any]] = {
         "trainer": {
             "v1": {
                 "trainer_mode": "pipelined",
-                "pipelined": {
-                    "mini_batch": False,
-                    "one_step_off_policy": True,
-                    "max_staleness": 2,
-                    "dry_run": True,
-                },
+                "pipelined": {"mini_batch": False, "max_staleness": 2, "dry_run": True},
             }
         }
     },
@@ -246,9 +241,10 @@ def test_verls_main_ppo_builds_our_trainer_in_its_task_runner_for_every_schedule
     The first four runs of :func:`served_judge_sweep` (each run starts a task-runner actor and
     TransferQueue: the cost of this test); the fifth, a second judge beside the served one, is read by
     its own test below, and its task runner's lines are left out here. The two pipelined runs set the
-    two schedule keys opposite ways, so each key takes both values and a key that were ignored, swapped
-    or read from the other would name the wrong schedule in one run; the one-step-off run also sets
-    ``max_staleness=2``, which its start line must show. Every schedule's training is tested in-process
+    two schedule keys opposite ways (``mini_batch`` true with ``max_staleness=0``, false with
+    ``max_staleness=2``), so each key takes an off and an on value and a key that were ignored, swapped
+    or read from the other would name the wrong schedule in one run; the one-step-off run's
+    ``max_staleness=2`` its start line must show. Every schedule's training is tested in-process
     in tests/v1/pipelined/test_pipelined.py, the decoupled mode's in tests/v1/decoupled/test_decoupled.py.
 
     ``llm_judge`` judges with the model verl serves in the job (issue 27: verl's GenRM keys, no

@@ -15,7 +15,7 @@ from tests.conftest import _composed, _hydra_compose, _value_overrides, assert_s
 VALUE_OVERRIDES = [
     ("data.train_batch_size=4",),
     ("trainer.use_v1=true", "trainer.v1.trainer_mode=pipelined"),
-    ("+trainer.v1.pipelined.mini_batch=true", "+trainer.v1.pipelined.one_step_off_policy=false"),
+    ("+trainer.v1.pipelined.mini_batch=true", "+trainer.v1.pipelined.max_staleness=0"),
     ("++trainer.v1={trainer_mode:pipelined,pipelined:{mini_batch:true}}",),
     ("++trainer.n_gpus_per_node=2", "++trainer.brand_new_key=[1,2,3]"),
     ("~trainer.logger",),

@@ -98,7 +98,7 @@ def test_a_run_trained_by_verls_own_trainer_fails(summarize, tmp_path):
 
 V1_START = (
     "(TaskRunnerV1 pid=9) async_reward: trainer async_reward.v1.pipelined.trainer.PPOTrainerPipelined "
-    "(verl v1 trainer_mode=pipelined), schedule {schedule} (mini_batch=True, one_step_off_policy=True)"
+    "(verl v1 trainer_mode=pipelined), schedule {schedule} (mini_batch=True, max_staleness=1)"
 )
 #: What every agent-loop worker logged on the GPU run of 2026-11-26 (registration inside an import).
 WORKER_IMPORT_ERROR = (

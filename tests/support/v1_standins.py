@@ -443,6 +443,18 @@ def run_v1_training(
     )
 
 
+def assert_no_prompt_unaccounted(run: TrainingRun) -> None:
+    """A decoupled run's prompt ledger never found a prompt lost, unknown or counted twice: what the
+    deprecated ``trainer.v1.decoupled.ledger=raise`` stopped a run for, asserted on its metrics. Every
+    step logs its own check (``ledger/unaccounted``, ``ledger/double_counted``), and
+    ``ledger/balanced`` stays 0 for good once any check found one (and needs the counts to agree)."""
+    logs = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
+    assert logs, "the run logged no step"
+    for metrics in logs:
+        found = (metrics["ledger/unaccounted"], metrics["ledger/double_counted"], metrics["ledger/balanced"])
+        assert found == (0.0, 0.0, 1.0), (metrics["training/global_step"], found)
+
+
 def kill_and_wait(actors: list[Any], timeout_s: float = 30.0) -> None:
     """Kill actors and return once each is gone (``ray.kill`` only sends the request)."""
     for handle in actors:

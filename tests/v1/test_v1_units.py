@@ -497,6 +497,79 @@ def test_our_modes_settings_are_read_under_their_own_mode_and_an_empty_node_is_n
         )
 
 
+#: Each deprecated key of our modes' nodes (issue 44.4): its mode, the key, the value a job sets (as
+#: hydra reads it), how the config the trainer builds with holds it (read back by ``honoured``, against
+#: ``default`` when unset), what the warning says replaced it, and the fix it gives.
+DELETE = "fix: delete the line"
+DEPRECATED_KEYS = [
+    ("pipelined", "poll_interval_s", "0.5", lambda c: c.poll_interval_s, 0.5, 0.05, "every 0.05 s", DELETE),
+    ("decoupled", "poll_interval_s", "0.5", lambda c: c.poll_interval_s, 0.5, 0.2, "every 0.2 s", DELETE),
+    (
+        "decoupled",
+        "ledger",
+        "raise",
+        lambda c: c.ledger,
+        "raise",
+        "warn",
+        "counted in ledger/unaccounted",
+        DELETE,
+    ),
+    (
+        "pipelined",
+        "one_step_off_policy",
+        "false",
+        lambda c: (c.staleness_limit, c.mode),  # what the trainer schedules by
+        (0, "mini_batch"),
+        (1, "both"),
+        "one_step_off_policy=false is max_staleness=0",
+        "fix: write +trainer.v1.pipelined.max_staleness=0 in its place",
+    ),
+]
+MODE_LOADERS = {
+    "pipelined": "async_reward.v1.pipelined.config:load_pipelined_mode_config",
+    "decoupled": "async_reward.v1.decoupled.config:load_decoupled_mode_config",
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "name", "line", "honoured", "value", "default", "replaced_by", "fix"),
+    DEPRECATED_KEYS,
+    ids=[f"{row[0]}.{row[1]}" for row in DEPRECATED_KEYS],
+)
+def test_a_deprecated_key_is_still_honoured_with_a_warning_naming_the_fix(
+    mode, name, line, honoured, value, default, replaced_by, fix, monkeypatch, caplog
+):
+    """Issue 44.4: a key made internal, test-only or replaced keeps the value a job sets for one
+    release, warned where the launcher prepares the config and where the trainer reads its node: the
+    key, that it goes, what replaced it and the fix, as a DeprecationWarning and, since Python
+    hides those raised in a library, once a process in the log. Unset, nothing warns (an error here)."""
+    import importlib
+
+    from async_reward._core import errors
+
+    module_name, loader_name = MODE_LOADERS[mode].split(":")
+    loader = getattr(importlib.import_module(module_name), loader_name)
+    key = f"trainer.v1.{mode}.{name}"
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    lines = (judge, "algorithm.adv_estimator=grpo", f"trainer.v1.trainer_mode={mode}")
+    assert honoured(loader(v1_config(*lines))) == default != value
+    monkeypatch.setattr(errors, "_LOGGED_DEPRECATIONS", set())
+    config = v1_config(*lines, f"+{key}={line}")
+    with caplog.at_level(logging.WARNING, logger="async_reward.config"):
+        with pytest.deprecated_call() as launcher:
+            prepare_v1_config(config)
+        with pytest.deprecated_call() as trainer:
+            loaded = loader(config)
+    assert honoured(loaded) == value  # what the trainer reads (its poll's sleep, the ledger's rule)
+    for seen in (launcher, trainer):
+        said = [str(w.message) for w in seen if w.category is DeprecationWarning]
+        assert len(said) >= 1 and all(key in text for text in said), said
+        assert "will be removed in the next release" in said[0] and fix in said[0], said[0]
+        assert replaced_by in said[0], said[0]
+    logged = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert len(logged) == 1 and logged[0] == said[0]  # once a process, the same words
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, "many", True])
 def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"

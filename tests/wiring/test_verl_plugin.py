@@ -144,7 +144,7 @@ def test_our_modes_are_not_given_the_seams_of_verls_modes(mode) -> None:
 def test_the_pipelined_mode_pipelines_unless_told_otherwise() -> None:
     base = ["trainer.v1.trainer_mode=pipelined", "algorithm.adv_estimator=grpo"]
     assert load_pipelined_mode_config(compose_verl_config(base)).mode == "both"
-    off = ["+trainer.v1.pipelined.mini_batch=false", "+trainer.v1.pipelined.one_step_off_policy=false"]
+    off = ["+trainer.v1.pipelined.mini_batch=false", "+trainer.v1.pipelined.max_staleness=0"]
     assert load_pipelined_mode_config(compose_verl_config([*base, *off])).mode == "baseline"
     assert load_pipelined_mode_config(compose_verl_config([*base, off[0]])).mode == "one_step_off"
 
@@ -165,6 +165,25 @@ def test_a_refused_default_says_it_is_the_default_and_how_to_turn_it_off() -> No
             )
         )
     assert "by default" not in str(explicit.value)
+    # max_staleness (1 unless set) is named the same way, with the value that turns it off
+    grpo = ["trainer.v1.trainer_mode=pipelined", "algorithm.adv_estimator=grpo"]
+    with pytest.raises(ConfigError) as staleness:
+        load_pipelined_mode_config(
+            compose_verl_config([*grpo, "trainer.v1.sampler.max_off_policy_threshold=1"])
+        )
+    assert "(max_staleness: on by default under trainer.v1.trainer_mode=pipelined" in str(staleness.value)
+    assert "+trainer.v1.pipelined.max_staleness=0" in (staleness.value.fix or "")
+    with pytest.raises(ConfigError) as written:
+        load_pipelined_mode_config(
+            compose_verl_config(
+                [
+                    *grpo,
+                    "+trainer.v1.pipelined.max_staleness=1",
+                    "trainer.v1.sampler.max_off_policy_threshold=1",
+                ]
+            )
+        )
+    assert "spanning 2 model versions" in str(written.value) and "by default" not in str(written.value)
 
 
 # ----------------------------------------------------------------------------- fresh processes

@@ -113,7 +113,7 @@ def check_trainer_mode_settings(verl_config: Any) -> None:
     Each node is read only by its own mode (``trainer.use_v1=true trainer.v1.trainer_mode=<mode>``):
     under verl's other v1 modes (``sync``, ``colocate_async``, ``separate_async``), a forgotten
     ``trainer_mode`` line or the legacy trainer, ``mini_batch``, ``one_step_off_policy``,
-    ``reward_backlog``, ``ledger=raise``, ... would be accepted and do nothing. An empty node is
+    ``reward_backlog``, ``staleness_from``, ... would be accepted and do nothing. An empty node is
     not a setting.
 
     Raises:

@@ -59,12 +59,12 @@ MODES: dict[str, tuple[str, ...]] = {
     "both": (
         "trainer.v1.trainer_mode=pipelined",
         "+trainer.v1.pipelined.mini_batch=true",
-        "+trainer.v1.pipelined.one_step_off_policy=true",
+        "+trainer.v1.pipelined.max_staleness=1",
     ),
     "both_is": (
         "trainer.v1.trainer_mode=pipelined",
         "+trainer.v1.pipelined.mini_batch=true",
-        "+trainer.v1.pipelined.one_step_off_policy=true",
+        "+trainer.v1.pipelined.max_staleness=1",
         "algorithm.rollout_correction.rollout_is=token",
     ),
     # Staleness 2 (issue 28, item 6): the batches of the next two steps generate together and each
@@ -72,14 +72,12 @@ MODES: dict[str, tuple[str, ...]] = {
     "both_stale2": (
         "trainer.v1.trainer_mode=pipelined",
         "+trainer.v1.pipelined.mini_batch=true",
-        "+trainer.v1.pipelined.one_step_off_policy=true",
         "+trainer.v1.pipelined.max_staleness=2",
     ),
     # The same, the batch after next starting once the next one is half gathered.
     "both_fill": (
         "trainer.v1.trainer_mode=pipelined",
         "+trainer.v1.pipelined.mini_batch=true",
-        "+trainer.v1.pipelined.one_step_off_policy=true",
         "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
     ),
 }
@@ -221,7 +219,6 @@ def _overrides(cfg: V1ParityConfig, mode: str, model_dir: Path, dataset: str, ur
     return [
         *common,
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
-        "+trainer.v1.pipelined.poll_interval_s=0.02",
         *MODES[mode],
     ]
 

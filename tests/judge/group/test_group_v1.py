@@ -101,7 +101,6 @@ def test_our_pipelined_mode_judges_each_group_in_one_call_across_two_reward_work
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags("both"),
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "trainer.val_before_train=false",
             "reward.reward_manager.name=llm_judge",

@@ -45,6 +45,7 @@ from tests.support.judge_replica_standins import (
 from tests.support.v1_standins import (
     GATE,
     SEPARATE_ASYNC_OVERRIDES,
+    assert_no_prompt_unaccounted,
     base_overrides,
     build_tiny_model_dir,
     group_by_index,
@@ -681,7 +682,6 @@ STANDALONE_MODES = {
         *V1_OVERRIDES,
         *SEPARATE_ASYNC_OVERRIDES,
         *ONE_MINI_BATCH,
-        "+trainer.v1.decoupled.ledger=raise",
     ],
 }
 
@@ -744,6 +744,8 @@ def test_a_standalone_judge_scores_each_session_while_its_batch_generates(
         watch.stop.set()
         watch.join(30)
     assert watch.held >= 1, "no judge request while a generation of the batch was still held"
+    if mode == "decoupled":
+        assert_no_prompt_unaccounted(run)  # every prompt trained, evicted or in flight
     (metrics,) = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]
     assert (metrics["reward/status_ok"], metrics["reward/status_error"]) == (5.0, 1.0), metrics
     assert metrics["reward/excluded"] == 1.0

@@ -6,8 +6,9 @@ server, or a user function under ``async_naive``), TransferQueue and verl's repl
 subclass); stand-ins only for the standalone rollout (the scripted token server behind verl's real
 load balancer), the actor's model and the weight sync (tests/support/v1_standins.py). Five runs (the slow
 judge's two, failures, a group scored out of order, a full backlog), each shared by the tests
-asserting on it (module fixtures): every run keeps the prompt ledger at ``raise``, so any lost,
-unknown or double-counted prompt stops it. The TransferQueue behaviour relied on is pinned in
+asserting on it (module fixtures): each run's fixture asserts every step's prompt ledger check found
+no lost, unknown or double-counted prompt (``assert_no_prompt_unaccounted``), so one fails the run's
+every test, as ``ledger: raise`` (deprecated) did. The TransferQueue behaviour relied on is pinned in
 tests/v1/test_transfer_queue.py, the ledger's reconciliation in tests/v1/decoupled/test_ledger.py.
 """
 
@@ -36,6 +37,7 @@ from tests.support.v1_standins import (
     ScriptedRollout,
     StandInActor,
     TrainingRun,
+    assert_no_prompt_unaccounted,
     base_overrides,
     compose_v1_config,
     run_v1_training,
@@ -98,10 +100,12 @@ def train(
         *V1_OVERRIDES,
         *reward_lines,
         "trainer.val_before_train=false",
-        *(["+trainer.v1.decoupled.ledger=raise"] if mode == "decoupled" else []),
         *extra,
     ]
-    return run_v1_training(compose_v1_config(overrides), rollout, script, tmp_path / "metrics.jsonl")
+    run = run_v1_training(compose_v1_config(overrides), rollout, script, tmp_path / "metrics.jsonl")
+    if mode == "decoupled":
+        assert_no_prompt_unaccounted(run)
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -536,12 +540,13 @@ def slow_scoring_run(tmp_path_factory, model_dir, rollout, transfer_queue) -> Tr
         "reward.custom_reward_function.name=score",
         "+reward.async_reward.retry.max_attempts=1",
         "trainer.val_before_train=false",
-        "+trainer.v1.decoupled.ledger=raise",
         *SLOW_SCORING_WINDOWS,
     ]
-    return run_v1_training(
+    run = run_v1_training(
         compose_v1_config(overrides), rollout, script_for({}), directory / "metrics.jsonl", actor=actor
     )
+    assert_no_prompt_unaccounted(run)
+    return run
 
 
 def test_a_group_waiting_for_the_judge_at_its_staleness_limit_is_trained_not_evicted(slow_scoring_run):

@@ -201,8 +201,10 @@ def test_what_the_mode_cannot_honour_is_refused_naming_the_key(change, key):
 
 
 def test_separate_async_keys_copied_into_the_node_are_accepted_when_equal():
-    config = verl_config(decoupled={"parameter_sync_step": 4, "num_warmup_batches": 1, "ledger": "raise"})
-    assert load_decoupled_mode_config(config).ledger == "raise"
+    config = verl_config(
+        decoupled={"parameter_sync_step": 4, "num_warmup_batches": 1, "staleness_from": "submission"}
+    )
+    assert load_decoupled_mode_config(config).staleness_from == "submission"
 
 
 def tags(**groups: dict) -> dict[str, dict]:

@@ -40,10 +40,12 @@ SCHEDULES = {
 
 
 def schedule_flags(schedule: str) -> list[str]:
+    """The mode's keys for ``schedule``: on-policy is ``max_staleness=0``; one step off policy is the
+    mode's default (``max_staleness`` 1), left unset so that a run may set more, or the fill."""
     mini_batch, one_step_off = SCHEDULES[schedule]
     return [
         f"+trainer.v1.pipelined.mini_batch={str(mini_batch).lower()}",
-        f"+trainer.v1.pipelined.one_step_off_policy={str(one_step_off).lower()}",
+        *([] if one_step_off else ["+trainer.v1.pipelined.max_staleness=0"]),
     ]
 
 
@@ -107,7 +109,7 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
         (["trainer.v1.sampler.sync_refill_failed_groups=true"], "sync_refill_failed_groups"),
         (
             [
-                "+trainer.v1.pipelined.one_step_off_policy=true",
+                "+trainer.v1.pipelined.max_staleness=1",
                 "trainer.v1.sampler.max_off_policy_threshold=1",
             ],
             "max_off_policy_threshold",
@@ -115,21 +117,28 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
         (["+async_reward.pipeline.mini_batch=true"], "trainer.v1.pipelined"),
         (
             [
+                "+trainer.v1.pipelined.max_staleness=0",
+                "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
+            ],
+            "max_staleness=2 or more",
+        ),
+        (
+            [
                 "+trainer.v1.pipelined.one_step_off_policy=false",
                 "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
             ],
-            "one_step_off_policy=true",
+            "max_staleness=2 or more",
         ),
         (
             [
-                "+trainer.v1.pipelined.one_step_off_policy=true",
-                "+trainer.v1.pipelined.fill_rollout_tail_at=0",
+                "+trainer.v1.pipelined.one_step_off_policy=false",
+                "+trainer.v1.pipelined.max_staleness=2",
             ],
-            "fill_rollout_tail_at",
+            "delete trainer.v1.pipelined.one_step_off_policy and keep max_staleness=2",
         ),
+        (["+trainer.v1.pipelined.fill_rollout_tail_at=0"], "fill_rollout_tail_at"),
         (
             [
-                "+trainer.v1.pipelined.one_step_off_policy=true",
                 "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
                 "trainer.v1.sampler.max_off_policy_threshold=2",
             ],
@@ -137,7 +146,6 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
         ),
         (
             [
-                "+trainer.v1.pipelined.one_step_off_policy=true",
                 "+trainer.v1.pipelined.max_staleness=3",
                 "trainer.v1.sampler.max_off_policy_threshold=3",
             ],
@@ -234,7 +242,6 @@ def train_pipelined(
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags(schedule),
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "reward.reward_manager.name=async_remote",
             f"+reward.async_reward.remote.url={server.url}/score",
@@ -332,7 +339,6 @@ def run_with_failures(
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "trainer.v1.trainer_mode=pipelined",
             *schedule_flags(schedule),
-            "+trainer.v1.pipelined.poll_interval_s=0.02",
             f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
             "trainer.val_before_train=false",
             *failing_reward(tmp_path, policy),
@@ -518,7 +524,6 @@ def test_resume_trains_the_batch_in_flight_first_and_skips_or_repeats_nothing(
                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                 "trainer.v1.trainer_mode=pipelined",
                 *schedule_flags("both"),
-                "+trainer.v1.pipelined.poll_interval_s=0.02",
                 f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
                 "reward.reward_manager.name=async_remote",
                 f"+reward.async_reward.remote.url={server.url}/score",

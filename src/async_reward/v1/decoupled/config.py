@@ -67,6 +67,7 @@ from async_reward._core.config_rules import (
     plain_container,
     select_key,
 )
+from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError
 from async_reward.config.v1 import DECOUPLED_MODE, DECOUPLED_MODE_PATH, is_decoupled_mode
 from async_reward.judge.in_job.admitted import manager_admission
@@ -74,6 +75,7 @@ from async_reward.judge.in_job.admitted import manager_admission
 __all__ = [
     "DECOUPLED_MODE",
     "DECOUPLED_MODE_PATH",
+    "POLL_INTERVAL_S",
     "DecoupledModeConfig",
     "DecoupledWindows",
     "derive_windows",
@@ -86,10 +88,22 @@ __all__ = [
 #: verl's node the mode's verl settings are read from (and copied into ours).
 SEPARATE_ASYNC_PATH = "trainer.v1.separate_async"
 
+#: Seconds between the sampler's reads of TransferQueue while the trainer waits for scored groups;
+#: each poll also tops up the generation window. A poll is three tag listings (verl's, the sampler's
+#: prompt tags, the top-up's) of every prompt in flight: at a quarter of the pipelined mode's rate of
+#: one listing a poll, about the same listing cost a second; 0.2 s still adds at most a fifth of a
+#: second to a wait for scoring that takes seconds, where verl's 2 s would be a visible share of a
+#: step. Internal: nothing for a user to trade at this value.
+POLL_INTERVAL_S = 0.2
+
 
 @dataclass
 class DecoupledModeConfig:
-    """What a user may set under ``trainer.v1.decoupled`` (None: derived, see the module docstring)."""
+    """What a user may set under ``trainer.v1.decoupled`` (None: derived, see the module docstring).
+
+    ``dry_run`` is a key although it acts as a flag: verl's command line is made of Hydra overrides, so
+    a key of the node is the flag. ``poll_interval_s`` and ``ledger`` are deprecated (read for one
+    release, with a warning)."""
 
     generation_window: int | None = None
     """Prompt groups generating at once (pending or with a session still generating). A group leaves
@@ -120,9 +134,9 @@ class DecoupledModeConfig:
     window or waiting for the judge does not count); ``submission``, verl's own measure (the step the
     prompt was dispatched in), for comparison."""
 
-    poll_interval_s: float = 0.2
-    """How often the sampler re-reads TransferQueue while the trainer waits for scored groups; each
-    poll also tops up the generation window. verl polls every 2 s."""
+    poll_interval_s: float = POLL_INTERVAL_S
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
+    sampler polls every :data:`POLL_INTERVAL_S`."""
 
     stale_wait_timeout_s: float | None = None
     """Longest a sample waits for groups at their staleness limit to be scored (module docstring);
@@ -135,9 +149,11 @@ class DecoupledModeConfig:
     retry.max_total_s)`` (the first and the last ``timeout_s``)."""
 
     ledger: Literal["warn", "raise"] = "warn"
-    """What an unaccounted prompt does at the end of a step (every dispatched prompt must be trained,
-    evicted with a reason, or still in flight): ``warn`` logs it and counts ``ledger/unaccounted``;
-    ``raise`` stops the run (tests)."""
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): an
+    unaccounted prompt at the end of a step (every dispatched prompt must be trained, evicted with a
+    reason, or still in flight) is always logged and counted in ``ledger/unaccounted`` and
+    ``ledger/double_counted`` (``ledger/balanced`` drops to 0 for good); ``raise`` stopped the run,
+    which only tests wanted, and they now assert those counts instead."""
 
     dry_run: bool = False
     """Build the trainer in verl's task-runner actor, print its start line and a ``dry run: built``
@@ -237,6 +253,19 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
     config.validate()
     check_decoupled_mode_against_verl(config, verl_config)
     derive_windows(config, verl_config)
+    if "poll_interval_s" in own:
+        deprecated_key(
+            f"{DECOUPLED_MODE_PATH}.poll_interval_s",
+            f"the sampler polls TransferQueue every {POLL_INTERVAL_S} s",
+            "delete the line",
+        )
+    if "ledger" in own:
+        deprecated_key(
+            f"{DECOUPLED_MODE_PATH}.ledger",
+            "an unaccounted prompt is always logged and counted in ledger/unaccounted (a test asserts "
+            "that count, and ledger/balanced, instead of stopping the run)",
+            "delete the line",
+        )
     return config
 
 

@@ -176,7 +176,7 @@ def groups_to_wait_for(
 
 
 class LedgerError(RuntimeError):
-    """A dispatched prompt was lost or counted twice (``trainer.v1.decoupled.ledger=raise``)."""
+    """A dispatched prompt was lost or counted twice (deprecated ``trainer.v1.decoupled.ledger=raise``)."""
 
 
 @dataclass

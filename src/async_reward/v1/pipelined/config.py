@@ -2,10 +2,13 @@
 
 The node sits beside verl's own per-mode sections (``trainer.v1.sync``, ``trainer.v1.colocate_async``),
 so ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=pipelined`` reads like any other v1 mode,
-and pipelines: ``mini_batch`` and ``one_step_off_policy`` are on unless set to false
-(``+trainer.v1.pipelined.mini_batch=false`` ...). The flags keep the names and meaning of the legacy
-trainer's ``async_reward.pipeline.*`` (:class:`~async_reward.training.config.PipelineConfig`,
-off by default there); that node itself is refused under v1, with this one named as the fix.
+and pipelines: ``mini_batch`` is on and ``max_staleness`` is 1 unless set
+(``+trainer.v1.pipelined.mini_batch=false``, ``+trainer.v1.pipelined.max_staleness=0``). How far
+ahead batches generate is one key, ``max_staleness`` (0: on-policy, 1: the next batch generates
+during a step, 2..7: batches further ahead); the legacy trainer's ``one_step_off_policy`` is read
+here for one more release (deprecated: ``false`` is ``max_staleness=0``). The legacy trainer's node,
+``async_reward.pipeline.*`` (:class:`~async_reward.training.config.PipelineConfig`, off by default
+there), is refused under v1, with this one named as the fix.
 
 Kept free of verl's v1 modules (which import TransferQueue), like :mod:`async_reward.config.v1`.
 """
@@ -19,7 +22,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from async_reward._core.config_rules import bad_value, names_config_errors, plain_container, rule, select_key
+from async_reward._core.config_rules import (
+    bad_value,
+    names_config_errors,
+    plain_container,
+    rule,
+    select_key,
+)
+from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError, parse_config
 from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
 from async_reward.training.config import PipelineConfig, check_against_verl
@@ -28,36 +38,50 @@ __all__ = [
     "DEFAULT_ON",
     "PIPELINED_MODE",
     "PIPELINED_MODE_PATH",
+    "POLL_INTERVAL_S",
     "PipelinedModeConfig",
     "is_pipelined_mode",
     "load_pipelined_mode_config",
 ]
 
-#: The schedule flags the mode turns on unless told otherwise: ``trainer_mode=pipelined`` alone runs
-#: the schedule the README recommends (mini-batch updates, the next batch generated one step off
-#: policy); ``+trainer.v1.pipelined.<flag>=false`` turns one off.
-DEFAULT_ON = ("mini_batch", "one_step_off_policy")
+#: What the mode pipelines with unless told otherwise, and the value that turns each off:
+#: ``trainer_mode=pipelined`` alone runs the schedule the README recommends (mini-batch updates, the
+#: next batch generated during a step, ``max_staleness`` 1).
+DEFAULT_ON = {"mini_batch": "false", "max_staleness": "0"}
+
+#: Seconds between the trainer's reads of TransferQueue's tags while it waits for a batch to be
+#: generated or for the next chunk of scored groups (TransferQueue has no change notification). A tag
+#: listing costs about a millisecond, so 0.05 s keeps polling to a few percent of one core while
+#: adding at most 50 ms to a wait of seconds; verl's replay buffer polls every 2 s, which at tens of
+#: seconds per step is a visible share of the step. Internal: at this value both the polling's cost and
+#: the delay it adds are small beside a step, so there is nothing for a user to trade.
+POLL_INTERVAL_S = 0.05
 
 
 @dataclass
 class PipelinedModeConfig(PipelineConfig):
-    """The legacy trainer's schedule flags (same names, same meaning), plus what only v1 needs.
+    """The legacy trainer's settings (same names, same meaning), with how far ahead batches generate
+    as one key, ``max_staleness``, and what only v1 needs.
 
     Unlike the legacy trainer's node (``async_reward.pipeline``, baseline unless told), the mode
-    pipelines by default: both flags of :data:`DEFAULT_ON` are on."""
+    pipelines by default (:data:`DEFAULT_ON`). ``dry_run`` stays a key of this node although verl's
+    command line has no flags of its own: it is made of Hydra overrides, so a key is the flag.
+    ``one_step_off_policy`` is deprecated here (read for one release; after construction it holds
+    ``max_staleness >= 1``, what the shared checks and the schedule's name read)."""
 
     mini_batch: bool = True
     """As :attr:`PipelineConfig.mini_batch`; on by default in this mode."""
-    one_step_off_policy: bool = True
-    """As :attr:`PipelineConfig.one_step_off_policy`; on by default in this mode."""
+    one_step_off_policy: bool | None = None
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): write
+    ``max_staleness=0`` for ``false``; ``true`` is the default. Unset (None), it is derived from
+    ``max_staleness`` when the config is built."""
 
     poll_interval_s: float = field(
-        default=0.05,
+        default=POLL_INTERVAL_S,
         metadata=rule(lambda v: 0 < v <= 10, "must be > 0 and <= 10 seconds", "write e.g. 0.05"),
     )
-    """How often the trainer reads TransferQueue's tags while it waits for a batch to be generated or
-    for the next chunk of scored groups. verl's replay buffer polls every 2 s, which at tens of
-    seconds per step is a visible share of it; a tag listing costs about a millisecond."""
+    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
+    trainer polls every :data:`POLL_INTERVAL_S`."""
 
     fill_rollout_tail_at: float | None = field(
         default=None,
@@ -75,49 +99,63 @@ class PipelinedModeConfig(PipelineConfig):
     max_staleness: int | None = field(
         default=None,
         metadata=rule(
-            lambda v: isinstance(v, int) and 1 <= v <= 7,
-            "must be an integer from 1 to 7, or null",
-            "write 1 (the next batch generates during a step), or 2 or more (batches further ahead too)",
+            lambda v: isinstance(v, int) and 0 <= v <= 7,
+            "must be an integer from 0 to 7, or null",
+            "write 0 (on-policy), 1 (the next batch generates during a step), or 2 or more (batches "
+            "further ahead too)",
         ),
     )
-    """With ``one_step_off_policy``: the most policy versions a trained group may lag the policy it
-    updates (``off_policy/staleness``). 1: the next step's batch generates while this one trains on
-    the batch before it, as the legacy trainer's schedule. s >= 2: the batches of the next s steps
+    """The most policy versions a trained group may lag the policy it updates
+    (``off_policy/staleness``). 0: on-policy, no batch generates ahead (each step generates its own
+    batch, then trains on it). 1: the next step's batch generates while this one trains on the batch
+    before it, as the legacy trainer's one-step off-policy schedule. s >= 2: the batches of the next s steps
     generate together, and each step trains the first ``train_batch_size`` groups to be generated,
     oldest dispatch first, across the batches in flight (:mod:`async_reward.v1.pipelined.pool`), so
     the slowest groups of a long-tailed rollout go on generating (partial rollout) into later steps
     instead of holding this one; a group is never trained more than s versions late (the step waits
     for it). At most 7: verl's ``max_off_policy_threshold`` defaults to 8 versions. None (default):
-    2 with ``fill_rollout_tail_at``, else 1."""
+    2 with ``fill_rollout_tail_at``, 0 with the deprecated ``one_step_off_policy=false``, else 1."""
+
+    def __post_init__(self) -> None:
+        if self.one_step_off_policy is None:  # not set: what max_staleness says
+            self.one_step_off_policy = self.staleness_limit >= 1
 
     @property
     def staleness_limit(self) -> int:
-        """The resolved ``max_staleness``: 0 without ``one_step_off_policy``."""
-        if not self.one_step_off_policy:
-            return 0
+        """The resolved ``max_staleness`` (module docstring; its field's docstring for None)."""
         if self.max_staleness is not None:
             return self.max_staleness
+        if self.one_step_off_policy is False:
+            return 0
         return 2 if self.fill_rollout_tail_at is not None else 1
 
     def validate(self, path: str = PIPELINED_MODE_PATH) -> None:
         """Each field's value rule and the rules between fields, naming ``path.<field>``."""
         super().validate(path)
         fill = self.fill_rollout_tail_at
-        if fill is not None and not self.one_step_off_policy:
+        staleness = self.max_staleness
+        if staleness is not None and self.one_step_off_policy != (staleness >= 1):
+            generates = "generates no batch ahead" if staleness == 0 else "generates batches ahead"
             raise bad_value(
-                f"{path}.fill_rollout_tail_at",
-                fill,
-                "starts the batch after next early, which only the one-step off-policy schedule has",
-                f"set {path}.one_step_off_policy=true too, or leave it null",
+                f"{path}.one_step_off_policy",
+                self.one_step_off_policy,
+                f"(deprecated) contradicts {path}.max_staleness={staleness}, which {generates}; "
+                "max_staleness alone says how far ahead batches generate",
+                f"delete {path}.one_step_off_policy and keep max_staleness={staleness}"
+                + ("" if staleness == 0 else " (or write max_staleness=0 for on-policy)"),
             )
-        if self.max_staleness is not None and not self.one_step_off_policy:
+        if fill is not None and self.staleness_limit == 0:
+            key = "max_staleness" if staleness is not None else "fill_rollout_tail_at"
             raise bad_value(
-                f"{path}.max_staleness",
-                self.max_staleness,
-                "bounds how far ahead batches generate, which only the one-step off-policy schedule does",
-                f"set {path}.one_step_off_policy=true too, or leave it null",
+                f"{path}.{key}",
+                staleness if staleness is not None else fill,
+                f"with {path}.fill_rollout_tail_at={fill}: it starts the batch after next early "
+                "(trained 2 versions late), which the on-policy schedule (max_staleness=0, or "
+                "one_step_off_policy=false) never generates",
+                f"set {path}.max_staleness=2 or more (or leave it null, and delete one_step_off_policy), "
+                "or unset fill_rollout_tail_at",
             )
-        if fill is not None and self.max_staleness == 1:
+        if fill is not None and staleness == 1:
             raise bad_value(
                 f"{path}.max_staleness",
                 self.max_staleness,
@@ -129,8 +167,9 @@ class PipelinedModeConfig(PipelineConfig):
 
 @names_config_errors("trainer")
 def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelinedModeConfig:
-    """Read ``trainer.v1.pipelined`` (absent: both schedule flags on, :data:`DEFAULT_ON`) and refuse
-    what the mode cannot honour; a refusal of a flag left at its default says so, with the override.
+    """Read ``trainer.v1.pipelined`` (absent: the schedule of :data:`DEFAULT_ON`) and refuse what the
+    mode cannot honour; a refusal of a setting left at its default says so, with the override. A
+    deprecated key set is honoured, with a warning naming what replaced it.
 
     Raises:
         ConfigError: an unknown key or bad value, and every verl setting the schedule would
@@ -146,22 +185,44 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
             f"write e.g. +{PIPELINED_MODE_PATH}.mini_batch=true",
         )
     config = parse_config(PipelinedModeConfig, node, PIPELINED_MODE_PATH)
-    defaulted = [flag for flag in DEFAULT_ON if flag not in node]
+    # max_staleness is at its default only where nothing that sets it is set
+    staleness_set = bool({"max_staleness", "one_step_off_policy", "fill_rollout_tail_at"} & set(node))
+    defaulted = [
+        key for key in DEFAULT_ON if key not in node and not (key == "max_staleness" and staleness_set)
+    ]
     try:
         config.validate()
         check_against_verl(config, verl_config, path=PIPELINED_MODE_PATH, whole_gen_batch=False)
         check_pipelined_mode_against_verl(config, verl_config)
     except ConfigError as error:
         raise _naming_the_default(error, defaulted) from None
+    if "poll_interval_s" in node:
+        deprecated_key(
+            f"{PIPELINED_MODE_PATH}.poll_interval_s",
+            f"the trainer polls TransferQueue every {POLL_INTERVAL_S} s",
+            "delete the line",
+        )
+    if "one_step_off_policy" in node:
+        off = node["one_step_off_policy"] is False
+        deprecated_key(
+            f"{PIPELINED_MODE_PATH}.one_step_off_policy",
+            f"{PIPELINED_MODE_PATH}.max_staleness alone says how far ahead batches generate; "
+            + (
+                "one_step_off_policy=false is max_staleness=0"
+                if off
+                else "true is the default, max_staleness=1"
+            ),
+            f"write +{PIPELINED_MODE_PATH}.max_staleness=0 in its place" if off else "delete the line",
+        )
     return config
 
 
 def _naming_the_default(error: ConfigError, defaulted: list[str]) -> ConfigError:
-    """``error`` refusing a flag the user did not set (on by default): said so, with the override."""
+    """``error`` refusing a setting the user did not set (on by default): said so, with the override."""
     flags = [flag for flag in defaulted if re.search(rf"\b{flag}\b", str(error))]
     if not flags:
         return error
-    overrides = " ".join(f"+{PIPELINED_MODE_PATH}.{flag}=false" for flag in flags)
+    overrides = " ".join(f"+{PIPELINED_MODE_PATH}.{flag}={DEFAULT_ON[flag]}" for flag in flags)
     fix = f"{error.fix}; or turn the schedule off with {overrides}" if error.fix else f"or {overrides}"
     return ConfigError(
         f"{error} ({', '.join(flags)}: on by default under trainer.v1.trainer_mode={PIPELINED_MODE}; "
@@ -209,8 +270,8 @@ def check_pipelined_mode_against_verl(config: PipelinedModeConfig, verl_config: 
     if threshold is not None and int(threshold) < span:
         raise ConfigError(
             f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but the schedule trains batches "
-            f"spanning {span} model versions (one_step_off_policy: 2, fill_rollout_tail_at: 3, "
-            "max_staleness=s: s + 1)",
+            f"spanning {span} model versions (max_staleness + 1; max_staleness is 1 unless set, 2 with "
+            "fill_rollout_tail_at)",
             key="trainer.v1.sampler.max_off_policy_threshold",
             fix=f"set it to {span} or more (verl's default is 8), or change the schedule",
         )
