@@ -328,9 +328,7 @@ class _BenchPipelined(_CalibratedStages, PPOTrainerPipelined):
         # seen at once, as the real poll would see it within 0.05 s (the whole gap after every
         # wake-up cost up to 0.5 s a wait, 6 waits a step; about 1 s a step in balanced, measured
         # within one run's noise).
-        self._writes_seen = self.bench.store.wait_for_write(
-            self._writes_seen, timeout=self.pipeline_config.poll_interval_s
-        )
+        self._writes_seen = self.bench.store.wait_for_write(self._writes_seen, timeout=self.poll_interval_s)
         left = POLL_GAP_S * self.bench.time_scale - (time.perf_counter() - self._last_poll_at)
         if left > 0:
             time.sleep(left)
@@ -365,7 +363,7 @@ def build_v1_trainer(config: Any, harness: V1Harness, strategy: str | None = Non
         trainer._tq = harness.store
         # Its poll of TransferQueue's tags: woken by the store's writes (``_pause_between_polls``),
         # and at the latest after verl's replay-buffer poll interval (2 s), time-scaled.
-        trainer.pipeline_config.poll_interval_s = 2.0 * harness.time_scale
+        trainer.poll_interval_s = 2.0 * harness.time_scale
     trainer.reward_loop_manager = harness.reward_loop_manager
     if harness.judge_wake_sleep_s is not None:
         from async_reward_bench.colocated_judge import NO_WORKER_HANDLES

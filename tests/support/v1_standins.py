@@ -445,7 +445,7 @@ def run_v1_training(
 
 def assert_no_prompt_unaccounted(run: TrainingRun) -> None:
     """A decoupled run's prompt ledger never found a prompt lost, unknown or counted twice: what the
-    deprecated ``trainer.v1.decoupled.ledger=raise`` stopped a run for, asserted on its metrics. Every
+    mode logs and counts instead of stopping the run, asserted on its metrics. Every
     step logs its own check (``ledger/unaccounted``, ``ledger/double_counted``), and
     ``ledger/balanced`` stays 0 for good once any check found one (and needs the counts to agree)."""
     logs = [entry["data"] for entry in run.logged if "training/global_step" in entry["data"]]

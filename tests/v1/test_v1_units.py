@@ -449,9 +449,9 @@ OTHER_TRAINERS = [
 #: One setting of each of our modes' nodes, and the mode that reads it.
 MODE_SETTINGS = [
     ("+trainer.v1.pipelined.mini_batch=true", "trainer.v1.pipelined.mini_batch", "pipelined"),
-    ("+trainer.v1.pipelined.poll_interval_s=0.5", "trainer.v1.pipelined.poll_interval_s", "pipelined"),
+    ("+trainer.v1.pipelined.max_staleness=2", "trainer.v1.pipelined.max_staleness", "pipelined"),
     ("+trainer.v1.decoupled.reward_backlog=8", "trainer.v1.decoupled.reward_backlog", "decoupled"),
-    ("+trainer.v1.decoupled.ledger=raise", "trainer.v1.decoupled.ledger", "decoupled"),
+    ("+trainer.v1.decoupled.staleness_from=submission", "trainer.v1.decoupled.staleness_from", "decoupled"),
 ]
 
 
@@ -497,33 +497,14 @@ def test_our_modes_settings_are_read_under_their_own_mode_and_an_empty_node_is_n
         )
 
 
-#: Each deprecated key of our modes' nodes (issue 44.4): its mode, the key, the value a job sets (as
-#: hydra reads it), how the config the trainer builds with holds it (read back by ``honoured``, against
-#: ``default`` when unset), what the warning says replaced it, and the fix it gives.
-DELETE = "fix: delete the line"
-DEPRECATED_KEYS = [
-    ("pipelined", "poll_interval_s", "0.5", lambda c: c.poll_interval_s, 0.5, 0.05, "every 0.05 s", DELETE),
-    ("decoupled", "poll_interval_s", "0.5", lambda c: c.poll_interval_s, 0.5, 0.2, "every 0.2 s", DELETE),
-    (
-        "decoupled",
-        "ledger",
-        "raise",
-        lambda c: c.ledger,
-        "raise",
-        "warn",
-        "counted in ledger/unaccounted",
-        DELETE,
-    ),
-    (
-        "pipelined",
-        "one_step_off_policy",
-        "false",
-        lambda c: (c.staleness_limit, c.mode),  # what the trainer schedules by
-        (0, "mini_batch"),
-        (1, "both"),
-        "one_step_off_policy=false is max_staleness=0",
-        "fix: write +trainer.v1.pipelined.max_staleness=0 in its place",
-    ),
+#: Settings of our modes that are derived, not keys (issue 44.4; none was in a release): the mode, the
+#: line a job might write, and what the refusal must say (the fix, where there is more than deleting).
+NOT_KEYS = [
+    ("pipelined", "poll_interval_s=0.5", "unknown key"),
+    ("decoupled", "poll_interval_s=0.5", "unknown key"),
+    ("decoupled", "ledger=raise", "unknown key"),
+    ("pipelined", "one_step_off_policy=false", "max_staleness=0 for one_step_off_policy=false"),
+    ("pipelined", "one_step_off_policy=true", "delete the line for true"),
 ]
 MODE_LOADERS = {
     "pipelined": "async_reward.v1.pipelined.config:load_pipelined_mode_config",
@@ -531,43 +512,26 @@ MODE_LOADERS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("mode", "name", "line", "honoured", "value", "default", "replaced_by", "fix"),
-    DEPRECATED_KEYS,
-    ids=[f"{row[0]}.{row[1]}" for row in DEPRECATED_KEYS],
-)
-def test_a_deprecated_key_is_still_honoured_with_a_warning_naming_the_fix(
-    mode, name, line, honoured, value, default, replaced_by, fix, monkeypatch, caplog
-):
-    """Issue 44.4: a key made internal, test-only or replaced keeps the value a job sets for one
-    release, warned where the launcher prepares the config and where the trainer reads its node: the
-    key, that it goes, what replaced it and the fix, as a DeprecationWarning and, since Python
-    hides those raised in a library, once a process in the log. Unset, nothing warns (an error here)."""
+@pytest.mark.parametrize(("mode", "line", "said"), NOT_KEYS, ids=[f"{m}.{line}" for m, line, _ in NOT_KEYS])
+def test_a_derived_setting_is_refused_by_name_where_the_launcher_and_the_trainer_read_it(mode, line, said):
+    """Issue 44.4: how often the modes poll, what an unbalanced ledger does and whether batches
+    generate ahead (``max_staleness`` alone) are not keys: set, each is refused at start-up, where a
+    launcher prepares the config and where the trainer reads its node, naming the key and the fix;
+    the same lines without it load."""
     import importlib
-
-    from async_reward._core import errors
 
     module_name, loader_name = MODE_LOADERS[mode].split(":")
     loader = getattr(importlib.import_module(module_name), loader_name)
-    key = f"trainer.v1.{mode}.{name}"
+    key = f"trainer.v1.{mode}.{line.split('=')[0]}"
     judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
     lines = (judge, "algorithm.adv_estimator=grpo", f"trainer.v1.trainer_mode={mode}")
-    assert honoured(loader(v1_config(*lines))) == default != value
-    monkeypatch.setattr(errors, "_LOGGED_DEPRECATIONS", set())
-    config = v1_config(*lines, f"+{key}={line}")
-    with caplog.at_level(logging.WARNING, logger="async_reward.config"):
-        with pytest.deprecated_call() as launcher:
-            prepare_v1_config(config)
-        with pytest.deprecated_call() as trainer:
-            loaded = loader(config)
-    assert honoured(loaded) == value  # what the trainer reads (its poll's sleep, the ledger's rule)
-    for seen in (launcher, trainer):
-        said = [str(w.message) for w in seen if w.category is DeprecationWarning]
-        assert len(said) >= 1 and all(key in text for text in said), said
-        assert "will be removed in the next release" in said[0] and fix in said[0], said[0]
-        assert replaced_by in said[0], said[0]
-    logged = [r.getMessage() for r in caplog.records if key in r.getMessage()]
-    assert len(logged) == 1 and logged[0] == said[0]  # once a process, the same words
+    loader(v1_config(*lines))
+    prepare_v1_config(v1_config(*lines))
+    for build in (prepare_v1_config, loader):
+        with pytest.raises(ConfigError) as refused:
+            build(v1_config(*lines, f"+trainer.v1.{mode}.{line}"))
+        assert refused.value.key == key, refused.value
+        assert said in str(refused.value), refused.value
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "many", True])

@@ -8,7 +8,7 @@ load balancer), the actor's model and the weight sync (tests/support/v1_standins
 judge's two, failures, a group scored out of order, a full backlog), each shared by the tests
 asserting on it (module fixtures): each run's fixture asserts every step's prompt ledger check found
 no lost, unknown or double-counted prompt (``assert_no_prompt_unaccounted``), so one fails the run's
-every test, as ``ledger: raise`` (deprecated) did. The TransferQueue behaviour relied on is pinned in
+every test, as stopping the run on it would. The TransferQueue behaviour relied on is pinned in
 tests/v1/test_transfer_queue.py, the ledger's reconciliation in tests/v1/decoupled/test_ledger.py.
 """
 

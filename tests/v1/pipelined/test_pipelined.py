@@ -104,7 +104,7 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
         (["+trainer.v1.pipelined.mini_batch=true", "algorithm.adv_estimator=gae"], "'gae'"),
         (["+trainer.v1.pipelined.mini_batch=true", "data.train_batch_size=3"], "ppo_mini_batch_size"),
         (["+trainer.v1.pipelined.typo=true"], "['typo'] in trainer.v1.pipelined"),
-        (["+trainer.v1.pipelined.poll_interval_s=0"], "poll_interval_s"),
+        (["+trainer.v1.pipelined.poll_interval_s=0.5"], "['poll_interval_s'] in trainer.v1.pipelined"),
         (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], "filter_groups"),
         (["trainer.v1.sampler.sync_refill_failed_groups=true"], "sync_refill_failed_groups"),
         (
@@ -125,16 +125,9 @@ def _config(extra: list[str], tmp_path: Path) -> Any:
         (
             [
                 "+trainer.v1.pipelined.one_step_off_policy=false",
-                "+trainer.v1.pipelined.fill_rollout_tail_at=0.5",
-            ],
-            "max_staleness=2 or more",
-        ),
-        (
-            [
-                "+trainer.v1.pipelined.one_step_off_policy=false",
                 "+trainer.v1.pipelined.max_staleness=2",
             ],
-            "delete trainer.v1.pipelined.one_step_off_policy and keep max_staleness=2",
+            "max_staleness=0 for one_step_off_policy=false",
         ),
         (["+trainer.v1.pipelined.fill_rollout_tail_at=0"], "fill_rollout_tail_at"),
         (

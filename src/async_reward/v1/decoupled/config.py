@@ -67,7 +67,6 @@ from async_reward._core.config_rules import (
     plain_container,
     select_key,
 )
-from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError
 from async_reward.config.v1 import DECOUPLED_MODE, DECOUPLED_MODE_PATH, is_decoupled_mode
 from async_reward.judge.in_job.admitted import manager_admission
@@ -102,8 +101,8 @@ class DecoupledModeConfig:
     """What a user may set under ``trainer.v1.decoupled`` (None: derived, see the module docstring).
 
     ``dry_run`` is a key although it acts as a flag: verl's command line is made of Hydra overrides, so
-    a key of the node is the flag. ``poll_interval_s`` and ``ledger`` are deprecated (read for one
-    release, with a warning)."""
+    a key of the node is the flag. How often the sampler polls (:data:`POLL_INTERVAL_S`) and what a
+    prompt ledger out of balance does (logged, counted in ``ledger/unaccounted``) are not keys."""
 
     generation_window: int | None = None
     """Prompt groups generating at once (pending or with a session still generating). A group leaves
@@ -134,10 +133,6 @@ class DecoupledModeConfig:
     window or waiting for the judge does not count); ``submission``, verl's own measure (the step the
     prompt was dispatched in), for comparison."""
 
-    poll_interval_s: float = POLL_INTERVAL_S
-    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
-    sampler polls every :data:`POLL_INTERVAL_S`."""
-
     stale_wait_timeout_s: float | None = None
     """Longest a sample waits for groups at their staleness limit to be scored (module docstring);
     then it samples without them and they are evicted ``stale`` (``decoupled/stale_overflow``, with a
@@ -147,13 +142,6 @@ class DecoupledModeConfig:
     ``timeout_s`` for the calls in service ahead of it; with ``admission_timeout_s`` set, that
     instead); through verl's router a timed-out attempt lasts up to ``max(timeout_s,
     retry.max_total_s)`` (the first and the last ``timeout_s``)."""
-
-    ledger: Literal["warn", "raise"] = "warn"
-    """Deprecated (removed in the next release; set, it is still honoured, with a warning): an
-    unaccounted prompt at the end of a step (every dispatched prompt must be trained, evicted with a
-    reason, or still in flight) is always logged and counted in ``ledger/unaccounted`` and
-    ``ledger/double_counted`` (``ledger/balanced`` drops to 0 for good); ``raise`` stopped the run,
-    which only tests wanted, and they now assert those counts instead."""
 
     dry_run: bool = False
     """Build the trainer in verl's task-runner actor, print its start line and a ``dry run: built``
@@ -177,13 +165,6 @@ class DecoupledModeConfig:
                 wait,
                 "must be a number of seconds > 0, or null (derived from the scoring deadline)",
                 "write e.g. 600, or null",
-            )
-        if not 0 < self.poll_interval_s <= 10:
-            raise bad_value(
-                f"{DECOUPLED_MODE_PATH}.poll_interval_s",
-                self.poll_interval_s,
-                "must be > 0 and <= 10 seconds",
-                "write e.g. 0.2",
             )
 
 
@@ -253,19 +234,6 @@ def load_decoupled_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> D
     config.validate()
     check_decoupled_mode_against_verl(config, verl_config)
     derive_windows(config, verl_config)
-    if "poll_interval_s" in own:
-        deprecated_key(
-            f"{DECOUPLED_MODE_PATH}.poll_interval_s",
-            f"the sampler polls TransferQueue every {POLL_INTERVAL_S} s",
-            "delete the line",
-        )
-    if "ledger" in own:
-        deprecated_key(
-            f"{DECOUPLED_MODE_PATH}.ledger",
-            "an unaccounted prompt is always logged and counted in ledger/unaccounted (a test asserts "
-            "that count, and ledger/balanced, instead of stopping the run)",
-            "delete the line",
-        )
     return config
 
 

@@ -49,6 +49,7 @@ from async_reward.v1.decoupled.agent_loop import DECOUPLED_AGENT_LOOP_MANAGER, D
 from async_reward.v1.decoupled.config import (
     DECOUPLED_MODE,
     DECOUPLED_MODE_PATH,
+    POLL_INTERVAL_S,
     SEPARATE_ASYNC_PATH,
     derive_windows,
     load_decoupled_mode_config,
@@ -56,7 +57,6 @@ from async_reward.v1.decoupled.config import (
 )
 from async_reward.v1.decoupled.replay_buffer import DecoupledReplayBufferAsync
 from async_reward.v1.decoupled.window import (
-    LedgerError,
     PromptLedger,
     WindowState,
     dispatch_blocker,
@@ -92,7 +92,7 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         builtin.attach(
             self,
             staleness_from=self.mode_config.staleness_from,
-            poll_interval_s=self.mode_config.poll_interval_s,
+            poll_interval_s=POLL_INTERVAL_S,
             stale_wait_limit_s=stale_wait_limit_s(self.mode_config, config),
         )
         self._sampler = builtin
@@ -258,10 +258,11 @@ class PPOTrainerDecoupled(PPOTrainerSeparateAsync):
         metrics = {**self._queue_metrics(state), **self.ledger.metrics(report)}
         self._pending_sync_metrics = {**(getattr(self, "_pending_sync_metrics", None) or {}), **metrics}
         if not report.ok:
-            message = f"step {self.global_steps}: prompt ledger out of balance: {report.describe()}"
-            if self.mode_config.ledger == "raise":
-                raise LedgerError(message)
-            logger.warning("%s (counted in ledger/unaccounted)", message)
+            logger.warning(
+                "step %d: prompt ledger out of balance: %s (counted in ledger/unaccounted)",
+                self.global_steps,
+                report.describe(),
+            )
 
     def _queue_metrics(self, state: WindowState) -> dict[str, float]:
         """The step's window and reward-queue metrics (verl-recipe's ``reward_queue`` names kept)."""

@@ -29,7 +29,6 @@ from async_reward.v1.decoupled.config import DecoupledWindows
 
 __all__ = [
     "EVICTION_REASONS",
-    "LedgerError",
     "LedgerReport",
     "PromptLedger",
     "WindowState",
@@ -173,10 +172,6 @@ def groups_to_wait_for(
     ready = sum(1 for uid in sampleable if spans.get(uid) == threshold)
     left_after = len(waiting) + max(0, ready - sample_size)
     return waiting if left_after > max(0, slots_left - sample_size) else []
-
-
-class LedgerError(RuntimeError):
-    """A dispatched prompt was lost or counted twice (deprecated ``trainer.v1.decoupled.ledger=raise``)."""
 
 
 @dataclass

@@ -5,8 +5,8 @@ so ``python -m verl.trainer.main_ppo trainer.v1.trainer_mode=pipelined`` reads l
 and pipelines: ``mini_batch`` is on and ``max_staleness`` is 1 unless set
 (``+trainer.v1.pipelined.mini_batch=false``, ``+trainer.v1.pipelined.max_staleness=0``). How far
 ahead batches generate is one key, ``max_staleness`` (0: on-policy, 1: the next batch generates
-during a step, 2..7: batches further ahead); the legacy trainer's ``one_step_off_policy`` is read
-here for one more release (deprecated: ``false`` is ``max_staleness=0``). The legacy trainer's node,
+during a step, 2..7: batches further ahead); the legacy trainer's ``one_step_off_policy`` is not a
+key here (refused, naming ``max_staleness=0``). The legacy trainer's node,
 ``async_reward.pipeline.*`` (:class:`~async_reward.training.config.PipelineConfig`, off by default
 there), is refused under v1, with this one named as the fix.
 
@@ -29,13 +29,13 @@ from async_reward._core.config_rules import (
     rule,
     select_key,
 )
-from async_reward._core.errors import deprecated_key
 from async_reward.config import ConfigError, parse_config
 from async_reward.config.v1 import PIPELINED_MODE, PIPELINED_MODE_PATH, is_pipelined_mode
 from async_reward.training.config import PipelineConfig, check_against_verl
 
 __all__ = [
     "DEFAULT_ON",
+    "NOT_KEYS",
     "PIPELINED_MODE",
     "PIPELINED_MODE_PATH",
     "POLL_INTERVAL_S",
@@ -57,6 +57,17 @@ DEFAULT_ON = {"mini_batch": "false", "max_staleness": "0"}
 #: the delay it adds are small beside a step, so there is nothing for a user to trade.
 POLL_INTERVAL_S = 0.05
 
+#: Keys of the legacy trainer's node (the base class's fields) that are not keys of this mode, with
+#: why and the fix: the mode says how far ahead batches generate with one key, ``max_staleness``.
+NOT_KEYS = {
+    "one_step_off_policy": (
+        "is not a key of this mode: max_staleness alone says how far ahead batches generate "
+        "(0: on-policy, 1 (default): the next batch during a step, 2..7: further ahead)",
+        f"write +{PIPELINED_MODE_PATH}.max_staleness=0 for one_step_off_policy=false; "
+        "delete the line for true",
+    ),
+}
+
 
 @dataclass
 class PipelinedModeConfig(PipelineConfig):
@@ -66,22 +77,13 @@ class PipelinedModeConfig(PipelineConfig):
     Unlike the legacy trainer's node (``async_reward.pipeline``, baseline unless told), the mode
     pipelines by default (:data:`DEFAULT_ON`). ``dry_run`` stays a key of this node although verl's
     command line has no flags of its own: it is made of Hydra overrides, so a key is the flag.
-    ``one_step_off_policy`` is deprecated here (read for one release; after construction it holds
-    ``max_staleness >= 1``, what the shared checks and the schedule's name read)."""
+    ``one_step_off_policy`` is not a key of this node (:data:`NOT_KEYS`): it is derived,
+    ``max_staleness >= 1``, for the checks and the schedule's name the legacy trainer shares."""
 
     mini_batch: bool = True
     """As :attr:`PipelineConfig.mini_batch`; on by default in this mode."""
-    one_step_off_policy: bool | None = None
-    """Deprecated (removed in the next release; set, it is still honoured, with a warning): write
-    ``max_staleness=0`` for ``false``; ``true`` is the default. Unset (None), it is derived from
-    ``max_staleness`` when the config is built."""
-
-    poll_interval_s: float = field(
-        default=POLL_INTERVAL_S,
-        metadata=rule(lambda v: 0 < v <= 10, "must be > 0 and <= 10 seconds", "write e.g. 0.05"),
-    )
-    """Deprecated (removed in the next release; set, it is still honoured, with a warning): the
-    trainer polls every :data:`POLL_INTERVAL_S`."""
+    one_step_off_policy: bool = True
+    """Not a key here (:data:`NOT_KEYS`): set from ``max_staleness`` (>= 1) when the config is built."""
 
     fill_rollout_tail_at: float | None = field(
         default=None,
@@ -114,19 +116,16 @@ class PipelinedModeConfig(PipelineConfig):
     the slowest groups of a long-tailed rollout go on generating (partial rollout) into later steps
     instead of holding this one; a group is never trained more than s versions late (the step waits
     for it). At most 7: verl's ``max_off_policy_threshold`` defaults to 8 versions. None (default):
-    2 with ``fill_rollout_tail_at``, 0 with the deprecated ``one_step_off_policy=false``, else 1."""
+    2 with ``fill_rollout_tail_at``, else 1."""
 
     def __post_init__(self) -> None:
-        if self.one_step_off_policy is None:  # not set: what max_staleness says
-            self.one_step_off_policy = self.staleness_limit >= 1
+        self.one_step_off_policy = self.staleness_limit >= 1  # what the shared checks read
 
     @property
     def staleness_limit(self) -> int:
         """The resolved ``max_staleness`` (module docstring; its field's docstring for None)."""
         if self.max_staleness is not None:
             return self.max_staleness
-        if self.one_step_off_policy is False:
-            return 0
         return 2 if self.fill_rollout_tail_at is not None else 1
 
     def validate(self, path: str = PIPELINED_MODE_PATH) -> None:
@@ -134,26 +133,15 @@ class PipelinedModeConfig(PipelineConfig):
         super().validate(path)
         fill = self.fill_rollout_tail_at
         staleness = self.max_staleness
-        if staleness is not None and self.one_step_off_policy != (staleness >= 1):
-            generates = "generates no batch ahead" if staleness == 0 else "generates batches ahead"
-            raise bad_value(
-                f"{path}.one_step_off_policy",
-                self.one_step_off_policy,
-                f"(deprecated) contradicts {path}.max_staleness={staleness}, which {generates}; "
-                "max_staleness alone says how far ahead batches generate",
-                f"delete {path}.one_step_off_policy and keep max_staleness={staleness}"
-                + ("" if staleness == 0 else " (or write max_staleness=0 for on-policy)"),
-            )
         if fill is not None and self.staleness_limit == 0:
             key = "max_staleness" if staleness is not None else "fill_rollout_tail_at"
             raise bad_value(
                 f"{path}.{key}",
                 staleness if staleness is not None else fill,
                 f"with {path}.fill_rollout_tail_at={fill}: it starts the batch after next early "
-                "(trained 2 versions late), which the on-policy schedule (max_staleness=0, or "
-                "one_step_off_policy=false) never generates",
-                f"set {path}.max_staleness=2 or more (or leave it null, and delete one_step_off_policy), "
-                "or unset fill_rollout_tail_at",
+                "(trained 2 versions late), which the on-policy schedule (max_staleness=0) never "
+                "generates",
+                f"set {path}.max_staleness=2 or more (or leave it null), or unset fill_rollout_tail_at",
             )
         if fill is not None and staleness == 1:
             raise bad_value(
@@ -168,8 +156,7 @@ class PipelinedModeConfig(PipelineConfig):
 @names_config_errors("trainer")
 def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> PipelinedModeConfig:
     """Read ``trainer.v1.pipelined`` (absent: the schedule of :data:`DEFAULT_ON`) and refuse what the
-    mode cannot honour; a refusal of a setting left at its default says so, with the override. A
-    deprecated key set is honoured, with a warning naming what replaced it.
+    mode cannot honour; a refusal of a setting left at its default says so, with the override.
 
     Raises:
         ConfigError: an unknown key or bad value, and every verl setting the schedule would
@@ -184,9 +171,12 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
             "is not a mapping",
             f"write e.g. +{PIPELINED_MODE_PATH}.mini_batch=true",
         )
+    for key, (why, fix) in NOT_KEYS.items():
+        if key in node:
+            raise bad_value(f"{PIPELINED_MODE_PATH}.{key}", node[key], why, fix)
     config = parse_config(PipelinedModeConfig, node, PIPELINED_MODE_PATH)
     # max_staleness is at its default only where nothing that sets it is set
-    staleness_set = bool({"max_staleness", "one_step_off_policy", "fill_rollout_tail_at"} & set(node))
+    staleness_set = bool({"max_staleness", "fill_rollout_tail_at"} & set(node))
     defaulted = [
         key for key in DEFAULT_ON if key not in node and not (key == "max_staleness" and staleness_set)
     ]
@@ -196,24 +186,6 @@ def load_pipelined_mode_config(verl_config: DictConfig | Mapping[str, Any]) -> P
         check_pipelined_mode_against_verl(config, verl_config)
     except ConfigError as error:
         raise _naming_the_default(error, defaulted) from None
-    if "poll_interval_s" in node:
-        deprecated_key(
-            f"{PIPELINED_MODE_PATH}.poll_interval_s",
-            f"the trainer polls TransferQueue every {POLL_INTERVAL_S} s",
-            "delete the line",
-        )
-    if "one_step_off_policy" in node:
-        off = node["one_step_off_policy"] is False
-        deprecated_key(
-            f"{PIPELINED_MODE_PATH}.one_step_off_policy",
-            f"{PIPELINED_MODE_PATH}.max_staleness alone says how far ahead batches generate; "
-            + (
-                "one_step_off_policy=false is max_staleness=0"
-                if off
-                else "true is the default, max_staleness=1"
-            ),
-            f"write +{PIPELINED_MODE_PATH}.max_staleness=0 in its place" if off else "delete the line",
-        )
     return config
 
 

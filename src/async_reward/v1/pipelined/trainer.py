@@ -63,6 +63,7 @@ from async_reward.v1.pipelined.batches import GroupState, InFlightBatch, check_p
 from async_reward.v1.pipelined.choice import JudgeCatchUp
 from async_reward.v1.pipelined.config import (
     PIPELINED_MODE,
+    POLL_INTERVAL_S,
     load_pipelined_mode_config,
 )
 from async_reward.v1.pipelined.pool import GroupPool
@@ -108,6 +109,9 @@ class PPOTrainerPipelined(PPOTrainer):
         use_pipelined_agent_loop(config, dry_run=self.pipeline_config.dry_run)
         apply_legacy_and_check(config)  # legacy reward keys, every reward setting, before any worker
         super().__init__(config)
+        self.poll_interval_s = POLL_INTERVAL_S
+        """Seconds between reads of TransferQueue's tags while a wait lasts (internal, not a key; the
+        benchmark's harness sets its own, time-scaled)."""
         self._in_flight: deque[InFlightBatch] = deque()
         """Batches submitted and not yet trained on, oldest first (at ``max_staleness`` >= 2: the batch
         chosen for the next step from the pool, if any)."""
@@ -604,11 +608,10 @@ class PPOTrainerPipelined(PPOTrainer):
         return read_groups(self._listing(), uids)
 
     def _pause_between_polls(self) -> None:
-        """Sleep :data:`~async_reward.v1.pipelined.config.POLL_INTERVAL_S`, or the deprecated
-        ``poll_interval_s`` where set (TransferQueue has no change notification to wait on). The
+        """Sleep :attr:`poll_interval_s` (TransferQueue has no change notification to wait on). The
         benchmark, whose durations are time-scaled but whose poll could not be without starving this
         machine's reward workers, wakes on its tag store's writes instead."""
-        time.sleep(self.pipeline_config.poll_interval_s)
+        time.sleep(self.poll_interval_s)
 
 
 def _meta(groups: dict[str, GroupState], uids: set[str]) -> KVBatchMeta:
