@@ -320,7 +320,7 @@ def test_the_v1_modes_harness_poll_sees_a_write_after_a_quiet_spell_at_once_and_
     gap = 2.0
     trainer = SimpleNamespace(
         bench=SimpleNamespace(store=store, time_scale=gap / POLL_GAP_S),
-        pipeline_config=SimpleNamespace(poll_interval_s=5.0),
+        poll_interval_s=5.0,
         _writes_seen=0,
         _last_poll_at=-math.inf,
     )

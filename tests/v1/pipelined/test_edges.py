@@ -84,7 +84,7 @@ def with_node(config: Any, node: dict[str, Any], **verl: Any) -> Any:
 #: ``trainer.v1.pipelined``, type rules included.
 BAD_VALUES: list[tuple[str, Any, dict[str, Any], str]] = [
     ("mini_batch", "yes", {}, "not a boolean"),
-    ("one_step_off_policy", 1, {}, "not a boolean"),
+    ("one_step_off_policy", 1, {}, "is not a key of this mode"),  # max_staleness says it
     ("chunk_timeout_s", 0, {}, "must be > 0"),
     ("chunk_timeout_s", -5.0, {}, "must be > 0"),
     ("chunk_timeout_s", math.nan, {}, "finite"),
@@ -92,20 +92,18 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any], str]] = [
     ("assume_group_local", "true", {}, "not a boolean"),
     ("allow_ppo_epochs_per_chunk", "no", {}, "not a boolean"),
     ("dry_run", "yes", {}, "not a boolean"),
-    ("poll_interval_s", 0, {}, "must be > 0 and <= 10"),
-    ("poll_interval_s", 11, {}, "must be > 0 and <= 10"),
-    ("poll_interval_s", math.inf, {}, "finite"),
+    ("poll_interval_s", 0.5, {}, "unknown key"),  # internal: POLL_INTERVAL_S
     ("fill_rollout_tail_at", 0, {}, "(0, 1]"),
     ("fill_rollout_tail_at", 1.5, {}, "(0, 1]"),
-    ("fill_rollout_tail_at", 0.5, {"one_step_off_policy": False}, "max_staleness=2 or more"),
     ("max_staleness", -1, {}, "from 0 to 7"),
     ("max_staleness", 8, {}, "from 0 to 7"),
     ("max_staleness", 2.5, {}, "not an integer"),
     ("max_staleness", 0, {"fill_rollout_tail_at": 0.5}, "max_staleness=2 or more"),
     ("max_staleness", 1, {"fill_rollout_tail_at": 0.5}, "max_staleness=2"),
-    # the deprecated key against the one that replaced it: refused, naming the deprecated one
-    ("one_step_off_policy", False, {"max_staleness": 2}, "keep max_staleness=2"),
-    ("one_step_off_policy", True, {"max_staleness": 0}, "keep max_staleness=0"),
+    # the legacy trainer's key, whatever max_staleness says: refused, naming max_staleness
+    ("one_step_off_policy", False, {}, "max_staleness=0 for one_step_off_policy=false"),
+    ("one_step_off_policy", False, {"max_staleness": 2}, "max_staleness=0 for one_step_off_policy=false"),
+    ("one_step_off_policy", True, {"max_staleness": 0}, "delete the line for true"),
     ("typo", True, {}, "unknown key"),
 ]
 

@@ -133,11 +133,10 @@ class PipelinedModeConfig(PipelineConfig):
         super().validate(path)
         fill = self.fill_rollout_tail_at
         staleness = self.max_staleness
-        if fill is not None and self.staleness_limit == 0:
-            key = "max_staleness" if staleness is not None else "fill_rollout_tail_at"
+        if fill is not None and staleness == 0:
             raise bad_value(
-                f"{path}.{key}",
-                staleness if staleness is not None else fill,
+                f"{path}.max_staleness",
+                staleness,
                 f"with {path}.fill_rollout_tail_at={fill}: it starts the batch after next early "
                 "(trained 2 versions late), which the on-policy schedule (max_staleness=0) never "
                 "generates",
