@@ -19,13 +19,7 @@ from async_reward._core.config_rules import (
     rule,
     validate_fields,
 )
-from async_reward.config._shared import (
-    _URL_FIX,
-    CONFIG_PATH,
-    _env_name,
-    _is_url,
-    _require_env,
-)
+from async_reward.config._shared import _URL_FIX, CONFIG_PATH, _env_name, _is_url, _require_env
 from async_reward.judge.cost import JudgePricing
 from async_reward.judge.rubric.criteria import Criterion
 

@@ -124,9 +124,8 @@ DEPRECATION = (
     "async_reward: python -m async_reward.legacy.main_ppo (our schedules on verl's legacy trainer, "
     "which verl has frozen) is deprecated. The same schedules run on verl's default v1 trainer, as "
     "fast in every regime measured: python -m verl.trainer.main_ppo trainer.use_v1=true "
-    "trainer.v1.trainer_mode=pipelined +trainer.v1.pipelined.mini_batch=true "
-    "+trainer.v1.pipelined.max_staleness=1 (both the mode's defaults; one_step_off_policy=false is "
-    "max_staleness=0 there) plus the README's quick-start lines "
+    "trainer.v1.trainer_mode=pipelined (mini-batch updates and one-step off-policy are its defaults; "
+    "+trainer.v1.pipelined.max_staleness=0 is on-policy) plus the README's quick-start lines "
     "(docs/v1-pipelined-mode.md). This entry point keeps working, and tested, while verl ships its "
     "legacy trainer."
 )

@@ -194,7 +194,6 @@ def evaluate_accuracy(
     return float(np.mean([exact_match(t, g) for t, g in zip(texts, truths, strict=True)]))
 
 
-@torch.no_grad()
 def expected_score(
     policy: TinyPolicy,
     task: ArithmeticTask,
@@ -204,11 +203,26 @@ def expected_score(
     temperature: float = 1.0,
     accept: Callable[[str, str], bool] = exact_match,
 ) -> float:
-    """The probability that a response sampled at ``temperature`` is judged right, averaged over
-    ``problems`` (default: all of the task's): exact, by enumerating every response the sampler can
-    produce (up to ``task.max_response_tokens`` tokens, ending at ``<eos>`` or cut there), each judged
-    by ``accept(decoded text, reference)``: the dev server's rule unless given (the composite
-    comparison also asks for right *and* bare, ``task.is_bare``).
+    """:func:`expected_scores` for one rule, ``accept`` (the dev server's unless given)."""
+    (score,) = expected_scores(policy, task, tokenizer, problems, temperature=temperature, accepts=(accept,))
+    return score
+
+
+@torch.no_grad()
+def expected_scores(
+    policy: TinyPolicy,
+    task: ArithmeticTask,
+    tokenizer: Any,
+    problems: Sequence[tuple[int, int]] | None = None,
+    *,
+    temperature: float = 1.0,
+    accepts: Sequence[Callable[[str, str], bool]] = (exact_match,),
+) -> list[float]:
+    """For each rule of ``accepts``, the probability that a response sampled at ``temperature`` is
+    judged right by it, averaged over ``problems`` (default: all of the task's): exact, by enumerating
+    every response the sampler can produce (up to ``task.max_response_tokens`` tokens, ending at
+    ``<eos>`` or cut there) once, each judged by ``accept(decoded text, reference)`` (the composite
+    comparison asks for right, and for right *and* bare, ``task.is_bare``, from one enumeration).
 
     Why: a training run's sampled score (32 draws a step) and greedy accuracy (steps of 0.25 on 4
     problems) are too coarse to tell learning from luck in a short run; this moves smoothly with the
@@ -227,7 +241,7 @@ def expected_score(
     eos, vocab = int(tokenizer.eos_token_id), policy.vocab_size
     # live prefixes: (problem index, tokens so far, log-probability of those tokens)
     live: list[tuple[int, list[int], float]] = [(i, [], 0.0) for i in range(len(problems))]
-    right = np.zeros(len(problems))
+    right = np.zeros((len(accepts), len(problems)))
     was_training = policy.training
     policy.eval()
     try:
@@ -244,13 +258,15 @@ def expected_score(
                     sequence, total = [*tokens, token], logp + next_log_probs[token]
                     if token == eos or position == length - 1:
                         text = tokenizer.decode(sequence, skip_special_tokens=True)
-                        right[i] += float(np.exp(total)) * accept(text, truths[i])
+                        probability = float(np.exp(total))
+                        for k, accept in enumerate(accepts):
+                            right[k, i] += probability * accept(text, truths[i])
                     else:
                         grown.append((i, sequence, total))
             live = grown
     finally:
         policy.train(was_training)
-    return float(right.mean())
+    return [float(row.mean()) for row in right]
 
 
 @dataclass

@@ -304,7 +304,7 @@ def run_one(
     from verl.trainer.main_ppo import TaskRunnerV1
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from async_reward_bench.toy.backend import evaluate_accuracy, expected_score
+    from async_reward_bench.toy.backend import evaluate_accuracy, expected_scores
     from async_reward_bench.toy.policy import TinyPolicy
     from async_reward_bench.toy.task import ArithmeticTask, exact_match, is_bare
     from async_reward_bench.toy.v1_policy import (
@@ -337,14 +337,14 @@ def run_one(
         if version % cfg.eval_every and version != cfg.steps:
             return
         accuracy = evaluate_accuracy(policy, task, tokenizer)
-        score = expected_score(policy, task, tokenizer, temperature=temperature)
-        # right and bare: what rule_judge's reward asks for beyond the rule (task.is_bare)
-        bare = expected_score(
+        # right, and right and bare (what rule_judge's reward asks for beyond the rule, task.is_bare),
+        # from one enumeration of the responses
+        score, bare = expected_scores(
             policy,
             task,
             tokenizer,
             temperature=temperature,
-            accept=lambda text, truth: exact_match(text, truth) and is_bare(text),
+            accepts=(exact_match, lambda text, truth: exact_match(text, truth) and is_bare(text)),
         )
         wall = now - clock["start"] - clock["eval_s"] if version else 0.0
         curve.append(

@@ -61,6 +61,9 @@ GROUP_EXTRA_DEFAULTS: dict[str, Any] = {
 #: How many judged or expired uids a worker remembers, to refuse a member that comes after its group.
 _REMEMBERED = 65_536
 _DEFAULT_WAIT_S = 600.0
+#: The shuffle's seed beside each group's uid: the uid (random per group in training) varies the order,
+#: and the benchmarks' fixed uids give the same orders run after run.
+_SHUFFLE_SEED = 0
 
 
 #: What group judging needs of ``llm_judge``: the same as rubric scoring (one guarded call).
@@ -102,9 +105,6 @@ class GroupRendezvous:
         judge = manager.judge
         self.wait_s = _DEFAULT_WAIT_S if judge.group_wait_s is None else float(judge.group_wait_s)
         self.shuffle = bool(judge.group_shuffle)
-        # A fixed seed: the uid (random per group in training) varies the order, and the benchmarks'
-        # fixed uids give the same orders run after run.
-        self.seed = 0
         self._open: dict[str, _Group] = {}
         #: uid -> why a member of it can no longer join (judged, or expired).
         self._closed: OrderedDict[str, str] = OrderedDict()
@@ -209,7 +209,7 @@ class GroupRendezvous:
 
     async def _judge_members(self, group: _Group) -> None:
         samples = [sample for sample, _ in group.members]
-        order = shown_order(len(samples), seed=self.seed, uid=group.uid, shuffle=self.shuffle)
+        order = shown_order(len(samples), seed=_SHUFFLE_SEED, uid=group.uid, shuffle=self.shuffle)
         result = await self.manager.guard(self._call(group, samples, order))
         reading = group.reading if result.ok else None
         group.bill = (dict(result.extras), result.attempts)
