@@ -39,6 +39,7 @@ WORST_FIGURES: tuple[str, ...] = (
     "load_average_1min",
     "cpu_busy_fraction",
     "busiest_process_cpu",
+    "cpu_unit_ms",
 )
 
 

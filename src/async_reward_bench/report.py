@@ -10,6 +10,7 @@ import numpy as np
 
 from async_reward.training.schedule import StepRecord
 from async_reward_bench.cpu_use import BUSY_BEFORE_START_SHARE, CPU_SATURATED_SHARE, PROCESS_SATURATED_SHARE
+from async_reward_bench.host_speed import HOST_SLOWED_SHARE, slowed_figures
 from async_reward_bench.repeats import add_spread
 from async_reward_bench.steady_state import STEADY_STATE_RULE, min_steady_steps, steady_window
 from async_reward_bench.structure import schedule_facts
@@ -348,20 +349,41 @@ def format_table(regime: dict[str, Any], targets: dict[str, dict[str, Any]] | No
             if not s.get("steady_state", True)
         ]
         + [
-            f"  * {name}: {_saturation(s)}: the harness's own CPU cost, 1/time-scale times heavier in "
+            f"  * {name}: {_cpu_flags(s)}: the harness's own CPU cost, 1/time-scale times heavier in "
             "recipe seconds than in a real run, may be in this figure; rerun with a larger --time-scale"
             for name, s in regime["strategies"].items()
-            if _saturation(s)
+            if _cpu_flags(s)
         ]
     )
     return "\n".join([head, *lines, *notes])
 
 
 def _cpu_cell(summary: dict[str, Any]) -> str:
-    """The machine's CPU busy share and the busiest process's share of one core, ``*`` if saturated."""
+    """The machine's CPU busy share and the busiest process's share of one core, then how much slower
+    the CPUs ran than in the run's median figure where that passed :data:`HOST_SLOWED_SHARE`
+    (:mod:`~async_reward_bench.host_speed`); ``*`` if the figure is flagged (:func:`_cpu_flags`)."""
     machine, busiest = summary.get("cpu_busy_fraction"), summary.get("busiest_process_cpu")
     cells = [f"{x * 100:.0f}%" if x is not None else "-" for x in (machine, busiest)]
-    return " ".join(cells) + ("*" if _saturation(summary) else "")
+    if _host_slowed(summary):
+        cells.append(f"slower {float(summary['host_slowdown']) * 100:.0f}%")
+    return " ".join(cells) + ("*" if _cpu_flags(summary) else "")
+
+
+def _cpu_flags(summary: dict[str, Any]) -> str:
+    """Why the harness's CPU may weigh in a figure: saturated CPUs, a slowed host, or both (``""``)."""
+    return " and ".join(why for why in (_saturation(summary), _host_slowed(summary)) if why)
+
+
+def _host_slowed(summary: dict[str, Any]) -> str:
+    """How much slower the CPUs did the probe's work than in the run's median figure, where that
+    passed :data:`HOST_SLOWED_SHARE`, or ``""``."""
+    slowdown = float(summary.get("host_slowdown") or 0.0)
+    if slowdown <= HOST_SLOWED_SHARE:
+        return ""
+    return (
+        f"the CPUs did the same work {slowdown * 100:.0f} % slower than in this run's median figure "
+        f"(over {HOST_SLOWED_SHARE * 100:.0f} %)"
+    )
 
 
 def _saturation(summary: dict[str, Any]) -> str:
@@ -392,8 +414,9 @@ def busy_start_warning(busy_before: float | None, cpus: int) -> str:
 
 
 def busy_machine_warnings(results: dict[str, Any]) -> list[str]:
-    """The warnings printed under a run's verdict: the machine busy before the start, and every figure
-    measured with the CPUs saturated (``*`` in its table), named; empty on a machine quiet enough."""
+    """The warnings printed under a run's verdict: the machine busy before the start, every figure
+    measured with the CPUs saturated, and every figure measured while the CPUs ran slower than in the
+    run's median figure (``*`` in its table), named; empty on a machine quiet and steady enough."""
     lines = []
     start = busy_start_warning(results.get("cpu_busy_before_start"), int(results.get("cpus", 0)))
     if start:
@@ -410,5 +433,15 @@ def busy_machine_warnings(results: dict[str, Any]) -> list[str]:
             f"WARNING: {len(saturated)} of {total} figures ran on saturated CPUs ({', '.join(saturated)}; "
             "* in the tables): they include the harness's own CPU cost, not only the schedule's; rerun on a "
             "quiet machine or with a larger --time-scale"
+        )
+    slowed = slowed_figures(results.get("regimes", {}))
+    if slowed:
+        total = sum(len(regime.get("strategies", {})) for regime in results.get("regimes", {}).values())
+        named = ", ".join(f"{name} {share * 100:.0f} %" for name, share in slowed.items())
+        lines.append(
+            f"WARNING: {len(slowed)} of {total} figures ran on CPUs that did the same work more than "
+            f"{HOST_SLOWED_SHARE * 100:.0f} % slower than in this run's median figure ({named}; * in the "
+            "tables): the host slowed (another guest, a lower clock), and the harness's CPU weighs "
+            "1/time-scale times heavier in the figures; rerun them, or use a larger --time-scale"
         )
     return lines

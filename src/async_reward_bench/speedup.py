@@ -30,7 +30,8 @@ machine load.
 
 With no options it runs the README's performance table (``scenarios.DEFAULT_STRATEGIES`` over every
 regime, 12 steps: about 11 minutes on 2 cores); every other strategy on request. It says loudly when
-the machine is too busy for its figures: other work before the start, figures run on saturated CPUs.
+the machine is too busy for its figures: other work before the start, figures run on saturated CPUs
+or on CPUs that ran slower than in the run's median figure (``host_speed``).
 
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.
@@ -144,7 +145,13 @@ def _run_summary(
         # Colocated: the GPUs that generate also train; they idle when doing neither.
         result["rollout_idle_fraction"] = 1.0 - result["gpu_stage_fraction"]
     result["load_average_1min"] = os.getloadavg()[0]
-    for key in ("cpu_busy_fraction", "busiest_process", "busiest_process_cpu", "process_cpu_s_per_step"):
+    for key in (
+        "cpu_busy_fraction",
+        "busiest_process",
+        "busiest_process_cpu",
+        "process_cpu_s_per_step",
+        "cpu_unit_ms",
+    ):
         if run.get(key) is not None:
             result[key] = run[key]
     if "scored_during_rollout" in run:
@@ -204,6 +211,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     from async_reward_bench.cpu_use import CpuTimes, ProcessCpu, busy_before_start, busy_share
     from async_reward_bench.environment import bench_environment
     from async_reward_bench.gc_pauses import no_full_collections
+    from async_reward_bench.host_speed import add_host_slowdown, host_speed_probe
     from async_reward_bench.repeats import combine_repeats, reseed_judge
     from async_reward_bench.report import STEADY_STATE_RULE, add_relative, busy_start_warning
     from async_reward_bench.timeline import plot_timeline
@@ -233,7 +241,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     total = len(cfg.regimes) * len(cfg.strategies) * cfg.steps * cfg.repeats
     bar = progress_bar(total, unit="step", enabled=cfg.progress)
     tags = itertools.count()
-    with bar, bench_environment(cfg) as env:
+    with bar, bench_environment(cfg) as env, host_speed_probe() as probe:
         results["setup_s"] = time.perf_counter() - started
         if cfg.judge_faults:  # after the zero-latency warm-up, which must succeed
             env["server"].update_config(fault_rates=cfg.fault_rates)
@@ -266,7 +274,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                     env["factory"].seed = seed
                     run_cfg = dataclasses.replace(cfg, seed=seed)
                     with no_full_collections(list(env["actors"].values())):
-                        cpu_before = CpuTimes.now()
+                        cpu_before, probe_from = CpuTimes.now(), time.monotonic()
                         processes_before = ProcessCpu.now(env["pids"], time.perf_counter())
                         if strategy in V1_STRATEGIES:
                             from async_reward_bench.v1_run import run_v1_strategy
@@ -279,6 +287,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                         else:
                             run = _run_one(env, backend, run_cfg, strategy, next(tags), bar)
                     run["cpu_busy_fraction"] = busy_share(cpu_before, CpuTimes.now())
+                    run["cpu_unit_ms"] = probe.unit_ms(probe_from, time.monotonic())
                     processes_after = ProcessCpu.now(env["pids"], time.perf_counter())
                     busiest = processes_before.busiest(processes_after, os.sysconf("SC_CLK_TCK"))
                     if busiest is not None:
@@ -318,6 +327,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
                     mini_batches=cfg.mini_batches,
                 )
             results["regimes"][regime_name] = summary
+    add_host_slowdown(results["regimes"])
     results["wall_time_s"] = time.perf_counter() - started
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     (cfg.out_dir / "pipeline_speedup.json").write_text(json.dumps(results, indent=2, allow_nan=True) + "\n")

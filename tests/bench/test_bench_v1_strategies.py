@@ -22,7 +22,7 @@ V1 = ["v1_sync", "v1_colocate_async", "v1_pipelined_both", "v1_separate_async", 
 
 def test_v1_strategies_run_without_the_legacy_reward_manager(ray_cluster, tmp_path, capsys, monkeypatch):
     from async_reward._core import start_lines
-    from async_reward_bench import environment
+    from async_reward_bench import environment, host_speed
 
     real_environment = environment.bench_environment
     seen: list[dict[str, Any]] = []
@@ -35,6 +35,7 @@ def test_v1_strategies_run_without_the_legacy_reward_manager(ray_cluster, tmp_pa
 
     monkeypatch.setattr(environment, "bench_environment", watched_environment)
     monkeypatch.setattr(start_lines, "_SAID", set())  # said once per process: this test's lines
+    monkeypatch.setattr(host_speed, "MIN_SAMPLES", 1)  # a tiny figure lasts seconds, not the ten needed
     argv = [
         *TINY,
         "--regimes",
@@ -57,6 +58,12 @@ def test_v1_strategies_run_without_the_legacy_reward_manager(ray_cluster, tmp_pa
     strategies = regime["strategies"]
     for name, summary in strategies.items():
         assert_a_sane_tiny_run(name, summary, tmp_path)
+    # the host-speed probe ran beside every figure: its cost of the fixed work, and the slowdown
+    # against the run's median figure (0 for the median of these five)
+    units = {name: summary["cpu_unit_ms"] for name, summary in strategies.items()}
+    assert all(0 < unit < 1000 for unit in units.values()), units
+    slowdowns = sorted(summary["host_slowdown"] for summary in strategies.values())
+    assert slowdowns[2] == 0 and slowdowns[0] <= 0 <= slowdowns[-1], slowdowns
     assert strategies["v1_sync"]["staleness"] == [0, 0, 0]
     assert max(strategies["v1_colocate_async"]["staleness"]) >= 1  # it trains on batches rolled out ahead
     # our v1 trainer mode, schedule both: one-step off (staleness 1 after the first step)
