@@ -1,4 +1,8 @@
-"""Summaries of benchmark runs: steady-state numbers per strategy, tables, and the recipe comparison."""
+"""Summaries of benchmark runs: steady-state numbers per strategy, tables, and the recipe comparison.
+
+Longer than 400 lines: a run's summary and the tables printed from it, with every flag a figure
+carries (below the bound, short of a steady window, saturated or slowed CPUs); the verdict and the
+steady-state rule are modules of their own."""
 
 from __future__ import annotations
 

@@ -35,6 +35,10 @@ or on CPUs that ran slower than in the run's median figure (``host_speed``).
 
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.
+
+Longer than 400 lines: the run loop every figure goes through and the command line that sets it
+up; each part with an idea of its own is its own module (``scenarios``, ``steady_state``,
+``report``, ``verdict``, ``environment``, ``cpu_use``, ``host_speed``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ With a judge on the training GPUs (``score_when_generated=False``, verl's
 
 One asyncio loop in a thread holds the engine and the reward workers' result streams (verl's
 agent-loop workers are asyncio actors too); the trainer talks to it from its own thread.
+
+Longer than 400 lines: one class, the model of verl's agent loop (groups, sessions, generation as
+time, scoring as real calls), whose state lives on one event loop.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ Replaced, because they need GPUs or services this machine does not run:
 
 ``fit`` is not called (it also validates, checkpoints and logs); :func:`run_v1_steps` runs its loop
 body: ``on_step_begin``, ``step``, ``on_step_end``, clear the step's keys.
+
+Longer than 400 lines: verl's v1 trainers with their GPU stages replaced, one small subclass per
+mode over the calibrated stages they share, so that what is replaced is read in one place.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Accuracy (greedy, every problem, the judge's rule applied locally) is measured b
 and after every ``eval_every`` steps, when the trainer syncs weights; its time is taken off the wall
 clock. The summary is :func:`~async_reward_bench.toy.parity_report.summarize_parity`'s (within-noise rule)
 plus paired-by-seed t statistics (:func:`paired_comparisons`), per step and at equal wall time.
+
+Longer than 400 lines: one experiment end to end (its settings, verl's overrides, the Ray
+environment it starts and tears down, one run, the paired comparison and its report), read in one
+place; the stand-ins for the GPU parts are :mod:`async_reward_bench.toy.v1_policy`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ with parts that do the real thing for a :class:`~async_reward_bench.toy.policy.T
 
 The model directory holds the toy's character tokenizer with a chat template that renders a
 prompt's text unchanged (``"3+4="``), and a config verl's ``HFModelConfig`` accepts (no weights).
+
+Longer than 400 lines: the stand-ins for exactly the GPU parts of verl's v1 ``fit`` (the token
+server, its manager and weight sync, the actor), each a small class over the same toy policy.
 """
 
 from __future__ import annotations
