@@ -1,5 +1,5 @@
 """The host's speed during each figure (``async_reward_bench.host_speed``): the probe as the benchmark
-starts it, each figure's slowdown against the run's fastest, and the flag and warning a figure
+starts it, each figure's slowdown against the run's median figure, and the flag and warning a figure
 measured on a slowed host gets. The probe inside a real benchmark run:
 tests/bench/test_bench_v1_strategies.py."""
 
@@ -35,12 +35,11 @@ def _figure(step_s: float, unit_ms: float | None) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_the_probe_samples_the_fixed_work_in_a_child_process_and_stops_with_the_block(monkeypatch):
     """Started as the benchmark starts it: a median over the window once it holds enough samples,
-    None before, and the child process gone when the block ends."""
+    None for a window before it began, and the child process gone when the block ends."""
     monkeypatch.setattr(host_speed, "MIN_SAMPLES", 3)
     start = time.monotonic()
     with host_speed_probe() as probe:
         process = probe._process
-        assert probe.unit_ms(start, time.monotonic()) is None or process.poll() is None
         deadline = time.monotonic() + 60
         unit = None
         while unit is None and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ Every written verdict is weighed and the lowest value counts (``managers.span_we
 * a written verdict off the scale is ``invalid`` weighted as it is plain;
 * the same per criterion of a rubric, where the reply's final block may be the quoted lines;
 * ``judge.top_logprobs`` is not a key (refused at start-up); the number asked for is
-  derived from the scale (the deprecated key, still honoured, warns).
+  derived from the scale.
 
 Over real HTTP: the local judge server (its own verdict's tokens unsure, quoted digits certain) and,
 for reply shapes it cannot write (a reply that ends with a quote, a verdict of 90, an emoji rendered
