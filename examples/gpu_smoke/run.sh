@@ -8,6 +8,11 @@
 #       job (reward.reward_model.enable=true, the tiny model on vLLM, colocated on the training GPU);
 #       the local judge server still runs and must get no request; its start-up took 6 min 22 s
 #       on one H200 (two vLLM servers), so give it TIMEOUT_S=600
+#     v1_plugin: the README's quick start as a user types it, with the package INSTALLED (the verl
+#       plugin): verl's entry point, trainer.v1.trainer_mode=pipelined and no wiring line (no setup
+#       hook, agent-loop manager or replay buffer line). Install the wheel first, e.g.
+#       python3 -m pip install --no-deps --no-index --target "$SITE_DIR" dist/async_reward-*.whl
+#   judge_weighted: not a training run: judge_weighted.sh (vLLM's own server, judge.expected_verdict)
 # each scored by llm_judge against the project's local judge server, then one summary table
 # (examples/gpu_smoke/summarize.py): step times, timing_s/reward_blocked, off_policy/staleness,
 # pipeline/num_updates, reward/status_ok, and a verdict per mode that fails when verl's own trainer
@@ -31,7 +36,7 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIT=${KIT:-$REPO/.gpu}
-MODES=${MODES:-baseline mini_batch one_step_off both v1 v1_lines v1_pipelined v1_judge_in_job}
+MODES=${MODES:-baseline mini_batch one_step_off both v1 v1_lines v1_pipelined v1_judge_in_job v1_plugin judge_weighted}
 TIMEOUT_S=${TIMEOUT_S:-540}
 export REPO GPU_OUT=${GPU_OUT:-$REPO/gpu_out}
 mkdir -p "$GPU_OUT"
@@ -82,7 +87,22 @@ JUDGE_IN_JOB=(
 for mode in $MODES; do
   # The kit knows baseline..both and v1 (verl's v1 sync with our manager only); our two v1 runs are its
   # v1 mode plus overrides, their logs renamed after the run.
+  if [ "$mode" = judge_weighted ]; then
+    echo "=== $mode ==="; bash "$REPO/examples/gpu_smoke/judge_weighted.sh"; echo "=== $mode: exit status $? ==="
+    continue
+  fi
   case "$mode" in
+    v1_plugin)
+      # verl finds the plugin through the installed package's entry point, not through src/.
+      if ! "$PY" -c "import sys; from importlib.metadata import entry_points as e
+sys.exit(not any(p.name == 'async_reward' for p in e(group='verl.plugins')))"; then
+        echo "=== $mode: async-reward is not installed where verl runs (see this script's header) ===" >&2
+        echo "MAIN_PPO_RC=2 WALL=0s (async-reward not installed: no verl.plugins entry point)" > "$GPU_OUT/train_$mode.log"
+        continue
+      fi
+      # The kit's v1 mode adds the setup-hook line: removed (Hydra applies overrides in order).
+      kit_mode=v1; extra=("~ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+                          trainer.v1.trainer_mode=pipelined) ;;
     v1_lines) kit_mode=v1; extra=("${V1_LINES[@]}" +reward.async_reward.on_failure=exclude) ;;
     v1_pipelined) kit_mode=v1; extra=("${V1_LINES[@]}" trainer.v1.trainer_mode=pipelined
                                       +trainer.v1.pipelined.mini_batch=true

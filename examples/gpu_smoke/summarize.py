@@ -2,6 +2,7 @@
 """One table from the GPU smoke runs' logs: step times, time blocked on rewards, staleness, updates.
 
 usage: python3 examples/gpu_smoke/summarize.py [GPU_OUT]     (default ./gpu_out)
+       python3 examples/gpu_smoke/summarize.py --weighted [GPU_OUT]   (judge_weighted.sh's rows)
 
 Reads ``GPU_OUT/train_<mode>.log`` as written by the GPU kit's ``run_mode.sh`` (verl's console logger:
 ``step:N - key:value - ...`` per step, ``MAIN_PPO_RC=<rc> WALL=<s>s`` at the end), prints a Markdown
@@ -9,7 +10,8 @@ table and writes it with the raw numbers to ``GPU_OUT/summary.md`` and ``GPU_OUT
 Exits 1 when a mode failed: a non-zero exit status; for our entry point's modes, a run without
 our trainer's start line (``async_reward: trainer ...PipelinedRayPPOTrainer, pipeline mode <mode>``)
 or without its ``pipeline/num_updates`` metric, i.e. a run where verl's own trainer trained; for
-``v1_pipelined``, the same with our v1 trainer mode's start line; for ``v1_lines``, a step without our
+``v1_pipelined`` and ``v1_plugin``, the same with our v1 trainer mode's start line (``v1_plugin``: and
+``reward/status_ok`` on every step, since no wiring line was given); for ``v1_lines``, a step without our
 replay buffer's ``reward/status_ok``; for ``v1_judge_in_job``, a run without the line saying llm_judge
 scores through the judge verl serves in the job, a step without ``reward/*`` statuses, no sample
 scored ``ok`` in any step, or any request reaching the kit's own judge server (scoring must go to the
@@ -36,6 +38,7 @@ MODES = (
     "v1_lines",
     "v1_pipelined",
     "v1_judge_in_job",
+    "v1_plugin",
 )
 #: The metrics per step that go in the table (``None`` where a step lacks one).
 KEYS = (
@@ -111,8 +114,15 @@ def verdict(mode: str, run: dict[str, Any]) -> str:
     if mode == "v1_lines":
         missing = [step for step, metrics in run["steps"].items() if "reward/status_ok" not in metrics]
         return f"FAILED: steps {missing} without reward/* (our replay buffer not used)" if missing else "ok"
+    if mode == "v1_plugin":
+        # No wiring line on the command: the plugin's mode must bring our agent loop and replay buffer.
+        missing = [step for step, metrics in run["steps"].items() if "reward/status_ok" not in metrics]
+        if missing:
+            return f"FAILED: steps {missing} without reward/* (the mode did not bring its own wiring)"
     trainer, trainer_mode = (
-        ("PPOTrainerPipelined", "both") if mode == "v1_pipelined" else ("PipelinedRayPPOTrainer", mode)
+        ("PPOTrainerPipelined", "both")
+        if mode in ("v1_pipelined", "v1_plugin")
+        else ("PipelinedRayPPOTrainer", mode)
     )
     if run["trainer"] is None or not run["trainer"].endswith(trainer):
         return f"FAILED: trainer {run['trainer']} (no start line of ours)"
@@ -173,7 +183,89 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+#: The cases of ``judge_weighted.sh``: the verdicts vLLM's structured outputs allow in each.
+WEIGHTED_CASES = {"choice_3_7": (3, 7), "choice_0_10": (0, 10), "scale_0_10": tuple(range(11))}
+
+
+def weighted_case(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``async-reward score`` wrote for one case of ``judge_weighted.sh``: statuses, the share
+    weighted, why the others were not, and the weighted verdicts' range."""
+    statuses = {status: sum(row.get("status") == status for row in rows) for status in STATUSES}
+    weighted = [row for row in rows if row.get("judge_weighted") == 1.0]
+    reasons: dict[str, int] = {}
+    for row in rows:
+        if row.get("judge_weighted") != 1.0:
+            reason = str(row.get("judge_weighting") or row.get("failure_reason") or "?")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    expected = [float(row["judge_expected_verdict"]) for row in weighted]
+    mass = [float(row["judge_verdict_mass"]) for row in weighted]
+    return {
+        "rows": len(rows),
+        "statuses": statuses,
+        "weighted": len(weighted),
+        "not_weighted_reasons": reasons,
+        "expected_min": min(expected, default=None),
+        "expected_max": max(expected, default=None),
+        "mass_min": min(mass, default=None),
+        "plain_verdicts": sorted({float(row["judge_verdict"]) for row in rows if row.get("status") == "ok"}),
+    }
+
+
+def weighted_verdict(case: str, summary: dict[str, Any]) -> str:
+    """``ok``, or what is wrong: every row ``ok`` (the reply is constrained to a verdict); in
+    ``choice_3_7`` every row weighted, its weighted verdict between the two allowed."""
+    if summary["rows"] == 0:
+        return "FAILED: no row scored"
+    if summary["statuses"]["ok"] != summary["rows"]:
+        return f"FAILED: statuses {summary['statuses']}"
+    low, high = WEIGHTED_CASES[case][0], WEIGHTED_CASES[case][-1]
+    if case == "choice_3_7":
+        if summary["weighted"] != summary["rows"]:
+            return f"FAILED: {summary['rows'] - summary['weighted']} row(s) not weighted"
+        if not low <= summary["expected_min"] <= summary["expected_max"] <= high:
+            return f"FAILED: weighted verdicts outside [{low}, {high}]"
+    return "ok"
+
+
+def weighted_main(out: Path) -> int:
+    """The table of ``judge_weighted.sh``'s cases: ``GPU_OUT/judge_weighted.md`` and ``.json``."""
+    head = ["case", "verdict", "rows", "ok", "weighted", "weighted verdicts", "least mass", "plain verdicts"]
+    head.append("not weighted, why")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    results: dict[str, dict[str, Any]] = {}
+    for case in WEIGHTED_CASES:
+        path = out / f"judge_weighted_{case}.jsonl"
+        if not path.exists():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        summary = weighted_case(rows)
+        summary["verdict"] = weighted_verdict(case, summary)
+        results[case] = summary
+        span = (
+            "-"
+            if summary["expected_min"] is None
+            else f"{summary['expected_min']:.3f}-{summary['expected_max']:.3f}"
+        )
+        mass = "-" if summary["mass_min"] is None else f"{summary['mass_min']:.3f}"
+        plain = ", ".join(f"{v:g}" for v in summary["plain_verdicts"]) or "-"
+        why = "; ".join(f"{n}x {reason}" for reason, n in summary["not_weighted_reasons"].items()) or "-"
+        lines.append(
+            f"| {case} | {summary['verdict']} | {summary['rows']} | {summary['statuses']['ok']} | "
+            f"{summary['weighted']} | {span} | {mass} | {plain} | {why} |"
+        )
+    if not results:
+        print(f"no judge_weighted_<case>.jsonl in {out}", file=sys.stderr)
+        return 1
+    text = "\n".join(lines)
+    print(text)
+    (out / "judge_weighted.md").write_text(text + "\n")
+    (out / "judge_weighted.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0 if all(summary["verdict"] == "ok" for summary in results.values()) else 1
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 1 and argv[1] == "--weighted":
+        return weighted_main(Path(argv[2] if len(argv) > 2 else "gpu_out"))
     out = Path(argv[1] if len(argv) > 1 else "gpu_out")
     runs: dict[str, dict[str, Any]] = {}
     for mode in MODES:

@@ -7,6 +7,7 @@ needs a GPU (``examples/gpu_smoke/run.sh``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -199,3 +200,65 @@ def test_the_judge_in_job_run_needs_its_line_statuses_and_no_request_to_the_loca
     assert verdict([IN_JOB_START, *unweighted, LOCAL_JUDGE_STATS % 0]) == "ok"  # not asked for
     weighted = [*unweighted[:2], step_line(3, reward__status_ok=32, reward__extra__judge_weighted__mean=1.0)]
     assert verdict([asked, IN_JOB_START, *weighted, LOCAL_JUDGE_STATS % 0]) == "ok"
+
+
+def test_the_plugin_run_needs_our_mode_and_our_wiring_on_every_step(summarize):
+    def verdict(lines: list[str]) -> str:
+        return summarize.verdict(
+            "v1_plugin", summarize.parse_log("\n".join([*lines, "MAIN_PPO_RC=0 WALL=1s"]))
+        )
+
+    start = V1_START.format(schedule="both")
+    scored = [step_line(s, pipeline__num_updates=2, reward__status_ok=32) for s in (1, 2, 3)]
+    assert verdict([start, *scored]) == "ok"
+    # Our mode ran, but a step without our replay buffer's statuses: the mode did not wire itself.
+    unscored = [*scored[:2], step_line(3, pipeline__num_updates=2)]
+    assert verdict([start, *unscored]).startswith("FAILED: steps [3] without reward/*")
+    # verl's own sync mode ran (the plugin did not register ours): no start line of ours.
+    assert "no start line" in verdict(scored)
+    # run.sh writes this when the package is not installed where verl runs.
+    not_installed = "MAIN_PPO_RC=2 WALL=0s (async-reward not installed: no verl.plugins entry point)"
+    assert summarize.verdict("v1_plugin", summarize.parse_log(not_installed)) == "FAILED: exit status 2"
+
+
+def weighted_row(verdict: float, expected: float | None, status: str = "ok", why: str = "expected") -> dict:
+    """A row as ``async-reward score`` writes it for llm_judge with judge.expected_verdict."""
+    return {
+        "status": status,
+        "score": (expected if expected is not None else verdict) / 10,
+        "judge_verdict": verdict,
+        "judge_expected_verdict": expected if expected is not None else float("nan"),
+        "judge_verdict_mass": 1.0 if expected is not None else float("nan"),
+        "judge_weighted": 1.0 if expected is not None else 0.0,
+        "judge_weighting": why if expected is not None else f"plain: {why}",
+    }
+
+
+def write_rows(out: Path, case: str, rows: list[dict]) -> None:
+    (out / f"judge_weighted_{case}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_the_weighted_verdict_check_needs_every_constrained_row_weighted_between_its_verdicts(
+    summarize, tmp_path
+):
+    write_rows(tmp_path, "choice_3_7", [weighted_row(3, 4.6), weighted_row(7, 5.2)])
+    write_rows(tmp_path, "choice_0_10", [weighted_row(0, None, why="no alternative")])
+    assert summarize.main(["summarize.py", "--weighted", str(tmp_path)]) == 0
+    table = (tmp_path / "judge_weighted.md").read_text()
+    assert "| choice_3_7 | ok | 2 | 2 | 2 | 4.600-5.200 | 1.000 | 3, 7 | - |" in table
+    assert "1x plain: no alternative" in table
+
+    case = summarize.weighted_case
+    verdict = summarize.weighted_verdict
+    # A row left unweighted where only 3 and 7 are allowed, a weighted verdict outside them, a row
+    # not ok: each fails the check.
+    assert verdict("choice_3_7", case([weighted_row(3, 4.6), weighted_row(3, None)])) == (
+        "FAILED: 1 row(s) not weighted"
+    )
+    assert verdict("choice_3_7", case([weighted_row(7, 8.0)])).startswith("FAILED: weighted verdicts outside")
+    assert verdict(
+        "scale_0_10", case([weighted_row(5, 5.0), weighted_row(0, None, status="error")])
+    ).startswith("FAILED: statuses")
+    assert verdict("scale_0_10", case([])) == "FAILED: no row scored"
+    write_rows(tmp_path, "scale_0_10", [weighted_row(5, 5.0, status="invalid")])
+    assert summarize.main(["summarize.py", "--weighted", str(tmp_path)]) == 1
