@@ -451,3 +451,23 @@ def test_a_module_over_400_lines_says_why_in_its_docstring() -> None:
             if "Longer than 400 lines" not in docstring:
                 long_unexplained.append(str(path.relative_to(SRC)))
     assert long_unexplained == []
+
+
+#: The packages of the public API ("What is public" in docs/package_structure.md), beside
+#: ``async_reward`` itself; every other package directly under it says ``Internal`` in its docstring.
+PUBLIC_PACKAGES = frozenset({"config", "v1", "testing"})
+
+
+def test_every_package_outside_the_public_api_says_it_is_internal() -> None:
+    root = SRC / "async_reward"
+    docstrings = {
+        init.parent.name: ast.get_docstring(ast.parse(init.read_text())) or ""
+        for init in root.glob("*/__init__.py")
+    }
+    internal = sorted(set(docstrings) - PUBLIC_PACKAGES)
+    assert internal and set(docstrings) >= PUBLIC_PACKAGES
+    assert [name for name in internal if "Internal" not in docstrings[name]] == []
+    assert [name for name in PUBLIC_PACKAGES if "Internal" in docstrings[name]] == []
+    page = (SRC.parent / "docs" / "package_structure.md").read_text()
+    public_section = page.split("## What is public", 1)[1].split("\n## ", 1)[0]
+    assert [name for name in internal if f"`{name}`" not in public_section] == []

@@ -6,6 +6,9 @@ serves inside the job (``in_job``). The manager that puts them together is
 
 In release 0.1 ``async_reward.judge`` was the module now at :mod:`async_reward.judge.prompts`; its
 names still resolve here for one release, with a ``DeprecationWarning``.
+
+Internal: nothing here is public API ("What is public" in docs/package_structure.md); it may move
+without a deprecation.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ slots first. Importing this package does not start Ray.
 
 The names below load on first use: the package's light modules (the pipelined trainer's settings,
 which ``async_reward.config.checks`` reads) are imported without the manager, which runs those checks.
+
+Internal apart from its entry point ``python -m async_reward.legacy.main_ppo`` ("What is public"
+in docs/package_structure.md): the rest may move without a deprecation.
 """
 
 from __future__ import annotations

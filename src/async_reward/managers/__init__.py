@@ -1,4 +1,9 @@
-"""Reward managers registered with verl on import."""
+"""Reward managers registered with verl on import, by name (``reward.reward_manager.name``).
+
+Internal: the names are the interface (and :class:`async_reward.AsyncRewardManager` to subclass,
+exported by :mod:`async_reward`), not these module paths ("What is public" in
+docs/package_structure.md).
+"""
 
 from __future__ import annotations
 
