@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,3 +121,20 @@ def test_every_other_module_imports_where_the_legacy_trainer_cannot_be_imported(
     assert f"{', '.join(OUR_STRATEGIES)} are not offered" in seen["help"]
     code, said = seen["both"]  # asked for one of ours: refused before anything starts, saying why
     assert code == 2 and "both run on the deprecated legacy trainer (async_reward.legacy)" in said
+
+
+def test_only_the_legacy_api_page_renders_a_legacy_module() -> None:
+    """``docs/api/legacy.md`` and its one line in ``mkdocs.yml`` go with the legacy trainer: no other page
+    renders a legacy module's docstrings (``::: async_reward.legacy...``), which would break the docs
+    build (``mkdocs build --strict``) once the package is gone; once it is, neither is left."""
+    docs = SRC.parent / "docs"
+    directive = re.compile(r"^:::\s*" + re.escape(LEGACY) + r"\b", re.MULTILINE)
+    rendering = sorted(
+        str(page.relative_to(docs)) for page in docs.rglob("*.md") if directive.search(page.read_text())
+    )
+    present = (SRC / "async_reward" / "legacy").is_dir()  # and once it is deleted, nothing renders it
+    assert rendering == (["api/legacy.md"] if present else [])
+    nav_lines = [
+        line for line in (SRC.parent / "mkdocs.yml").read_text().splitlines() if "api/legacy.md" in line
+    ]
+    assert len(nav_lines) == (1 if present else 0)
