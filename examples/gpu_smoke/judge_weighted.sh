@@ -30,7 +30,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
   || { echo "build_assets.py failed: $GPU_OUT/assets.log" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/judge_weighted.XXXX)
 
-"$PY" - "$ASSETS/data/test.parquet" > "$WORK/rows.jsonl" <<'EOF'
+"$PY" - "$ASSETS/data/test.parquet" > "$WORK/rows.jsonl" <<'EOF' || { echo "no rows from the kit's data" >&2; exit 1; }
 import json, sys
 import pandas as pd
 for i, row in pd.read_parquet(sys.argv[1]).iterrows():

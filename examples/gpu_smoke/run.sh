@@ -10,7 +10,8 @@
 #       on one H200 (two vLLM servers), so give it TIMEOUT_S=600
 #     v1_plugin: the README's quick start as a user types it, with the package INSTALLED (the verl
 #       plugin): verl's entry point, trainer.v1.trainer_mode=pipelined and no wiring line (no setup
-#       hook, agent-loop manager or replay buffer line). Install the wheel first, e.g.
+#       hook, agent-loop manager or replay buffer line). Build the wheel where pip works
+#       (pip wheel --no-deps -w dist .), then install it on the GPU machine first:
 #       python3 -m pip install --no-deps --no-index --target "$SITE_DIR" dist/async_reward-*.whl
 #   judge_weighted: not a training run: judge_weighted.sh (vLLM's own server, judge.expected_verdict)
 # each scored by llm_judge against the project's local judge server, then one summary table
@@ -88,9 +89,11 @@ for mode in $MODES; do
   # The kit knows baseline..both and v1 (verl's v1 sync with our manager only); our two v1 runs are its
   # v1 mode plus overrides, their logs renamed after the run.
   if [ "$mode" = judge_weighted ]; then
-    echo "=== $mode ==="; bash "$REPO/examples/gpu_smoke/judge_weighted.sh"; echo "=== $mode: exit status $? ==="
+    echo "=== $mode ==="; bash "$REPO/examples/gpu_smoke/judge_weighted.sh"; weighted_rc=$?
+    echo "=== $mode: exit status $weighted_rc ==="
     continue
   fi
+  trained=1
   case "$mode" in
     v1_plugin)
       # verl finds the plugin through the installed package's entry point, not through src/.
@@ -127,4 +130,7 @@ sys.exit(not any(p.name == 'async_reward' for p in e(group='verl.plugins')))"; t
   fi
   echo "=== $mode: exit status $status (log: $GPU_OUT/train_$mode.log) ==="
 done
-"$PY" "$REPO/examples/gpu_smoke/summarize.py" "$GPU_OUT"
+rc=0
+if [ -n "${trained:-}" ]; then "$PY" "$REPO/examples/gpu_smoke/summarize.py" "$GPU_OUT" || rc=1; fi
+[ "${weighted_rc:-0}" = 0 ] || rc=1
+exit $rc
