@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from async_reward import ConfigError
+from async_reward.judge.expected import NO_LOGPROBS
 from async_reward.judge.rubric.criteria import Criterion, aggregate, read_criteria
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.managers.llm_judge import NO_LOGPROBS
 from async_reward.training.metrics import extras_metrics
 from tests.judge.rubric.test_criteria import CRITERIA, ROWS, judge_config
 from tests.judge.test_expected import completion, entry

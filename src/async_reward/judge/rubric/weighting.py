@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from async_reward.judge.expected import NO_LOGPROBS, reply_tokens, say_unweighted
+from async_reward.judge.expected import reply_tokens, say_unweighted
 from async_reward.judge.rubric.criteria import Criterion, CriterionVerdict
 from async_reward.judge.span_weighting import Weighing, refuse_too_many, weigh_places
 
@@ -69,7 +69,7 @@ def weigh_call(
             ``managers.span_weighting`` besides its final block (``invalid``).
     """
     tokens = reply_tokens(reply["choices"][0])
-    if tokens is not None:
+    if not isinstance(tokens, str):  # a str: why there are none to weigh (none sent, or malformed)
         refuse_too_many(sum(len(verdict.quoted) for _, verdict in graded))
     flaws = {criterion.name for criterion in criteria if criterion.polarity == "negative"}
     extras: dict[str, Any] = {}
@@ -81,8 +81,8 @@ def weigh_call(
         ]
         flaw = name in flaws
         weighing = (
-            Weighing(lowest=None, written=verdict.value, reason=NO_LOGPROBS)
-            if tokens is None
+            Weighing(lowest=None, written=verdict.value, reason=tokens)
+            if isinstance(tokens, str)
             else weigh_places(content, tokens, places, min_score=min_score, max_score=max_score, flaw=flaw)
         )
         if weighing.lowest is None:
