@@ -115,6 +115,17 @@ def test_a_digit_possible_after_the_verdict_makes_a_longer_one():
     assert result.value == pytest.approx(0.6 * 0.7 * 1 + 0.6 * 0.3 * 10 + 0.4 * 9)
 
 
+def test_an_empty_token_after_the_verdict_ends_it():
+    """An empty token after a ``1`` that 10 could continue (a SentencePiece ``▁`` or a special token
+    rendered as ``""``) writes no digit: it ends the number, so its share is a 1 (review of 2026-12,
+    item 4: it was read as a digit never continued and, with no neighbour listed, dropped)."""
+    content = "Verdict: [[1]]"
+    for end in ("", "<|im_end|>"):
+        entries = [*OPENING, entry("1", 0.6, ("9", 0.4)), entry("]]", 0.5, (end, 0.5))]
+        result = weigh(content, entries)
+        assert result.value == pytest.approx(0.6 * 1 + 0.4 * 9) and result.mass == pytest.approx(1.0)
+
+
 def test_verdicts_outside_the_scale_and_non_verdicts_are_dropped_and_the_rest_renormalised():
     content = "Verdict: [[9]]"
     entries = [

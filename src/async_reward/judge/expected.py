@@ -414,7 +414,9 @@ def _read_place(token: ReplyToken, prefix: str, sampled: str | None, first: bool
         number = prefix + digits
         if scale.beyond(number):
             continue  # off the scale, whatever follows
-        whole = digits == text and len(digits) == longest and scale.may_continue(number)
+        # An empty token ("" : a SentencePiece space or a special token rendered empty) adds no digit:
+        # it ends the number, never continues it.
+        whole = bool(digits) and digits == text and len(digits) == longest and scale.may_continue(number)
         if sampled is not None and text == sampled:
             place.branch += probability
             if not whole:
