@@ -17,10 +17,16 @@ from hypothesis import strategies as st
 
 from async_reward import ConfigError
 from async_reward.config import JudgeConfig, load_config
-from async_reward.judge.expected import ExpectedVerdict, reply_tokens
+from async_reward.judge.expected import (
+    MALFORMED_LOGPROBS,
+    NO_LOGPROBS,
+    ExpectedVerdict,
+    reply_tokens,
+    say_unweighted,
+)
 from async_reward.judge.verdict import VerdictRules, read_verdict, verdict_spans
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.managers.llm_judge import NO_LOGPROBS, weigh_reply_verdict
+from async_reward.managers.llm_judge import weigh_reply_verdict
 from async_reward.training.metrics import extras_metrics
 from tests.managers.test_managers import judge_settings, score_rows
 from tests.support.hostile_text import PROPERTY
@@ -107,6 +113,17 @@ def test_a_digit_possible_after_the_verdict_makes_a_longer_one():
     ]
     result = weigh(content, entries)
     assert result.value == pytest.approx(0.6 * 0.7 * 1 + 0.6 * 0.3 * 10 + 0.4 * 9)
+
+
+def test_an_empty_token_after_the_verdict_ends_it():
+    """An empty token after a ``1`` that 10 could continue (a SentencePiece ``▁`` or a special token
+    rendered as ``""``) writes no digit: it ends the number, so its share is a 1 (review of 2026-12,
+    item 4: it was read as a digit never continued and, with no neighbour listed, dropped)."""
+    content = "Verdict: [[1]]"
+    for end in ("", "<|im_end|>"):
+        entries = [*OPENING, entry("1", 0.6, ("9", 0.4)), entry("]]", 0.5, (end, 0.5))]
+        result = weigh(content, entries)
+        assert result.value == pytest.approx(0.6 * 1 + 0.4 * 9) and result.mass == pytest.approx(1.0)
 
 
 def test_verdicts_outside_the_scale_and_non_verdicts_are_dropped_and_the_rest_renormalised():
@@ -256,8 +273,58 @@ def test_no_logprobs_in_the_reply_is_said():
     assert weigh_reply_verdict(
         completion("Verdict: [[7]]", None), BRACKETS, 7.0, min_score=0, max_score=10
     ) == (NO_LOGPROBS)
-    assert reply_tokens({"logprobs": {"content": [{"token": "x", "logprob": "high"}]}}) is None
-    assert reply_tokens({"logprobs": {"content": [{"token": "x", "logprob": 0.5}]}}) is None  # p > 1
+    for logprobs in (None, {"content": None}, {"content": []}):
+        assert reply_tokens({"logprobs": logprobs}) == NO_LOGPROBS
+
+
+def _malformed(where: str, key: str, value: Any) -> list[dict[str, Any]]:
+    """``Fine.`` then ``Verdict: [[7]]`` weighable, but with ``key`` of the first token (``where``:
+    ``token``) or of its first listed alternative (``alternative``) set to ``value``."""
+    entries = [entry("Fine"), entry("."), entry("\n"), *OPENING, entry("7", 0.6, ("8", 0.4)), entry("]]")]
+    first = entries[0] if where == "token" else entries[0]["top_logprobs"][0]
+    first[key] = value
+    return entries
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "what"),
+    [
+        ("token", "logprob", 1e-7, "token 0: logprob 1e-07 is above 0"),
+        ("token", "logprob", math.nan, "token 0: logprob nan"),
+        ("token", "logprob", "high", "token 0: logprob 'high'"),
+        ("token", "logprob", None, "token 0: logprob null"),
+        ("token", "top_logprobs", 3, "token 0: top_logprobs is int, not a list"),
+        ("token", "top_logprobs", {"x": 1}, "token 0: top_logprobs is dict, not a list"),
+        ("token", "token", None, "token 0: no text"),
+        ("alternative", "logprob", None, "token 0, alternative 0: logprob null"),
+        ("alternative", "logprob", 0.5, "token 0, alternative 0: logprob 0.5 is above 0"),
+    ],
+)
+def test_malformed_logprobs_keep_the_plain_verdict_and_say_what_was_malformed(where, key, value, what):
+    """A server's malformed logprobs (review of 2026-12, items 2 and 3) are neither a crash (an
+    ``int`` for ``top_logprobs`` raised TypeError: the sample was ``error``) nor "no logprobs" (which
+    sends an operator after a server that ignores ``logprobs: true``): the plain verdict, and what."""
+    if key == "token":
+        entries = _malformed(where, "bytes", None)
+        entries[0]["token"] = value
+    else:
+        entries = _malformed(where, key, value)
+    assert weigh("Fine.\nVerdict: [[7]]", entries) == f"{MALFORMED_LOGPROBS}: {what}"
+
+
+def test_the_log_tells_malformed_logprobs_from_none(capsys, monkeypatch):
+    """Said once each, and apart: a reply without probabilities, and one whose probabilities are
+    malformed, whatever was malformed in it (one line, not one per token index)."""
+    from async_reward._core import start_lines
+
+    monkeypatch.setattr(start_lines, "_SAID", set())
+    say_unweighted(NO_LOGPROBS)
+    say_unweighted(f"{MALFORMED_LOGPROBS}: token 0: logprob nan")
+    say_unweighted(f"{MALFORMED_LOGPROBS}: token 3: logprob 1e-07 is above 0")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert "returned no token probabilities" in lines[0]
+    assert "returned malformed token probabilities" in lines[1] and "no token probabilities" not in lines[1]
 
 
 def test_a_verdict_quoted_from_the_response_is_never_the_one_weighed():

@@ -48,8 +48,11 @@ presence or frequency penalty, OpenAI's own parameters; towards the judge verl s
 SGLang) also ``repetition_penalty`` 1, ``top_k`` -1 and ``min_p`` 0, which OpenAI's API refuses.
 
 A server that returns no log-probabilities leaves the plain verdict, said once in the log and on every
-such sample (``judge_weighting``), never a silent mix. With a rubric (``judge.criteria``) the same rule
-weighs each criterion's verdict at the digits of its own line (``managers.criteria_weighting``).
+such sample (``judge_weighting``), never a silent mix; one that returns them malformed (a positive or
+NaN log-probability, a ``top_logprobs`` that is not a list, ...) too, with its own reason
+(``malformed logprobs: <what>``): they are read as they are, never repaired. With a rubric
+(``judge.criteria``) the same rule weighs each criterion's verdict at the digits of its own line
+(``managers.criteria_weighting``).
 
 Longer than 400 lines: one rule (the expected verdict from token probabilities), with the
 alignment of the reply's tokens to its text that the rule cannot do without.
@@ -65,6 +68,7 @@ from typing import Any
 from async_reward._core.start_lines import say_once
 
 __all__ = [
+    "MALFORMED_LOGPROBS",
     "NO_LOGPROBS",
     "ExpectedVerdict",
     "ReplyToken",
@@ -78,6 +82,8 @@ __all__ = [
 
 #: Why a reply kept its plain verdict when the server sent no token probabilities.
 NO_LOGPROBS = "no logprobs in the reply"
+#: How the reason starts when it sent them malformed (``malformed logprobs: token 3: logprob nan``).
+MALFORMED_LOGPROBS = "malformed logprobs"
 
 
 def say_unweighted(reason: str) -> None:
@@ -88,6 +94,12 @@ def say_unweighted(reason: str) -> None:
         say_once(
             "judge.expected_verdict is on, but the judge returned no token probabilities (logprobs): "
             "such replies score their plain verdict (judge_weighting says so on each sample)"
+        )
+    elif reason.startswith(MALFORMED_LOGPROBS):  # one line, whichever token was malformed
+        say_once(
+            "judge.expected_verdict is on, but the judge returned malformed token probabilities "
+            "(logprobs): such replies score their plain verdict (judge_weighting says what was "
+            "malformed on each sample)"
         )
     else:
         say_once(
@@ -184,37 +196,90 @@ def _token_bytes(entry: Mapping[str, Any]) -> bytes | None:
     return token.encode("utf-8") if isinstance(token, str) else None
 
 
-def _logprob(entry: Mapping[str, Any]) -> float | None:
+def _shown(value: Any) -> str:
+    """``value`` as a reason shows it: as the server's JSON spells it where it is null, and short,
+    since a reason lands in a per-sample extra."""
+    text = "null" if value is None else f"{value:g}" if isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _logprob(entry: Mapping[str, Any]) -> float | str:
+    """The entry's log-probability, or what is wrong with it. A positive one is refused, never read
+    as 0: a log-softmax (``x - max - log(sum(exp(x - max)))``) gives none, so a server that sends one
+    reports something other than the distribution the rule reads."""
     value = entry.get("logprob")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if value <= 0.0 and not math.isnan(value) else None  # -inf allowed: probability 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return f"logprob {_shown(value)}"
+    if value > 0.0:
+        return f"logprob {_shown(float(value))} is above 0"
+    return float(value)  # -inf allowed: probability 0
 
 
-def reply_tokens(choice: Any) -> list[ReplyToken] | None:
-    """The tokens of a chat-completion choice's ``logprobs.content``; None when the server sent none
-    or sent them malformed (the caller then keeps the plain verdict)."""
+def _alternatives(entry: Mapping[str, Any], where: str) -> list[tuple[bytes, float]] | str:
+    """The (bytes, log-probability) of the alternatives ``entry`` lists, or what is malformed in them
+    (``where``: the token's place, for the reason)."""
+    listed = entry.get("top_logprobs")
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        return f"{where}: top_logprobs is {type(listed).__name__}, not a list"
+    alternatives: list[tuple[bytes, float]] = []
+    for number, alternative in enumerate(listed):
+        at = f"{where}, alternative {number}"
+        if not isinstance(alternative, Mapping):
+            return f"{at}: {type(alternative).__name__}, not an object"
+        data, logprob = _token_bytes(alternative), _logprob(alternative)
+        if data is None:
+            return f"{at}: no text"
+        if isinstance(logprob, str):
+            return f"{at}: {logprob}"
+        alternatives.append((data, logprob))
+    return alternatives
+
+
+def _reply_token(entry: Any, index: int) -> ReplyToken | str:
+    """The ``index``-th ``logprobs.content`` entry, or what is malformed in it: every field the rule
+    reads is checked here, since a shape it cannot read must leave the plain verdict, never raise."""
+    where = f"token {index}"
+    if not isinstance(entry, Mapping):
+        return f"{where}: {type(entry).__name__}, not an object"
+    data, logprob = _token_bytes(entry), _logprob(entry)
+    if data is None:
+        return f"{where}: no text"
+    if isinstance(logprob, str):
+        return f"{where}: {logprob}"
+    listed = _alternatives(entry, where)
+    if isinstance(listed, str):
+        return listed
+    alternatives: dict[str, float] = {data.decode("utf-8", errors="replace"): logprob}
+    for alt_bytes, alt_logprob in listed:
+        alternatives.setdefault(alt_bytes.decode("utf-8", errors="replace"), alt_logprob)
+    return ReplyToken(data, logprob, tuple(alternatives.items()))
+
+
+def reply_tokens(choice: Any) -> list[ReplyToken] | str:
+    """The tokens of a chat-completion choice's ``logprobs.content``, or why the plain verdict stays:
+    :data:`NO_LOGPROBS` when the server sent none (no ``logprobs``, no ``content`` in it, or an empty
+    one), ``malformed logprobs: <what>`` when it sent them in a shape or with values the rule cannot
+    read (a positive or NaN log-probability, a ``top_logprobs`` that is not a list, ...). The two
+    are told apart: the first sends an operator after a server that ignores ``logprobs``, the second
+    after one that reports them wrongly."""
     logprobs = choice.get("logprobs") if isinstance(choice, Mapping) else None
-    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    if not isinstance(content, list) or not content:
-        return None
+    if logprobs is None:
+        return NO_LOGPROBS
+    if not isinstance(logprobs, Mapping):
+        return f"{MALFORMED_LOGPROBS}: logprobs is {type(logprobs).__name__}, not an object"
+    content = logprobs.get("content")
+    if content is None or (isinstance(content, list) and not content):
+        return NO_LOGPROBS
+    if not isinstance(content, list):
+        return f"{MALFORMED_LOGPROBS}: content is {type(content).__name__}, not a list"
     tokens: list[ReplyToken] = []
-    for entry in content:
-        if not isinstance(entry, Mapping):
-            return None
-        data, logprob = _token_bytes(entry), _logprob(entry)
-        if data is None or logprob is None:
-            return None
-        alternatives: dict[str, float] = {data.decode("utf-8", errors="replace"): logprob}
-        for alternative in entry.get("top_logprobs") or ():
-            if not isinstance(alternative, Mapping):
-                return None
-            alt_bytes, alt_logprob = _token_bytes(alternative), _logprob(alternative)
-            if alt_bytes is None or alt_logprob is None:
-                return None
-            alternatives.setdefault(alt_bytes.decode("utf-8", errors="replace"), alt_logprob)
-        tokens.append(ReplyToken(data, logprob, tuple(alternatives.items())))
+    for index, entry in enumerate(content):
+        token = _reply_token(entry, index)
+        if isinstance(token, str):
+            return f"{MALFORMED_LOGPROBS}: {token}"
+        tokens.append(token)
     return tokens
 
 
@@ -349,7 +414,9 @@ def _read_place(token: ReplyToken, prefix: str, sampled: str | None, first: bool
         number = prefix + digits
         if scale.beyond(number):
             continue  # off the scale, whatever follows
-        whole = digits == text and len(digits) == longest and scale.may_continue(number)
+        # An empty token ("" : a SentencePiece space or a special token rendered empty) adds no digit:
+        # it ends the number, never continues it.
+        whole = bool(digits) and digits == text and len(digits) == longest and scale.may_continue(number)
         if sampled is not None and text == sampled:
             place.branch += probability
             if not whole:

@@ -47,7 +47,6 @@ from async_reward.judge.cost import (
     unspent_extras,
 )
 from async_reward.judge.expected import (
-    NO_LOGPROBS,
     ExpectedVerdict,
     distribution_params,
     reply_tokens,
@@ -502,8 +501,8 @@ def weigh_reply_verdict(
     answer = judge_reply(reply)
     normalize_score(verdict, min_score=min_score, max_score=max_score, normalize_to=None)
     tokens = reply_tokens(reply["choices"][0])
-    if tokens is None:
-        return NO_LOGPROBS
+    if isinstance(tokens, str):  # none sent, or malformed: the reason says which
+        return tokens
     places = verdict_spans(answer.content, replace(rules, think="none") if answer.reasoning_apart else rules)
     if isinstance(places, str):
         return places

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from async_reward import ConfigError
+from async_reward.judge.expected import NO_LOGPROBS
 from async_reward.judge.rubric.criteria import Criterion, aggregate, read_criteria
+from async_reward.judge.rubric.weighting import rubric_weighting
 from async_reward.managers import LLMJudgeRewardManager
-from async_reward.managers.llm_judge import NO_LOGPROBS
 from async_reward.training.metrics import extras_metrics
 from tests.judge.rubric.test_criteria import CRITERIA, ROWS, judge_config
 from tests.judge.test_expected import completion, entry
@@ -242,6 +243,84 @@ def test_quoted_lines_with_probabilities_of_their_own_can_lower_a_criterion_neve
         # the quoted line that set a's grade wrote a digit its own listing made unlikely
         "judge_verdict_not_favourite": 1.0,
         "judge_verdict_assumed": 0.0,
+    }
+
+
+def _quoted_unweighable_c1(c1: list[dict[str, Any]], c2: list[dict[str, Any]]) -> dict[str, Any]:
+    """A reply that quotes the response's ``C1: [[7]]`` tokenised ``[[7`` (its digits share a token
+    with the brackets: it cannot be weighed), then the judge's block: C1 ``[[7]]`` with the tokens
+    ``c1``, C2 ``[[6]]`` with ``c2``; the extras ``weigh_call`` gives it."""
+    from async_reward.judge.rubric.weighting import weigh_call
+
+    content = "It wrote C1: [[7]] itself.\nC1: [[7]] ok\nC2: [[6]] fine"
+    entries = [
+        *(entry(t) for t in ("It", " wrote", " C", "1", ":", " ", "[[7", "]]", " itself", ".", "\n")),
+        *(entry(t) for t in ("C", "1", ":", " [[")),
+        *c1,
+        *(entry(t) for t in ("]]", " ok", "\n", "C", "2", ":", " [[")),
+        *c2,
+        *(entry(t) for t in ("]]", " fine")),
+    ]
+    found = read_criteria(content, [1, 2], **SCALE)
+    graded = [("a", found[1]), ("b", found[2])]
+    return weigh_call(completion(content, entries), content, 0, graded, criteria=(), **SCALE)
+
+
+def test_a_criterion_counted_at_a_quoted_lines_written_number_is_said_not_passed_off_as_weighed():
+    """Review of 2026-12, item 1: C1's own line weighs 7.2, its quoted ``[[7`` cannot be weighed and
+    is lower, so C1 counts 7. That was reported as weighed (``expected``, C1's mass that of the 7.2):
+    now ``judge_weighting`` names C1 and why, and C1's mass is NaN (no probability behind a 7)."""
+    extras = _quoted_unweighable_c1([entry("7", 0.8, ("8", 0.2))], [entry("6", 0.5, ("4", 0.5))])
+    why = "a at its written number: verdict shares a token with text before it"
+    assert extras["judge_weighting"] == f"expected ({why})"
+    assert extras["judge_criterion_a_expected"] == 7.0 and math.isnan(extras["judge_criterion_a_mass"])
+    assert extras["judge_criterion_b_expected"] == pytest.approx(5.0)
+    assert extras["judge_criterion_b_mass"] == pytest.approx(1.0)
+    criteria = (Criterion(name="a", description="d"), Criterion(name="b", description="d"))
+    graded = {"judge_criterion_a": 7.0, "judge_criterion_b": 6.0, **extras}
+    weighting = graded.pop("judge_weighting")
+    expected, sample = rubric_weighting(criteria, graded, [weighting])
+    assert expected == [7.0, pytest.approx(5.0)]
+    assert sample["judge_weighted"] == 1.0 and sample["judge_weighting"] == f"expected ({why})"
+    assert sample["judge_verdict_mass"] == pytest.approx(1.0)  # b's: a's 7 covers no probability
+
+
+def test_a_quote_that_sets_one_criterion_leaves_the_others_weighted_so_it_cannot_raise_the_aggregate():
+    """Why a criterion at its written number does not make the whole sample plain: C2 is written 6
+    but expected 5.0. Plain, C2 would count 6, and the quote would lift the aggregate above the judge's
+    block alone (7.2 and 5.0); weighted, it only lowers it (C1 from 7.2 to 7)."""
+    criteria = [Criterion(name="a", description="d"), Criterion(name="b", description="d")]
+    extras = _quoted_unweighable_c1([entry("7", 0.8, ("8", 0.2))], [entry("6", 0.5, ("4", 0.5))])
+    graded = {"judge_criterion_a": 7.0, "judge_criterion_b": 6.0, **extras}
+    expected, _ = rubric_weighting(criteria, graded, [graded.pop("judge_weighting")])
+    assert expected is not None
+    quoted = aggregate(criteria, expected, plain=[7.0, 6.0], **SCALE)
+    alone = aggregate(criteria, [7.2, 5.0], plain=[7.0, 6.0], **SCALE)  # the block without the quote
+    all_plain = aggregate(criteria, [7.0, 6.0], **SCALE)
+    assert quoted < alone < all_plain
+
+
+def test_a_sample_says_the_first_calls_reason_and_plain_wins_over_a_written_number():
+    """Over ``criteria_per_call``'s calls: one plain call makes the sample plain; else the first call
+    that counted a written number is the sample's ``judge_weighting``, and a sample whose every
+    criterion counted one has no mass (NaN), not a mass of a reading it did not use."""
+    criteria = [Criterion(name="a", description="d"), Criterion(name="b", description="d")]
+    written = "expected (a at its written number: verdict shares a token with text before it)"
+    graded = {
+        "judge_criterion_a_expected": 7.0,
+        "judge_criterion_a_mass": math.nan,
+        "judge_criterion_b_expected": 5.0,
+        "judge_criterion_b_mass": math.nan,
+    }
+    expected, sample = rubric_weighting(criteria, dict(graded), ["expected", written])
+    assert expected == [7.0, 5.0] and sample["judge_weighting"] == written
+    assert math.isnan(sample["judge_verdict_mass"])
+    expected, sample = rubric_weighting(
+        criteria, dict(graded), [written, "plain: b: no logprobs in the reply"]
+    )
+    assert expected is None and sample == {
+        "judge_weighted": 0.0,
+        "judge_weighting": "plain: b: no logprobs in the reply",
     }
 
 
