@@ -29,6 +29,7 @@ __all__ = [
     "COMPONENT_NAME",
     "FUNCTION_MANAGERS",
     "SAMPLE_KEYS",
+    "SECTION_READERS",
     "ComponentConfig",
     "ComponentFunction",
     "CompositeConfig",
@@ -44,6 +45,9 @@ FUNCTION_MANAGERS = ("async_naive", "async_rate_limited", "async_stateful")
 #: ``reward.async_reward`` keys that belong to the whole sample, not to one component: a component's
 #: ``async_reward`` may not set them (see ``docs/composite.md``, "Failures").
 SAMPLE_KEYS = ("on_failure", "fallback_score", "num_workers", "composite")
+#: Sections of ``reward.async_reward`` that one manager alone reads: a component of another manager
+#: that sets one in its own ``async_reward`` would have it silently ignored.
+SECTION_READERS = {"judge": "llm_judge", "remote": "async_remote", "stateful": "async_stateful"}
 
 _ComponentManager = Literal[
     "async_naive", "async_rate_limited", "async_remote", "llm_judge", "async_stateful"
@@ -105,7 +109,8 @@ class ComponentConfig:
             "write a lower-case identifier of at most 40 characters (a-z, 0-9, _), e.g. rule or judge",
         ),
     )
-    """Identifier: gates name it, and its extras are ``composite_<name>_*``."""
+    """Identifier: gates name it, and its extras are ``composite_<name>_*`` (so no name may be another
+    one followed by ``_``: their extras keys could be the same)."""
     manager: _ComponentManager = "async_naive"
     """Which of our managers scores it: ``async_naive`` / ``async_rate_limited`` (a function: the job's
     ``custom_reward_function``, its own ``function``, or verl's default scorer for the data source),
@@ -117,7 +122,16 @@ class ComponentConfig:
     """The gate: run only when a component listed before it scored in a range. None: always runs."""
     score_if_skipped: float = 0.0
     """What a component its gate skipped adds to the sum, before its weight. The component is still
-    recorded as ``skipped``: the value is explicit, never a silent 0."""
+    recorded as ``skipped``: the value is explicit, never a silent 0. Only with ``only_if``."""
+    score_range: tuple[float, float] | None = field(
+        default=None,
+        metadata=rule(
+            lambda v: v[0] <= v[1], "is not [low, high] with low <= high", "write [low, high], e.g. [0, 1]"
+        ),
+    )
+    """The range ``[low, high]`` of a non-judge component's own scores (a judge's is its judge
+    settings'): a score outside it makes the component ``invalid``. It lets the start-up check
+    bound the composite's lowest reward under ``on_failure: fallback``. None: unknown."""
     function: ComponentFunction | None = None
     """Its own function (or class, for ``async_stateful``). None: the job's
     ``reward.custom_reward_function``, or verl's default scorer where there is none."""
@@ -129,8 +143,8 @@ class ComponentConfig:
 
 @dataclass
 class CompositeConfig:
-    """``reward.async_reward.composite``: the components of ``async_composite`` (ignored by the other
-    managers)."""
+    """``reward.async_reward.composite``: the components of ``async_composite`` (refused with any
+    other manager, which would ignore it)."""
 
     components: tuple[ComponentConfig, ...] = ()
     """The components, in order: a gate names a component listed before it, so this order is one in
@@ -152,6 +166,7 @@ class CompositeConfig:
                 )
             seen[component.name] = index
             self._check_own_settings(component, key)
+        self._check_name_prefixes(path)
         for index, component in enumerate(self.components):
             if component.only_if is not None:
                 self._check_gate(index, component.only_if, seen, f"{path}.components[{index}].only_if")
@@ -194,6 +209,52 @@ class CompositeConfig:
                 f"names a function, and {component.manager} calls none",
                 f"remove it, or make the component one of {list(FUNCTION_MANAGERS)}",
             )
+        CompositeConfig._check_unused_settings(component, key)
+
+    @staticmethod
+    def _check_unused_settings(component: ComponentConfig, key: str) -> None:
+        """Refuse what a component sets and nothing would read: every value a user sets must act."""
+        if component.only_if is None and component.score_if_skipped != 0:
+            raise bad_value(
+                f"{key}.score_if_skipped",
+                component.score_if_skipped,
+                "is what a component its gate skipped adds, and this one has no gate (only_if): it always "
+                "runs, so the value would never be used",
+                "remove it, or give the component an only_if gate",
+            )
+        for section, reader in SECTION_READERS.items():
+            if section in component.async_reward and component.manager != reader:
+                raise bad_value(
+                    f"{key}.async_reward.{section}",
+                    component.async_reward[section],
+                    f"is read by {reader} only, and this component is {component.manager}: it would be "
+                    "ignored",
+                    f"remove it, or make the component manager: {reader}",
+                )
+        if component.score_range is not None and component.manager == "llm_judge":
+            raise bad_value(
+                f"{key}.score_range",
+                list(component.score_range),
+                "is the range of a non-judge component; a judge's range is its judge settings' "
+                "(judge.normalize_to, or judge.min_score and judge.max_score)",
+                "remove it (set judge.normalize_to to change the judge's range)",
+            )
+
+    def _check_name_prefixes(self, path: str) -> None:
+        """Refuse a name that is another one followed by ``_``: component ``rule``'s extra
+        ``format_score`` would be written as ``composite_rule_format_score``, component
+        ``rule_format``'s own score key. (Names that are not so prefixed cannot make equal keys.)"""
+        names = [c.name for c in self.components]
+        for index, name in enumerate(names):
+            for other, shorter in enumerate(names):
+                if other != index and name.startswith(shorter + "_"):
+                    raise bad_value(
+                        f"{path}.components[{index}].name",
+                        name,
+                        f"begins with the name of components[{other}] ({shorter!r}) and '_': an extra "
+                        f"of {shorter!r} could be written at {name!r}'s own keys (composite_{name}_*)",
+                        f"rename one of them so that {name!r} does not begin with {shorter + '_'!r}",
+                    )
 
     def _check_gate(self, index: int, gate: GateCondition, seen: dict[str, int], key: str) -> None:
         name = self.components[index].name

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
-from async_reward._core.config_rules import names_config_errors
+from async_reward._core.config_rules import bad_value, names_config_errors, node_key
 from async_reward._core.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
@@ -104,6 +104,9 @@ class AsyncRewardManager(RewardManagerBase):
     #: itself, through ``reward_router_address`` (``llm_judge``); False refuses that model unless the
     #: manager runs a function that may call it.
     scores_with_reward_model: ClassVar[bool] = False
+    #: Whether it reads ``reward.async_reward.composite`` (``async_composite``); any other manager
+    #: refuses that section at start-up rather than ignore its components, weights and gates.
+    reads_composite: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -187,6 +190,15 @@ class AsyncRewardManager(RewardManagerBase):
             ConfigError: naming the key, the bad value and the fix.
         """
         settings = load_config(config)
+        composite = node_key(config, "reward.async_reward.composite")
+        if composite is not None and not cls.reads_composite:
+            raise bad_value(
+                "reward.async_reward.composite",
+                composite,
+                f"is read by async_composite only, and the manager is {_manager_name(config, cls)}: its "
+                "components, weights and gates would be ignored",
+                "set reward.reward_manager.name=async_composite, or remove reward.async_reward.composite",
+            )
         check_verl_settings(
             config,
             _manager_name(config, cls),

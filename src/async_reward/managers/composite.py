@@ -17,11 +17,12 @@ How a sample's outcome is made (``docs/composite.md``):
   outranks a slow service, which outranks a reply that could not be read), and its reason, named;
 * **on_failure**: the sample's, applied to the whole sample (``fallback``, ``raise``, ``exclude``):
   a weighted sum with a missing term is not the reward the user defined, and a fallback value in
-  place of one term would be a made-up score that reads ``ok``;
+  place of one term would be a made-up score that reads ``ok``. Since a response can make a judge
+  fail at will, ``fallback_score`` may not exceed the lowest sum where a judge runs (start-up);
 * **extras**: per component ``composite_<name>_{score,status,reason,attempts,latency_s,skipped}``
   and its own extras as ``composite_<name>_<key>`` (``composite_judge_judge_tokens``); the sample's
-  ``attempts`` and the ``judge_*`` cost keys are the sums over its components, so ``reward/cost/*``
-  and ``reward/retries`` count what the sample's components spent.
+  ``attempts`` is the sum over its components and the ``judge_*`` cost keys the sums over its judge
+  components, so ``reward/cost/*`` and ``reward/retries`` count what the sample's components spent.
 
 Two components calling one service (one judge URL, one reward-service URL) share its admission:
 one concurrency cap and one RPM / TPM budget, as one manager would have.
@@ -49,7 +50,7 @@ from async_reward._core.limits import Admission
 from async_reward._core.result import RewardResult, RewardSample, Status, extras_key_for
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
-from async_reward.config.composite import FUNCTION_MANAGERS, ComponentConfig
+from async_reward.config.composite import FUNCTION_MANAGERS, SAMPLE_KEYS, ComponentConfig
 from async_reward.judge.cost import whole_count
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.llm_judge import LLMJudgeRewardManager
@@ -156,6 +157,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
 
     #: The composite calls nothing itself; each component is admitted under its own limits.
     uses_rate_budgets: ClassVar[bool] = False
+    reads_composite: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -174,21 +176,24 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
             reward_model_tokenizer=reward_model_tokenizer,
             **kwargs,
         )
-        from verl.trainer.ppo.reward import get_custom_reward_fn
-
         self.parts: list[_Part] = []
         services: dict[tuple[str, str], AsyncRewardManager] = {}
         for index, component in enumerate(self.settings.composite.components):
             derived = component_config(config, component)
-            # The job's function as verl loaded it, or the component's own, loaded the way verl does.
-            function = compute_score if component.function is None else get_custom_reward_fn(derived)
-            manager = _CLASSES[component.manager](
-                derived,
-                tokenizer,
-                function,
-                reward_router_address=reward_router_address,
-                reward_model_tokenizer=reward_model_tokenizer,
-            )
+            with _naming_the_component(index, component):
+                # The job's function as verl loaded it, or the component's own, loaded the way verl does.
+                function = compute_score if component.function is None else _load_function(derived, component)
+                manager = _CLASSES[component.manager](
+                    derived,
+                    tokenizer,
+                    function,
+                    reward_router_address=reward_router_address,
+                    reward_model_tokenizer=reward_model_tokenizer,
+                )
+                # In every worker, not only on the driver: a worker may be built by code that never ran
+                # check_user_code, and the group step would then silently never run.
+                if manager.postprocess_spec() is not None:
+                    raise _group_step_refused(derived.reward.custom_reward_function.name)
             service = _service(component, manager.settings)
             if service is not None:
                 # One service, one admission: its concurrency cap and budgets, whichever component calls.
@@ -244,11 +249,19 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                 "own function, or there is none)",
                 "remove it, or add a component such as {name: rule, manager: async_naive} without function",
             )
+        loaded = []
+        for index, component in enumerate(composite.components):
+            with _naming_the_component(index, component):
+                _check_component_keys(index, component)
+                loaded.append(load_config(component_config(config, component)))
+                _check_component_fits(component, loaded[index])
+        # Before the components' own checks: a judge's own fallback check knows its range only, not
+        # its weight or the rest of the sum, and this one's refusal names the composite's bound.
+        _check_fallback(settings, loaded)
         services: dict[tuple[str, str], tuple[int, LimitsConfig]] = {}
         for index, component in enumerate(composite.components):
             derived = component_config(config, component)
             with _naming_the_component(index, component):
-                _check_component_fits(component, load_config(derived))
                 part_settings = _CLASSES[component.manager].check_settings(derived, env)
             service = _service(component, part_settings)
             if service is None:
@@ -261,7 +274,8 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                     f"differ from those of components[{first}] ({composite.components[first].name!r}), "
                     f"which calls the same {service[0]}: one service has one admission (its concurrency "
                     f"cap and budgets), shared by every component that calls it",
-                    "give both components the same limits (set them once at reward.async_reward.limits)",
+                    "give both components the same limits (in each one's async_reward.limits, or once at "
+                    "reward.async_reward.limits when every component may have them)",
                 )
         return settings
 
@@ -279,13 +293,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                         derived, load_config(derived)
                     )
                     if callable(getattr(user_cls, "post_process_scores", None)):
-                        raise bad_value(
-                            "reward.custom_reward_function.name",
-                            name,
-                            "has post_process_scores, which works on a group's scores of one manager; "
-                            "inside async_composite it would run on no group",
-                            "use the class as the whole reward (async_stateful), or drop post_process_scores",
-                        )
+                        raise _group_step_refused(name)
 
     # ----------------------------------------------------------------- scoring
     def decode(self, data: Any) -> RewardSample:
@@ -325,7 +333,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
         view = sample
         if part.manager.runs_custom_function and isinstance(sample, _Decoded) and sample.for_functions:
             view = sample.for_functions
-        return _Outcome(await part.manager._score_safely(view))
+        return _Outcome(_in_range(part.config, await part.manager._score_safely(view)))
 
     def _combine(self, outcomes: Mapping[str, _Outcome]) -> RewardResult:
         """The sample's result from its components' (the rules in the module's docstring)."""
@@ -369,11 +377,19 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                 }
             )
             attempts += result.attempts
-            own_calls = whole_count(result.extras.get("judge_calls"))
+            # A judge's own count of its calls (a rubric's chunks); any other component's judge_* keys
+            # are its user's extras, not what the sample spent at a judge.
+            judged = part.config.manager == "llm_judge"
+            own_calls = whole_count(result.extras.get("judge_calls")) if judged else None
             calls += own_calls if own_calls is not None else min(result.attempts, 1)
-            spent.append(result.extras)
+            if judged:
+                spent.append(result.extras)
         extras.update(self._spent(spent))
         extras["judge_calls"] = calls
+        if not failed and not math.isfinite(total):
+            return RewardResult.failure(
+                Status.INVALID, self._overflow_reason(outcomes), attempts=attempts, extras=extras
+            )
         if not failed:
             return RewardResult(score=total, attempts=attempts, extras=extras)
         worst = min(failed, key=lambda pair: STATUS_ORDER.index(pair[1].status))
@@ -384,8 +400,17 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
             reason = f"{reason} (also failed: {', '.join(others)})"
         return RewardResult.failure(result.status, reason, attempts=attempts, extras=extras)
 
+    def _overflow_reason(self, outcomes: Mapping[str, _Outcome]) -> str:
+        """Why a sum of finite terms is not finite: the terms, each weight x score, named."""
+        terms = []
+        for part in self.parts:
+            result = outcomes[part.name].result
+            score = part.config.score_if_skipped if result is None else result.score
+            terms.append(f"{part.name} {part.config.weight:g} x {score:g}")
+        return f"weighted sum overflows floating point ({', '.join(terms)})"
+
     def _spent(self, spent: list[Mapping[str, Any]]) -> dict[str, Any]:
-        """The sample's cost keys: the sums over its components that ran (``cost.cost_metrics``)."""
+        """The sample's cost keys: the sums over its judge components that ran (``cost.cost_metrics``)."""
         if "judge_tokens" not in self._extra_defaults:
             return {}
         totals: dict[str, Any] = {key: 0 for key in _SUMMED_COUNTS}
@@ -425,8 +450,9 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                     f"{part.prefix}skipped": False,
                 }
             )
-            judged |= "judge_tokens" in component
-            priced |= "judge_cost" in component
+            if part.config.manager == "llm_judge":
+                judged |= "judge_tokens" in component
+                priced |= "judge_cost" in component
         if judged:
             defaults.update({key: 0 for key in _SUMMED_COUNTS})
             defaults.update(judge_cache_hit=False, judge_shared=False, judge_usage_error="")
@@ -469,9 +495,181 @@ def _service(component: ComponentConfig, settings: AsyncRewardConfig) -> tuple[s
     return None
 
 
+def _load_function(derived: DictConfig, component: ComponentConfig) -> Any:
+    """A component's own function, loaded as verl loads ``custom_reward_function``. Where it does not
+    load, the error names the component's key, as the driver's check does (a worker may be built by
+    code that never ran that check: the ``score`` command, verl's ``load_reward_manager``)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    try:
+        return get_custom_reward_fn(derived)
+    except Exception as error:
+        # The manager's own check of the code says which key is wrong (the file, or the name in it).
+        _CLASSES[component.manager].check_user_code(derived, load_config(derived))
+        raise ConfigError(
+            f"reward.custom_reward_function does not load: {error!r}",
+            key="reward.custom_reward_function.path",
+            fix="give the path of a file that defines the function, and its name",
+        ) from error
+
+
+def _group_step_refused(name: str) -> ConfigError:
+    """The refusal of an ``async_stateful`` class with ``post_process_scores`` in a component."""
+    return bad_value(
+        "reward.custom_reward_function.name",
+        name,
+        "has post_process_scores, which works on a group's scores of one manager; "
+        "inside async_composite it would run on no group",
+        "use the class as the whole reward (async_stateful), or drop post_process_scores",
+    )
+
+
+def _in_range(component: ComponentConfig, result: RewardResult) -> RewardResult:
+    """``result``, or ``invalid`` where its score is outside the component's declared ``score_range``:
+    the start-up fallback check trusted that range, so a score outside it may not count."""
+    bounds = component.score_range
+    if bounds is None or not result.ok or result.score is None or bounds[0] <= result.score <= bounds[1]:
+        return result
+    return RewardResult.failure(
+        Status.INVALID,
+        f"score {result.score:g} is outside its score_range [{bounds[0]:g}, {bounds[1]:g}]",
+        attempts=result.attempts,
+        latency_s=result.latency_s,
+        extras=result.extras,
+    )
+
+
+def _check_component_keys(index: int, component: ComponentConfig) -> None:
+    """Refuse an unknown key in a component's ``async_reward``, listing the keys a component may set
+    (the merged config's own error would name ``reward.async_reward`` and the sample's keys)."""
+    path = f"{COMPOSITE_PATH}.components[{index}].async_reward"
+    allowed = sorted({f.name for f in fields(AsyncRewardConfig)} - set(SAMPLE_KEYS))
+    unknown = sorted(set(component.async_reward) - set(allowed) - set(SAMPLE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {path}; valid keys: {allowed}",
+            key=f"{path}.{unknown[0]}",
+            fix=f"use one of {allowed}",
+        )
+
+
+def _check_fallback(settings: AsyncRewardConfig, loaded: list[AsyncRewardConfig]) -> None:
+    """Refuse a ``fallback_score`` that a response could earn by making a judge component fail.
+
+    Under ``on_failure: fallback`` a failed sample scores ``fallback_score`` in place of the whole
+    weighted sum, and a response can make a judge fail whenever it likes (a planted verdict). For each
+    judge component, the lowest sum of a sample where that judge runs is bounded from each
+    component's known range (a judge's settings, a declared ``score_range``, a gate that held for the
+    judge to run) and weight; the fallback may not exceed the lowest of those bounds. A component
+    whose range is unknown leaves the bound unknown, and is refused. A function component's own
+    failure is not bounded here, as ``async_naive`` alone does not bound it.
+    """
+    components = settings.composite.components
+    if settings.on_failure != "fallback":
+        return
+    for index, component in enumerate(components):
+        if component.manager != "llm_judge":
+            continue
+        lowest, terms = _lowest_sum_where_it_runs(index, components, loaded)
+        if settings.fallback_score > lowest:
+            raise bad_value(
+                f"{CONFIG_PATH}.fallback_score",
+                settings.fallback_score,
+                f"is above the lowest reward of a sample where judge component {component.name!r} runs "
+                f"({lowest:g} = {' + '.join(terms)}), so a response could raise its reward by making "
+                "that judge fail (planting a conflicting verdict): on_failure: fallback replaces the "
+                "whole weighted sum",
+                f"set reward.async_reward.fallback_score to {lowest:g} or lower, or use on_failure: "
+                "exclude or raise",
+            )
+
+
+def _lowest_sum_where_it_runs(
+    judge: int, components: tuple[ComponentConfig, ...], loaded: list[AsyncRewardConfig]
+) -> tuple[float, list[str]]:
+    """The lowest weighted sum of a sample in which component ``judge`` runs, and its terms.
+
+    Raises:
+        ConfigError: a component that counts has no known range (``score_range``).
+    """
+    index_of = {c.name: i for i, c in enumerate(components)}
+    held: dict[int, tuple[float | None, float | None]] = {}  # gates that held for the judge to run
+    gate = components[judge].only_if
+    while gate is not None and index_of[gate.component] not in held:
+        held[index_of[gate.component]] = (gate.score_at_least, gate.score_at_most)
+        gate = components[index_of[gate.component]].only_if
+    total, terms = 0.0, []
+    for index, component in enumerate(components):
+        low, high = _known_range(component, loaded[index])
+        if index in held:
+            low, high = _tighter(low, held[index][0], max), _tighter(high, held[index][1], min)
+        may_skip = index != judge and index not in held and component.only_if is not None
+        term = _lowest_term(component, low, high, may_skip)
+        if term is None:
+            raise ConfigError(
+                f"{COMPOSITE_PATH}.components[{index}] ({component.name!r}) has no known score range, so "
+                "the lowest reward of the composite is unknown: under on_failure: fallback a response "
+                f"that makes judge component {components[judge].name!r} fail gets fallback_score in "
+                "place of the whole sum, which could be more than it would have scored; declare "
+                "score_range: [low, high] (a score outside it is then invalid), e.g. [0, 1] for a 0/1 "
+                "rule, or gate the judge on it, or set reward.async_reward.on_failure to exclude or raise",
+                key=f"{COMPOSITE_PATH}.components[{index}].score_range",
+                fix="declare score_range: [low, high], or set reward.async_reward.on_failure to exclude "
+                "or raise",
+            )
+        total += term
+        terms.append(f"{component.name} {term:g}")
+    return total, terms
+
+
+def _known_range(
+    component: ComponentConfig, settings: AsyncRewardConfig
+) -> tuple[float | None, float | None]:
+    """A component's own score range: its judge's, its declared ``score_range``, or unknown."""
+    if component.manager == "llm_judge":
+        judge = settings.judge
+        return judge.reward_floor, judge.max_score if judge.normalize_to is None else judge.normalize_to[1]
+    if component.score_range is not None:
+        return component.score_range
+    return None, None
+
+
+def _tighter(bound: float | None, other: float | None, pick: Any) -> float | None:
+    if bound is None or other is None:
+        return other if bound is None else bound
+    return float(pick(bound, other))
+
+
+def _lowest_term(
+    component: ComponentConfig, low: float | None, high: float | None, may_skip: bool
+) -> float | None:
+    """The lowest ``weight x score`` a component adds (None: unknown); a gated one may be skipped."""
+    weight = component.weight
+    if weight == 0:
+        return 0.0
+    bound = low if weight > 0 else high
+    if bound is None:
+        return None
+    term = weight * bound
+    return min(term, weight * component.score_if_skipped) if may_skip else term
+
+
 def _check_component_fits(component: ComponentConfig, settings: AsyncRewardConfig) -> None:
     """Refuse what a component's manager supports alone but not inside a composite (before its own
-    checks, which would refuse it for a reason that does not matter here)."""
+    checks, which would refuse it for a reason that does not matter here, or give a fix that is
+    wrong inside a composite)."""
+    if not _CLASSES[component.manager].uses_rate_budgets:
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(settings.limits, name)
+            if value is not None:
+                raise bad_value(
+                    f"{CONFIG_PATH}.limits.{name}",
+                    value,
+                    f"is a request/token budget, and {component.manager} has none (only a concurrency cap)",
+                    "set the budget in the async_reward.limits of the components that call the service "
+                    "(llm_judge, async_remote), not at reward.async_reward.limits, which every component "
+                    "inherits; or make this component manager: async_rate_limited",
+                )
     if component.manager == "llm_judge" and settings.judge.mode == "group":
         raise bad_value(
             f"{CONFIG_PATH}.judge.mode",
@@ -492,8 +690,11 @@ def _naming_the_component(index: int, component: ComponentConfig) -> Iterator[No
         key = error.key or ""
         moved = _component_key_path(key, index, component)
         message = str(error)
-        if moved != key and key:
+        if moved != key and key in message:
             message = message.replace(key, moved, 1)
+        elif moved != key and key:  # "unknown key(s) [...] in <the section>": the section moved too
+            section, moved_section = key.rpartition(".")[0], moved.rpartition(".")[0]
+            message = message.replace(f" in {section};", f" in {moved_section};", 1)
         raise ConfigError(
             f"component {component.name!r} ({component.manager}) of async_composite: {message}",
             key=moved or None,
@@ -506,7 +707,7 @@ def _component_key_path(key: str, index: int, component: ComponentConfig) -> str
     (its ``async_reward`` or ``function``), or where it is, shared by every component."""
     here = f"{COMPOSITE_PATH}.components[{index}]"
     own = f"{CONFIG_PATH}."
-    if key.startswith(own) and _sets(component.async_reward, key.removeprefix(own).split(".")):
+    if key.startswith(own) and _sets(component.async_reward, _path_parts(key.removeprefix(own))):
         return f"{here}.async_reward.{key.removeprefix(own)}"
     function_key = "reward.custom_reward_function"
     if component.function is not None and key.startswith(function_key):
@@ -514,13 +715,24 @@ def _component_key_path(key: str, index: int, component: ComponentConfig) -> str
     return key
 
 
-def _sets(node: Any, parts: list[str]) -> bool:
-    """Whether mapping ``node`` holds the dotted path ``parts`` (or a value above it)."""
+def _path_parts(dotted: str) -> list[str | int]:
+    """``judge.criteria[0].polarity`` as ``["judge", "criteria", 0, "polarity"]``."""
+    parts: list[str | int] = []
+    for name in dotted.split("."):
+        head, *indices = name.split("[")
+        parts.append(head)
+        parts.extend(int(index.rstrip("]")) for index in indices if index.rstrip("]").isdigit())
+    return parts
+
+
+def _sets(node: Any, parts: list[str | int]) -> bool:
+    """Whether ``node`` (mappings and lists) holds the path ``parts`` (or a value above it)."""
     for part in parts:
-        if not isinstance(node, Mapping) or part not in node:
+        in_list = isinstance(part, int) and isinstance(node, list) and 0 <= part < len(node)
+        if not in_list and not (isinstance(part, str) and isinstance(node, Mapping) and part in node):
             return False
         node = node[part]
-        if not isinstance(node, Mapping):
+        if not isinstance(node, (Mapping, list)):
             return True
     return True
 
