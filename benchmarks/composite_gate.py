@@ -44,15 +44,17 @@ RUBRIC = [
     {"name": "explains", "description": "The response mentions 'because'"},
 ]
 JUDGE = {"name": "judge", "manager": "llm_judge", "weight": 0.5}
+#: verl's GSM8K rule scores 0 or 1: declared, so that the fallback can be checked against the lowest sum.
+RULE = {"name": "rule", "manager": "async_naive", "score_range": [0, 1]}
 GATE = {"component": "rule", "score_at_least": 1.0}
 #: label -> (manager, composite components or None).
 REWARDS: dict[str, tuple[str, list[dict[str, Any]] | None]] = {
     "rule": ("async_naive", None),
     "judge": ("llm_judge", None),
-    "rule+judge": ("async_composite", [{"name": "rule", "manager": "async_naive"}, JUDGE]),
+    "rule+judge": ("async_composite", [RULE, JUDGE]),
     "rule+gated judge": (
         "async_composite",
-        [{"name": "rule", "manager": "async_naive"}, {**JUDGE, "only_if": GATE}],
+        [RULE, {**JUDGE, "only_if": GATE}],
     ),
 }
 

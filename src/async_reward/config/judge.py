@@ -118,7 +118,8 @@ class JudgeConfig:
     by the rule in ``async_reward.judge.expected`` (ties broken, less variance). A reply without
     them keeps its plain verdict, said in the log and in each sample's ``judge_weighting``. Needs a
     whole-number verdict scale. With ``criteria``, each criterion's verdict is weighed at its own line
-    (``managers.criteria_weighting``): all of a sample's criteria, or none, with the reason."""
+    (``judge.rubric.weighting``): all of a sample's criteria, or none, with the reason; a criterion
+    counted at a quoted line's lower written number says so."""
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one verdict per response, one call each. ``group``: the members of a GRPO group
     (the samples sharing a ``uid``, ``actor_rollout_ref.rollout.n`` of them) graded together in one
