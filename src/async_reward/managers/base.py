@@ -105,8 +105,9 @@ class AsyncRewardManager(RewardManagerBase):
     #: manager runs a function that may call it.
     scores_with_reward_model: ClassVar[bool] = False
     #: Whether it reads ``reward.async_reward.composite`` (``async_composite``); any other manager
-    #: refuses that section at start-up rather than ignore its components, weights and gates.
-    reads_composite: ClassVar[bool] = False
+    #: refuses that section at start-up rather than ignore its components, weights and gates. Private:
+    #: not part of the subclass contract (docs/extending.md), only ``async_composite`` sets it.
+    _reads_composite: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -191,7 +192,7 @@ class AsyncRewardManager(RewardManagerBase):
         """
         settings = load_config(config)
         composite = node_key(config, "reward.async_reward.composite")
-        if composite is not None and not cls.reads_composite:
+        if composite is not None and not cls._reads_composite:
             raise bad_value(
                 "reward.async_reward.composite",
                 composite,

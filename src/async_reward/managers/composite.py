@@ -157,7 +157,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
 
     #: The composite calls nothing itself; each component is admitted under its own limits.
     uses_rate_budgets: ClassVar[bool] = False
-    reads_composite: ClassVar[bool] = True
+    _reads_composite: ClassVar[bool] = True
 
     def __init__(
         self,
