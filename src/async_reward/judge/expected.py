@@ -225,22 +225,15 @@ def _alternatives(entry: Mapping[str, Any], where: str) -> list[tuple[bytes, flo
         return f"{where}: top_logprobs is {type(listed).__name__}, not a list"
     alternatives: list[tuple[bytes, float]] = []
     for number, alternative in enumerate(listed):
-        at = f"{where}, alternative {number}"
-        if not isinstance(alternative, Mapping):
-            return f"{at}: {type(alternative).__name__}, not an object"
-        data, logprob = _token_bytes(alternative), _logprob(alternative)
-        if data is None:
-            return f"{at}: no text"
-        if isinstance(logprob, str):
-            return f"{at}: {logprob}"
-        alternatives.append((data, logprob))
+        read = _entry(alternative, f"{where}, alternative {number}")
+        if isinstance(read, str):
+            return read
+        alternatives.append(read)
     return alternatives
 
 
-def _reply_token(entry: Any, index: int) -> ReplyToken | str:
-    """The ``index``-th ``logprobs.content`` entry, or what is malformed in it: every field the rule
-    reads is checked here, since a shape it cannot read must leave the plain verdict, never raise."""
-    where = f"token {index}"
+def _entry(entry: Any, where: str) -> tuple[bytes, float] | str:
+    """A listed token's (bytes, log-probability), or what is malformed in it (``where``: its place)."""
     if not isinstance(entry, Mapping):
         return f"{where}: {type(entry).__name__}, not an object"
     data, logprob = _token_bytes(entry), _logprob(entry)
@@ -248,6 +241,17 @@ def _reply_token(entry: Any, index: int) -> ReplyToken | str:
         return f"{where}: no text"
     if isinstance(logprob, str):
         return f"{where}: {logprob}"
+    return data, logprob
+
+
+def _reply_token(entry: Any, index: int) -> ReplyToken | str:
+    """The ``index``-th ``logprobs.content`` entry, or what is malformed in it: every field the rule
+    reads is checked here, since a shape it cannot read must leave the plain verdict, never raise."""
+    where = f"token {index}"
+    read = _entry(entry, where)
+    if isinstance(read, str):
+        return read
+    data, logprob = read
     listed = _alternatives(entry, where)
     if isinstance(listed, str):
         return listed
