@@ -551,6 +551,31 @@ def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
     assert verl_builds_replay_buffer(v1_config(judge, EXCLUDE)).max_untrained_skips == 8
 
 
+def test_a_sampler_kwarg_our_sampler_does_not_read_is_refused_and_a_users_own_sampler_keeps_its_own():
+    """verl hands ``sampler_kwargs`` to the custom sampler only: ours reads ``max_untrained_skips``, so a
+    misspelt ``max_untrained_skip=0`` would have left the default 8 in silence."""
+    judge = "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1"
+    misspelt = "+trainer.v1.sampler.sampler_kwargs.max_untrained_skip=0"
+    for build in (prepare_v1_config, verl_builds_replay_buffer):
+        with pytest.raises(ConfigError) as refused:
+            build(v1_config(judge, misspelt))
+        assert refused.value.key == "trainer.v1.sampler.sampler_kwargs.max_untrained_skip"
+        assert "whose only key there is max_untrained_skips" in str(refused.value)
+    # A sampler of the user's own reads its own keys: not ours to refuse.
+    own = compose_verl_config(
+        [
+            "reward.reward_manager.name=llm_judge",
+            judge,
+            "trainer.v1.sampler.custom_sampler.path=pkg://my_project.sampler",
+            "trainer.v1.sampler.custom_sampler.name=MySampler",
+            "+trainer.v1.sampler.sampler_kwargs.temperature=0.5",
+        ]
+    )
+    from async_reward.v1.checks import check_v1
+
+    check_v1(own)
+
+
 def test_declaring_our_trainer_turns_v1_off_so_verls_reward_loop_check_admits_it():
     """Our pipelined trainer is verl's legacy one: the setup hook's v1 check never refuses it."""
     from async_reward.wiring.integration import declare_pipelined_trainer

@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from async_reward._core.config_rules import bad_value, select_key
+from async_reward._core.errors import ConfigError
 
 __all__ = [
     "AGENT_LOOP_MANAGER",
@@ -43,6 +44,7 @@ __all__ = [
     "PIPELINED_TRAINER_KEY",
     "REPLAY_BUFFER_NAME",
     "REPLAY_BUFFER_PATH",
+    "check_our_sampler_kwargs",
     "is_decoupled_mode",
     "is_pipelined_mode",
     "max_untrained_skips",
@@ -91,6 +93,21 @@ def max_untrained_skips(sampler_kwargs: Any) -> int:
             f"{DEFAULT_MAX_UNTRAINED_SKIPS} (0 stops at the first)",
         )
     return value
+
+
+def check_our_sampler_kwargs(sampler_kwargs: Any) -> None:
+    """Refuse a key of ``trainer.v1.sampler.sampler_kwargs`` other than ``max_untrained_skips`` where
+    our replay buffer or one of our modes is the sampler: verl hands those keys to the custom sampler
+    only, and ours reads that one, so a misspelt ``max_untrained_skip=0`` would leave the default 8."""
+    keys = sorted(str(key) for key in sampler_kwargs) if hasattr(sampler_kwargs, "keys") else []
+    unknown = [key for key in keys if key != MAX_UNTRAINED_SKIPS_KEY]
+    if unknown:
+        raise ConfigError(
+            f"trainer.v1.sampler.sampler_kwargs.{unknown[0]} is not read: the sampler is async-reward's "
+            f"replay buffer (or one of its trainer modes), whose only key there is {MAX_UNTRAINED_SKIPS_KEY}",
+            key=f"trainer.v1.sampler.sampler_kwargs.{unknown[0]}",
+            fix=f"remove it, or write trainer.v1.sampler.sampler_kwargs.{MAX_UNTRAINED_SKIPS_KEY}",
+        )
 
 
 def v1_integration_problem(verl_config: DictConfig) -> str | None:

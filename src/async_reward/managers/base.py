@@ -61,8 +61,9 @@ from async_reward._core.result import (
 from async_reward._core.retry import AttemptsExhausted, default_is_transient, retry_async
 from async_reward._core.start_lines import say_once
 from async_reward._core.user_code import FunctionPool, default_pool_size
-from async_reward.config import AsyncRewardConfig, LimitsConfig, load_config
+from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
+from async_reward.config.composite import SECTION_READERS
 from async_reward.config.verl_keys import check_verl_settings
 from async_reward.judge.verdict import VerdictError
 
@@ -104,10 +105,11 @@ class AsyncRewardManager(RewardManagerBase):
     #: itself, through ``reward_router_address`` (``llm_judge``); False refuses that model unless the
     #: manager runs a function that may call it.
     scores_with_reward_model: ClassVar[bool] = False
-    #: Whether it reads ``reward.async_reward.composite`` (``async_composite``); any other manager
-    #: refuses that section at start-up rather than ignore its components, weights and gates. Private:
-    #: not part of the subclass contract (docs/extending.md), only ``async_composite`` sets it.
-    _reads_composite: ClassVar[bool] = False
+    #: The manager-specific sections of ``reward.async_reward`` it reads (of ``judge``, ``remote``,
+    #: ``stateful``, ``composite``): one set and not read is refused at start-up rather than ignored.
+    #: None: not known (a manager of your own), so only ``composite`` is checked. Private: not part of
+    #: the subclass contract (docs/extending.md); our managers set it.
+    _reads_sections: ClassVar[frozenset[str] | None] = None
 
     def __init__(
         self,
@@ -191,15 +193,7 @@ class AsyncRewardManager(RewardManagerBase):
             ConfigError: naming the key, the bad value and the fix.
         """
         settings = load_config(config)
-        composite = node_key(config, "reward.async_reward.composite")
-        if composite is not None and not cls._reads_composite:
-            raise bad_value(
-                "reward.async_reward.composite",
-                composite,
-                f"is read by async_composite only, and the manager is {_manager_name(config, cls)}: its "
-                "components, weights and gates would be ignored",
-                "set reward.reward_manager.name=async_composite, or remove reward.async_reward.composite",
-            )
+        _refuse_what_it_does_not_read(config, cls)
         check_verl_settings(
             config,
             _manager_name(config, cls),
@@ -613,6 +607,40 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     if isinstance(root, UserCodeError):
         return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
     return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)
+
+
+#: Each manager-specific section of ``reward.async_reward``, and the one manager that reads it.
+_SECTION_READERS = {**SECTION_READERS, "composite": "async_composite"}
+
+
+def _refuse_what_it_does_not_read(config: Any, cls: type[AsyncRewardManager]) -> None:
+    """Refuse a section set for another manager (a ``judge`` section under ``async_remote`` would
+    leave the rubric a user wrote out of every reward), and an executor for a manager that runs no
+    function of the user's: nothing a user sets may be silently ignored."""
+    name = _manager_name(config, cls)
+    read = cls._reads_sections
+    for section, reader in _SECTION_READERS.items():
+        if (read is None and section != "composite") or section in (read or ()):
+            continue
+        value = node_key(config, f"{CONFIG_PATH}.{section}")
+        if value is not None:
+            ignored = "its components, weights and gates" if section == "composite" else "it"
+            raise bad_value(
+                f"{CONFIG_PATH}.{section}",
+                value,
+                f"is read by {reader} only, and the manager is {name}: {ignored} would be ignored",
+                f"set reward.reward_manager.name={reader}, or remove {CONFIG_PATH}.{section}",
+            )
+    if cls.runs_custom_function is False:
+        for key in ("executor", "executor_workers"):
+            value = node_key(config, f"{CONFIG_PATH}.{key}")
+            if value is not None:
+                raise bad_value(
+                    f"{CONFIG_PATH}.{key}",
+                    value,
+                    f"sets the pool that runs your reward function, and {name} runs none",
+                    f"remove {CONFIG_PATH}.{key}",
+                )
 
 
 def _manager_name(config: Any, cls: type) -> str:

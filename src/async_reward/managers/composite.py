@@ -50,7 +50,7 @@ from async_reward._core.limits import Admission
 from async_reward._core.result import RewardResult, RewardSample, Status, extras_key_for
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
-from async_reward.config.composite import FUNCTION_MANAGERS, SAMPLE_KEYS, ComponentConfig
+from async_reward.config.composite import FUNCTION_MANAGERS, SAMPLE_KEYS, SECTION_READERS, ComponentConfig
 from async_reward.judge.cost import whole_count
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.llm_judge import LLMJudgeRewardManager
@@ -87,7 +87,8 @@ def component_config(config: Any, component: ComponentConfig) -> DictConfig:
     ``function`` as ``reward.custom_reward_function`` (cleared for a component that calls none)."""
     derived = copy.deepcopy(config) if isinstance(config, DictConfig) else OmegaConf.create(config)
     base = plain_container(derived.reward.get("async_reward"), CONFIG_PATH) or {}
-    merged = _merged({k: v for k, v in dict(base).items() if k != "composite"}, component.async_reward)
+    shared = {k: v for k, v in dict(base).items() if k != "composite" and _reads(component, k)}
+    merged = _merged(shared, component.async_reward)
     with open_dict(derived):
         derived.reward.async_reward = merged
         derived.reward.reward_manager.name = component.manager
@@ -103,6 +104,17 @@ def component_config(config: Any, component: ComponentConfig) -> DictConfig:
         elif component.manager not in FUNCTION_MANAGERS:
             function.path = None
     return derived
+
+
+def _reads(component: ComponentConfig, key: str) -> bool:
+    """Whether a shared ``reward.async_reward`` key reaches this component's manager: a section one
+    other manager reads (``judge`` for the ``llm_judge`` components) and the function pool of a manager
+    that runs no function stay with the components that read them; the managers refuse them."""
+    if key in SECTION_READERS:
+        return SECTION_READERS[key] == component.manager
+    if key in ("executor", "executor_workers"):
+        return component.manager in FUNCTION_MANAGERS
+    return True
 
 
 def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,7 +169,8 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
 
     #: The composite calls nothing itself; each component is admitted under its own limits.
     uses_rate_budgets: ClassVar[bool] = False
-    _reads_composite: ClassVar[bool] = True
+    #: Its own section, and the others as every component's defaults (checked against the components).
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset({"composite", "judge", "remote", "stateful"})
 
     def __init__(
         self,
@@ -230,6 +243,16 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                 "declare them in the component that returns them: "
                 f"{COMPOSITE_PATH}.components[i].async_reward.extra_defaults",
             )
+        for section, reader in SECTION_READERS.items():
+            value = node_key(config, f"{CONFIG_PATH}.{section}")
+            if value is not None and all(component.manager != reader for component in composite.components):
+                # Merged into every component's settings, and read by the reader's components only.
+                raise bad_value(
+                    f"{CONFIG_PATH}.{section}",
+                    value,
+                    f"is read by {reader} components only, and async_composite has none: it would be ignored",
+                    f"remove it, or add a component with manager: {reader}",
+                )
         if reward is not None and _enabled(reward, "reward_model.enable"):
             raise bad_value(
                 "reward.reward_model.enable",

@@ -21,9 +21,11 @@ from async_reward.config.v1 import (
     PIPELINED_MODE,
     PIPELINED_MODE_PATH,
     PIPELINED_TRAINER_KEY,
+    check_our_sampler_kwargs,
     is_decoupled_mode,
     is_pipelined_mode,
     max_untrained_skips,
+    uses_reward_replay_buffer,
 )
 from async_reward.config.verl_keys import apply_legacy_reward_keys
 from async_reward.v1.decoupled.config import load_decoupled_mode_config
@@ -87,7 +89,14 @@ def check_v1(verl_config: Any) -> None:
         load_pipelined_mode_config(verl_config)
     if is_decoupled_mode(verl_config):  # our other mode: its windows and what it cannot honour
         load_decoupled_mode_config(verl_config)
-    max_untrained_skips(select_key(verl_config, "trainer.v1.sampler.sampler_kwargs"))
+    sampler_kwargs = select_key(verl_config, "trainer.v1.sampler.sampler_kwargs")
+    max_untrained_skips(sampler_kwargs)
+    if (
+        uses_reward_replay_buffer(verl_config)
+        or is_pipelined_mode(verl_config)
+        or is_decoupled_mode(verl_config)
+    ):
+        check_our_sampler_kwargs(sampler_kwargs)
     _check_untrained_batches_can_be_regenerated(verl_config)
     filtering = select_key(verl_config, "algorithm.filter_groups.enable")
     if filtering and select_key(verl_config, "reward.async_reward.on_failure") == "exclude":
