@@ -56,9 +56,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def composite_settings(server: Any, components: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
-    """``reward.async_reward`` for a composite: the judge and fast retries for every component."""
+    """``reward.async_reward`` for a composite: fast retries for every component, and the judge's
+    section where a component is a judge (one that no component reads is refused)."""
+    judged = any(component.get("manager") == "llm_judge" for component in components)
     return {
-        "judge": {"base_url": server.url + "/v1"},
+        **({"judge": {"base_url": server.url + "/v1"}} if judged else {}),
         "retry": dict(FAST_RETRY),
         "composite": {"components": components},
         **settings,

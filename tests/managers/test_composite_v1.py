@@ -35,6 +35,7 @@ def test_rule_and_gated_judge_train_through_the_v1_pipelined_mode(
         "mini_batch",
         extra=[
             "reward.reward_manager.name=async_composite",
+            "~reward.async_reward.remote",  # train_pipelined's async_remote section: no component reads it
             f"reward.custom_reward_function.path={rule}",
             f"+reward.async_reward.judge.base_url={server.url}/v1",
             f"+reward.async_reward.composite.components={components}",
