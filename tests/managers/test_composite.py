@@ -736,7 +736,7 @@ def test_a_component_function_that_does_not_load_is_named_where_a_worker_builds_
 def test_a_composite_section_under_another_manager_is_refused(server, tmp_path, capsys, verl_config_factory):
     settings = composite_settings(server, RULE_AND_GATED_JUDGE)
     message = refused_by_cli(tmp_path, settings, capsys, manager="llm_judge")
-    assert "reward.async_reward.composite=" in message and "the manager is llm_judge" in message
+    assert "reward.async_reward.composite is set" in message and "the manager is llm_judge" in message
     assert (
         "set reward.reward_manager.name=async_composite, or remove reward.async_reward.composite" in message
     )

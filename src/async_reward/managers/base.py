@@ -43,6 +43,7 @@ from async_reward._core.deadline import (
     describe_error,
     run_with_deadline,
 )
+from async_reward._core.errors import ConfigError
 from async_reward._core.http import HTTPStatusError, MalformedResponseError
 from async_reward._core.job_admission import JobAdmission, broker_name, job_admission_line
 from async_reward._core.limits import Admission, Priority, TokenReservation
@@ -63,7 +64,6 @@ from async_reward._core.start_lines import say_once
 from async_reward._core.user_code import FunctionPool, default_pool_size
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
-from async_reward.config.composite import SECTION_READERS
 from async_reward.config.verl_keys import check_verl_settings
 from async_reward.judge.verdict import VerdictError
 
@@ -105,11 +105,10 @@ class AsyncRewardManager(RewardManagerBase):
     #: itself, through ``reward_router_address`` (``llm_judge``); False refuses that model unless the
     #: manager runs a function that may call it.
     scores_with_reward_model: ClassVar[bool] = False
-    #: The manager-specific sections of ``reward.async_reward`` it reads (of ``judge``, ``remote``,
-    #: ``stateful``, ``composite``): one set and not read is refused at start-up rather than ignored.
-    #: None: not known (a manager of your own), so only ``composite`` is checked. Private: not part of
-    #: the subclass contract (docs/extending.md); our managers set it.
-    _reads_sections: ClassVar[frozenset[str] | None] = None
+    #: Whether it reads ``reward.async_reward.composite`` (``async_composite``); any other manager
+    #: refuses that section at start-up rather than ignore its components, weights and gates. Private:
+    #: not part of the subclass contract (docs/extending.md), only ``async_composite`` sets it.
+    _reads_composite: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -609,28 +608,19 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
     return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)
 
 
-#: Each manager-specific section of ``reward.async_reward``, and the one manager that reads it.
-_SECTION_READERS = {**SECTION_READERS, "composite": "async_composite"}
-
-
 def _refuse_what_it_does_not_read(config: Any, cls: type[AsyncRewardManager]) -> None:
-    """Refuse a section set for another manager (a ``judge`` section under ``async_remote`` would
-    leave the rubric a user wrote out of every reward), and an executor for a manager that runs no
-    function of the user's: nothing a user sets may be silently ignored."""
+    """Refuse ``reward.async_reward.composite`` under a manager that is not the composite, and an
+    executor for a manager that runs no function of the user's: nothing a user sets may be silently
+    ignored. The section's value is not echoed: a component's settings may hold a header's secret."""
     name = _manager_name(config, cls)
-    read = cls._reads_sections
-    for section, reader in _SECTION_READERS.items():
-        if (read is None and section != "composite") or section in (read or ()):
-            continue
-        value = node_key(config, f"{CONFIG_PATH}.{section}")
-        if value is not None:
-            ignored = "its components, weights and gates" if section == "composite" else "it"
-            raise bad_value(
-                f"{CONFIG_PATH}.{section}",
-                value,
-                f"is read by {reader} only, and the manager is {name}: {ignored} would be ignored",
-                f"set reward.reward_manager.name={reader}, or remove {CONFIG_PATH}.{section}",
-            )
+    if node_key(config, f"{CONFIG_PATH}.composite") is not None and not cls._reads_composite:
+        fix = f"set reward.reward_manager.name=async_composite, or remove {CONFIG_PATH}.composite"
+        raise ConfigError(
+            f"{CONFIG_PATH}.composite is set, and is read by async_composite only, and the manager is "
+            f"{name}: its components, weights and gates would be ignored; {fix}",
+            key=f"{CONFIG_PATH}.composite",
+            fix=fix,
+        )
     if cls.runs_custom_function is False:
         for key in ("executor", "executor_workers"):
             value = node_key(config, f"{CONFIG_PATH}.{key}")

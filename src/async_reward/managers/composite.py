@@ -169,8 +169,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
 
     #: The composite calls nothing itself; each component is admitted under its own limits.
     uses_rate_budgets: ClassVar[bool] = False
-    #: Its own section, and the others as every component's defaults (checked against the components).
-    _reads_sections: ClassVar[frozenset[str] | None] = frozenset({"composite", "judge", "remote", "stateful"})
+    _reads_composite: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -246,12 +245,13 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
         for section, reader in SECTION_READERS.items():
             value = node_key(config, f"{CONFIG_PATH}.{section}")
             if value is not None and all(component.manager != reader for component in composite.components):
-                # Merged into every component's settings, and read by the reader's components only.
-                raise bad_value(
-                    f"{CONFIG_PATH}.{section}",
-                    value,
-                    f"is read by {reader} components only, and async_composite has none: it would be ignored",
-                    f"remove it, or add a component with manager: {reader}",
+                # Shared with the reader's components only; not echoed (a header's secret may be there).
+                fix = f"remove it, or add a component with manager: {reader}"
+                raise ConfigError(
+                    f"{CONFIG_PATH}.{section} is set, and is read by {reader} components only, and "
+                    f"async_composite has none: it would be ignored; {fix}",
+                    key=f"{CONFIG_PATH}.{section}",
+                    fix=fix,
                 )
         if reward is not None and _enabled(reward, "reward_model.enable"):
             raise bad_value(
