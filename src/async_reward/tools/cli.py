@@ -377,9 +377,8 @@ def _add_score_parser(subparsers: Any) -> None:
     )
     score.add_argument(
         "--function-name",
-        default="compute_score",
-        metavar="NAME",
-        help="function (async_stateful: class) in --function-path (default: %(default)s)",
+        metavar="NAME",  # no default here: given without --function-path it is refused, not ignored
+        help="function (async_stateful: class) in --function-path (default: compute_score)",
     )
     score.add_argument(
         "--concurrency",
@@ -421,6 +420,9 @@ def _score_job(args: argparse.Namespace) -> Any:
             raise _UsageError(f"--function-path {args.function_path} is not a file")
     elif args.manager == "async_stateful":
         raise _UsageError("async_stateful needs --function-path (and --function-name naming its class)")
+    elif args.function_name is not None:
+        # Without a path the manager would score with verl's default compute_score (or no function).
+        raise _UsageError("--function-name names a function in --function-path: give --function-path too")
     try:
         settings = load_settings(args.config, args.overrides)
     except ConfigError as exc:
@@ -431,7 +433,7 @@ def _score_job(args: argparse.Namespace) -> Any:
         manager=args.manager,
         async_reward=settings,
         function_path=args.function_path,
-        function_name=args.function_name,
+        function_name=args.function_name or "compute_score",
         concurrency=args.concurrency,
         id_field=args.id_field,
         progress=not args.no_progress,

@@ -12,8 +12,13 @@ so rows without ids are only resumable while the input file is unchanged.
 Every input line gets exactly one output line: the input's fields, then ``input_line``, ``score``,
 ``status``, ``attempts``, ``latency_s``, ``failure_reason`` and the manager's extras (these replace
 input fields of the same name). A line that is not a JSON object with a string ``response`` is
-recorded as ``invalid`` with the reason (and the raw line as ``input_text``), never dropped. Rows
-are written whole, one at a time, so a crash can cut only the last output line short.
+recorded as ``invalid`` with the reason (and the raw line as ``input_text``), never dropped; so is a
+line that could not be written back as JSON: a lone surrogate escape (``"\\ud800"``), ``NaN`` or
+``Infinity``, or nesting deeper than :data:`MAX_DEPTH`. A later line with an id already seen is
+recorded as ``invalid`` (``duplicate id (first on line N)``), written only after the first line's row,
+so an interrupted run never leaves a duplicate's row without the first one's; such a row marks only its
+own line done, never the id. Rows are written whole, one at a time, each ending in a newline, so a
+crash can cut only the last output line short: only a last line without its newline is removed.
 
 ``--retry-failed`` scores again the rows whose status is not ``ok``: the new output is written to a
 temporary file next to it (the ``ok`` rows first, then each row as it is scored, then any failed row
@@ -29,16 +34,19 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from async_reward._core.result import RewardSample, Status
 
 __all__ = [
+    "MAX_DEPTH",
     "RESULT_FIELDS",
+    "DoneRows",
     "InputRow",
     "OutputFileError",
     "PreviousOutput",
     "count_rows",
+    "duplicate_reason",
     "invalid_row",
     "iter_input_rows",
     "load_done_keys",
@@ -48,6 +56,9 @@ __all__ = [
 
 #: Fields every output row gets after the input's own (the manager's extras follow them).
 RESULT_FIELDS = ("input_line", "score", "status", "attempts", "latency_s", "failure_reason")
+#: Deepest nesting of arrays and objects an input line may have: a deeper one is an ``invalid`` row, since
+#: writing it back (or reading the output) could exceed Python's recursion limit (about 1000 levels).
+MAX_DEPTH = 100
 
 
 class OutputFileError(ValueError):
@@ -80,6 +91,46 @@ def count_rows(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
+def duplicate_reason(id_field: str, first_line: int) -> str:
+    """The ``failure_reason`` of a later line repeating an id: how resuming tells it from the id's row."""
+    return f"duplicate {id_field} (first on line {first_line})"
+
+
+def _is_duplicate(row: dict[str, Any], id_field: str) -> bool:
+    """A row recording a repeated id: it stands for its own input line only, never for the id."""
+    reason = row.get("failure_reason")
+    return (
+        row.get("status") == Status.INVALID.value
+        and isinstance(reason, str)
+        and reason.startswith(f"duplicate {id_field} (first on line ")
+    )
+
+
+def _unwritable(value: Any) -> str:
+    """Why a parsed line cannot be echoed into the output as strict UTF-8 JSON; "" when it can.
+
+    ``json.loads`` accepts lone surrogate escapes (not encodable as UTF-8: writing them crashed the
+    run), ``NaN``/``Infinity`` (not JSON: other readers reject the output) and any depth (the writer
+    and the resume readers recurse). Iterative, so the check itself cannot overflow the stack.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "not valid Unicode: a lone surrogate escape (\\ud800-\\udfff)"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{item!r} is not a JSON number (NaN and Infinity are not JSON)"
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return ""
+
+
 def _parse_input_line(line: int, raw: bytes, id_field: str) -> InputRow:
     try:
         text = raw.decode("utf-8")
@@ -91,8 +142,14 @@ def _parse_input_line(line: int, raw: bytes, id_field: str) -> InputRow:
         fields = json.loads(text)
     except ValueError as exc:
         return InputRow(line, _key(None, line), None, text.rstrip("\r\n"), error=f"not JSON: {exc}")
+    except RecursionError:
+        problem = f"nested deeper than {MAX_DEPTH} levels"
+        return InputRow(line, _key(None, line), None, text.rstrip("\r\n"), error=problem)
     if not isinstance(fields, dict):
         return InputRow(line, _key(None, line), None, text.rstrip("\r\n"), error="not a JSON object")
+    problem = _unwritable(fields)
+    if problem:  # recorded with the raw line (valid UTF-8, the escapes as written), not the fields
+        return InputRow(line, _key(None, line), None, text.rstrip("\r\n"), error=problem)
     row = InputRow(line, _key(fields.get(id_field), line), fields)
     try:
         row.sample = _sample(fields)
@@ -140,53 +197,91 @@ def iter_input_rows(path: Path, id_field: str) -> Iterator[InputRow]:
                 yield _parse_input_line(line, raw, id_field)
 
 
-def _output_key(row: Any, id_field: str) -> str | None:
+def _output_row(raw: bytes, id_field: str) -> tuple[str, dict[str, Any]] | None:
+    """The key and fields of an output line we wrote; None when it is not one (or is cut short)."""
+    if not raw.endswith(b"\n"):
+        return None
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: a line nested deeper than any row we write
+        return None
     if not isinstance(row, dict) or "input_line" not in row:
         return None
-    return _key(row.get(id_field), row["input_line"])
+    return _key(row.get(id_field), row["input_line"]), row
 
 
-def load_done_keys(path: Path, id_field: str) -> tuple[set[str], int, bool]:
-    """Keys of the rows already in the output, how many rows it holds, and whether a truncated
-    last line was removed.
+def _not_a_row(path: Path, number: int, raw: bytes, is_last: bool) -> bool:
+    """True for a last line cut short by a crash (left out); raises for any other line not a row.
 
-    A crash can cut only the last line short (rows are written whole, one at a time), so an
-    unreadable last line is removed; an unreadable line before it means the file is not ours.
+    Only a last line without its newline can be a crash's: rows are written as one ``row + "\\n"``
+    (json escapes newlines). A whole line that is not a row is someone else's: never deleted.
+    """
+    if is_last and not raw.endswith(b"\n"):
+        return True
+    raise OutputFileError(f"{path} line {number} is not a scored row; fix or remove it before resuming")
+
+
+def _lines(f: BinaryIO) -> Iterator[tuple[int, bytes, bool]]:
+    """(1-based number, line, whether it is the file's last) of each line, streamed: one line ahead."""
+    previous: bytes | None = None
+    number = 0
+    for raw in f:
+        if previous is not None:
+            yield number, previous, False
+        previous, number = raw, number + 1
+    if previous is not None:
+        yield number, previous, True
+
+
+@dataclass
+class DoneRows:
+    """What an existing output holds, for a plain rerun (see :func:`load_done_keys`)."""
+
+    keys: set[str]
+    """Keys whose own row (that of the id's first input line) is in the output: skipped."""
+    duplicates: set[tuple[str, int]]
+    """(key, input line) of the ``duplicate id`` rows: each stands for its own line only."""
+    rows: int
+    """Rows in the output."""
+    repaired_tail: bool
+    """A last line cut short by a crash was removed."""
+
+
+def load_done_keys(path: Path, id_field: str) -> DoneRows:
+    """The rows already in the output, removing a last line cut short by a crash.
+
+    A ``duplicate id`` row does not mark its id done (it may be written before the id's own row when
+    an older version wrote it; an id's row is scored again unless it is there itself).
 
     Raises:
-        OutputFileError: a line before the last is not a row written by ``score``.
+        OutputFileError: a line is not a row written by ``score`` (the last one only if it is whole).
     """
+    done = DoneRows(set(), set(), 0, False)
     if not path.exists():
-        return set(), 0, False
-    keys: set[str] = set()
-    rows = 0
-    bad_tail: int | None = None  # byte offset where an unreadable line starts
+        return done
+    bad_tail: int | None = None  # byte offset where a cut-short last line starts
     offset = 0
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw, is_last in _lines(f):
             start, offset = offset, offset + len(raw)
-            if bad_tail is not None:
-                raise OutputFileError(
-                    f"{path} line {number - 1} is not a scored row; fix or remove it before resuming"
-                )
             if not raw.strip():
                 continue
-            key = None
-            if raw.endswith(b"\n"):
-                try:
-                    key = _output_key(json.loads(raw), id_field)
-                except ValueError:
-                    key = None
-            if key is None:
-                bad_tail = start
+            parsed = _output_row(raw, id_field)
+            if parsed is None:
+                if _not_a_row(path, number, raw, is_last):
+                    bad_tail = start
                 continue
-            keys.add(key)
-            rows += 1
-    if bad_tail is None:
-        return keys, rows, False
-    with open(path, "rb+") as f:
-        f.truncate(bad_tail)
-    return keys, rows, True
+            key, row = parsed
+            if _is_duplicate(row, id_field):
+                done.duplicates.add((key, row["input_line"]))
+            else:
+                done.keys.add(key)
+            done.rows += 1
+    if bad_tail is not None:
+        with open(path, "rb+") as f:
+            f.truncate(bad_tail)
+        done.repaired_tail = True
+    return done
 
 
 @dataclass
@@ -198,9 +293,11 @@ class PreviousOutput:
     sharing an ``ok`` row's key (an input line recorded as a duplicate of that id)."""
     ok_keys: set[str]
     """Keys of the ``ok`` rows (skipped when scoring)."""
+    ok_duplicates: set[tuple[str, int]]
+    """(key, input line) of the ``duplicate id`` rows kept in ``ok_lines`` (skipped when scoring)."""
     failed: dict[str, list[bytes]]
     """Key -> raw lines of the rows whose status is not ``ok`` and whose key has no ``ok`` row: scored
-    again (all lines of a key are replaced by the rows the new run writes for it)."""
+    again (all lines of a key, its duplicates' too, are replaced by the rows the new run writes for it)."""
     truncated_tail: bool
     """A last line cut short by a crash was left out."""
 
@@ -209,35 +306,30 @@ def read_previous_output(path: Path, id_field: str) -> PreviousOutput:
     """The rows of an existing output, split into ``ok`` ones and the rest (see :class:`PreviousOutput`).
 
     Raises:
-        OutputFileError: a line before the last is not a row written by ``score``.
+        OutputFileError: a line is not a row written by ``score`` (the last one only if it is whole).
     """
-    previous = PreviousOutput([], set(), {}, False)
+    previous = PreviousOutput([], set(), set(), {}, False)
     if not path.exists():
         return previous
+    rows: list[tuple[str, bytes, dict[str, Any]]] = []
     with open(path, "rb") as f:
-        lines = [raw for raw in f if raw.strip()]
-    rows: list[tuple[str, bytes, bool]] = []
-    for number, raw in enumerate(lines, start=1):
-        row: Any = None
-        key = None
-        if raw.endswith(b"\n"):
-            try:
-                row = json.loads(raw)
-                key = _output_key(row, id_field)
-            except ValueError:
-                key = None
-        if key is None:
-            if number == len(lines):
-                previous.truncated_tail = True
-                continue
-            raise OutputFileError(f"{path}: row {number} is not a scored row; fix or remove it first")
-        ok = row.get("status") == Status.OK.value
-        rows.append((key, raw, ok))
-        if ok:
+        numbered = list(_lines(f))
+    for number, raw, is_last in numbered:
+        if not raw.strip():
+            continue
+        parsed = _output_row(raw, id_field)
+        if parsed is None:
+            previous.truncated_tail = _not_a_row(path, number, raw, is_last)
+            continue
+        key, row = parsed
+        rows.append((key, raw, row))
+        if row.get("status") == Status.OK.value:
             previous.ok_keys.add(key)
-    for key, raw, _ok in rows:
+    for key, raw, row in rows:
         if key in previous.ok_keys:
             previous.ok_lines.append(raw)
+            if _is_duplicate(row, id_field):
+                previous.ok_duplicates.add((key, row["input_line"]))
         else:
             previous.failed.setdefault(key, []).append(raw)
     return previous

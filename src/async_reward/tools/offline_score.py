@@ -5,9 +5,10 @@ format and resuming are ``async_reward.tools.offline_rows``'s) with ``concurrenc
 failed row scores the manager's ``fallback_score``, as it would in training, and its ``status`` says
 why. Rows are appended and flushed one by one as they finish (so in completion order, not input
 order): an interrupted run loses only the rows in flight, and a rerun with the same arguments skips
-every id already in the output. A last output line cut short by a crash is removed before
-appending. Group post-processing (``post_process_scores``) is not applied: it needs complete
-groups, and rows are written as they are scored.
+every id already in the output. A last output line cut short by a crash (no final newline) is
+removed before appending; any other line that is not a row stops the run before it starts. Group
+post-processing (``post_process_scores``) is not applied: it needs complete groups, and rows are
+written as they are scored.
 
 Longer than 400 lines: the scoring run with its progress, resume and signal handling;
 the rows' format is :mod:`async_reward.tools.offline_rows`.
@@ -38,6 +39,7 @@ from async_reward.tools.offline_rows import (
     OutputFileError,
     PreviousOutput,
     count_rows,
+    duplicate_reason,
     invalid_row,
     iter_input_rows,
     load_done_keys,
@@ -246,15 +248,17 @@ def score_file(
             f"keeping {progress.already_done} ok rows"
         )
         progress.total_rows = count_rows(job.input_path)
-        _run_stoppable(_score_rows(job, progress, previous.ok_keys, previous), progress, notify)
+        scoring = _score_rows(job, progress, previous.ok_keys, previous.ok_duplicates, previous)
+        _run_stoppable(scoring, progress, notify)
         return
-    done, progress.already_done, progress.repaired_tail = load_done_keys(job.output_path, job.id_field)
+    done = load_done_keys(job.output_path, job.id_field)
+    progress.already_done, progress.repaired_tail = done.rows, done.repaired_tail
     if progress.repaired_tail:
         notify(f"removed a truncated last line from {job.output_path} (a run stopped mid-write)")
-    if done:
+    if done.rows:
         notify(f"resuming: {progress.already_done} rows already in {job.output_path}; their ids are skipped")
     progress.total_rows = count_rows(job.input_path)
-    _run_stoppable(_score_rows(job, progress, done), progress, notify)
+    _run_stoppable(_score_rows(job, progress, done.keys, done.duplicates), progress, notify)
 
 
 def _run_stoppable(scoring: Any, progress: ScoreProgress, notify: Callable[[str], None]) -> None:
@@ -328,17 +332,29 @@ class _StopOnSignals:
 
 
 async def _score_rows(
-    job: ScoreJob, progress: ScoreProgress, done: set[str], previous: PreviousOutput | None = None
+    job: ScoreJob,
+    progress: ScoreProgress,
+    done: set[str],
+    done_duplicates: set[tuple[str, int]],
+    previous: PreviousOutput | None = None,
 ) -> None:
-    """Score the rows not in ``done``; with ``previous`` (``retry_failed``), into a temporary file that
-    replaces the output at the end (its ok rows first, its failed rows not reached last)."""
+    """Score the rows not in ``done`` (keys) or ``done_duplicates`` ((key, line) of the ``duplicate id``
+    rows written); with ``previous`` (``retry_failed``), into a temporary file that replaces the output
+    at the end (its ok rows first, its failed rows not reached last).
+
+    A duplicate's row waits until its id's own row is written (at once if it is already): written
+    first, it would mark the id done (for a resume, or for ``--retry-failed``'s old rows) while the
+    id's row could still be lost to an interruption. A run that stops first drops it: the rerun
+    writes it.
+    """
     from async_reward._core.http import close_sessions
     from async_reward._core.progress import progress_bar
 
     manager = _build_manager(job)
     fallback_score = manager.settings.fallback_score
-    first_line: dict[str, int] = {}  # key -> line of its first row in this run
-    written_keys: set[str] = set()
+    first_line: dict[str, int] = {}  # key -> line of its first row in the input
+    written_keys: set[str] = set()  # keys whose own row (the first line's) this run wrote
+    held: dict[str, list[InputRow]] = {}  # key -> its duplicates, waiting for the key's own row
     in_flight: set[asyncio.Task[None]] = set()
     bar = progress_bar(progress.total_rows, unit="row", enabled=job.progress, desc="scoring")
     target = job.output_path
@@ -346,18 +362,29 @@ async def _score_rows(
         target = job.output_path.with_name(job.output_path.name + ".retry-tmp")
         with open(target, "wb") as kept:
             kept.writelines(previous.ok_lines)
-    output = open(target, "a", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
+    output = open(target, "ab")  # noqa: SIM115 (closed in the finally below)
 
-    def emit(row: dict[str, Any], key: str) -> None:
-        written_keys.add(key)
+    def write(row: dict[str, Any]) -> None:
+        text = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (from a manager's extras): escaped, still JSON
+            data = (json.dumps(row, default=str) + "\n").encode("ascii")
         # One write and a flush per row: a crash loses no finished row and cuts at most the last line.
-        output.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        output.write(data)
         output.flush()
         progress.written += 1
         progress.by_status[row["status"]] += 1
         add_cost(progress.cost, row)
         bar.set_postfix(progress.by_status, refresh=False)
         bar.update(1)
+
+    def emit(row: dict[str, Any], key: str) -> None:
+        """The row of the key's first input line, then the duplicates that waited for it."""
+        write(row)
+        written_keys.add(key)
+        for duplicate in held.pop(key, []):
+            write(invalid_row(duplicate, fallback_score))
 
     async def score_and_emit(item: InputRow) -> None:
         assert item.sample is not None
@@ -380,13 +407,18 @@ async def _score_rows(
     with _StopOnSignals(task, progress) as stopping:
         try:
             for item in iter_input_rows(job.input_path, job.id_field):
-                if item.key in done:
+                first = first_line.setdefault(item.key, item.line)
+                if item.key in done if first == item.line else (item.key, item.line) in done_duplicates:
                     progress.skipped += 1
                     bar.update(1)
                     continue
-                first = first_line.setdefault(item.key, item.line)
                 if first != item.line:
-                    item.sample, item.error = None, f"duplicate {job.id_field} (first on line {first})"
+                    item.sample, item.error = None, duplicate_reason(job.id_field, first)
+                    if item.key in done or item.key in written_keys:
+                        write(invalid_row(item, fallback_score))
+                    else:
+                        held.setdefault(item.key, []).append(item)
+                    continue
                 if item.sample is None:
                     emit(invalid_row(item, fallback_score), item.key)
                     continue
