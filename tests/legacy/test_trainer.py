@@ -491,6 +491,7 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
         "http://x",
         tmp_path,
         "reward_model.reward_manager=async_naive",
+        "~reward.async_reward.judge",  # make_config's llm_judge section: async_naive refuses it
         # verl's own validate_config wants these; the stand-ins never needed them.
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
