@@ -54,13 +54,24 @@ def mode_flags(mode: str) -> list[str]:
 #: Keys in the three places a config holds them: ``runtime_env.env_vars`` (one named by
 #: ``api_key_env``, one with a secret-looking name) and a header.
 KEYS = {
-    "JUDGE_TOKEN": "tok-secret-in-runtime-env",
+    "SERVICE_TOKEN": "tok-secret-in-runtime-env",
     "HF_TOKEN": "hf-secret-in-runtime-env",
     "X-Api-Key": "hdr-secret-in-config",
 }
 #: Hydra's launcher echoes each job's overrides, the command line the user typed, keys included:
 #: ``[<time>][HYDRA] \t#0 : <overrides>`` (a sweep only; one run echoes nothing).
 HYDRA_ECHO = re.compile(r"^\[[^]]+\]\[HYDRA\] \t#\d+ : ")
+
+
+def remote_overrides(assets: Path) -> list[str]:
+    """:func:`overrides` with ``async_remote`` (at a port nothing listens on: no run scores) in place
+    of ``llm_judge`` and its judge section."""
+    judge = ("reward.reward_manager.name=", "+reward.async_reward.judge.")
+    return [
+        *(line for line in overrides(assets) if not line.startswith(judge)),
+        "reward.reward_manager.name=async_remote",
+        "+reward.async_reward.remote.url=http://127.0.0.1:9/score",
+    ]
 
 
 @dataclass
@@ -75,20 +86,22 @@ class Sweep:
 def python_m_sweep(assets: Path, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Sweep:
     """``python -m async_reward.legacy.main_ppo --multirun`` in all four modes, as a user starts it
     (hydra, verl's ``run_ppo``, one task-runner actor per run on the session's Ray cluster), with
-    :data:`KEYS` set: one interpreter for the four runs, read by the two tests below."""
+    :data:`KEYS` set: one interpreter for the four runs, read by the two tests below. The manager is
+    ``async_remote``, which reads ``remote.api_key_env`` and ``remote.headers`` (another manager
+    refuses a ``remote`` section at start-up)."""
     tmp_path = tmp_path_factory.mktemp("python_m")
     command = [
         sys.executable,
         "-m",
         "async_reward.legacy.main_ppo",
         "--multirun",
-        *overrides(assets),
+        *remote_overrides(assets),
         "+async_reward.pipeline.mini_batch=false,true",
         "+async_reward.pipeline.one_step_off_policy=false,true",
         "+async_reward.pipeline.dry_run=true",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        "+reward.async_reward.judge.api_key_env=JUDGE_TOKEN",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.JUDGE_TOKEN={KEYS['JUDGE_TOKEN']}",
+        "+reward.async_reward.remote.api_key_env=SERVICE_TOKEN",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.SERVICE_TOKEN={KEYS['SERVICE_TOKEN']}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={KEYS['HF_TOKEN']}",
         f"+reward.async_reward.remote.headers.X-Api-Key={KEYS['X-Api-Key']}",
     ]
@@ -121,7 +134,8 @@ def test_python_m_builds_our_trainer_in_the_task_runner_actor_in_every_mode(pyth
     assert "trainer.v1.trainer_mode=pipelined" in DEPRECATION  # and the line to use instead
     # What the task-runner actors printed (hydra itself echoes the command line it was given).
     printed = "\n".join(line for line in output.splitlines() if "(PipelinedTaskRunner pid=" in line)
-    assert "'JUDGE_TOKEN': '<hidden>'" in printed  # the config was printed, redacted
+    assert "'SERVICE_TOKEN': '<hidden>'" in printed  # the config was printed, redacted
+    assert "'X-Api-Key': '<hidden>'" in printed  # the header reached the printed config, redacted
     assert not any(key in printed for key in KEYS.values())
 
 
@@ -134,7 +148,7 @@ def test_no_key_is_printed_by_the_entry_point_verls_prints_included(python_m_swe
     assert python_m_sweep.returncode == 0, output[-6000:]
     assert DRY_RUN_LINE.search(output), output[-6000:]
     (init_line,) = [line for line in output.splitlines() if line.startswith("ray init kwargs:")]
-    assert "'JUDGE_TOKEN': '<hidden>'" in init_line and "'HF_TOKEN': '<hidden>'" in init_line  # verl's
+    assert "'SERVICE_TOKEN': '<hidden>'" in init_line and "'HF_TOKEN': '<hidden>'" in init_line  # verl's
     echoed = [line for line in output.splitlines() if HYDRA_ECHO.match(line)]
     assert len(echoed) == len(MODES), output[-6000:]  # the filter below takes hydra's four lines, no more
     written = "\n".join(line for line in output.splitlines() if not HYDRA_ECHO.match(line))

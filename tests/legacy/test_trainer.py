@@ -233,11 +233,15 @@ def test_mini_batch_updates_each_sample_once_in_complete_groups(
 
 
 def test_the_tracker_never_gets_a_key_or_a_header_value(
-    rewards, server, char_tokenizer, char_tokenizer_dir, tmp_path, monkeypatch
+    server, char_tokenizer, char_tokenizer_dir, tmp_path, monkeypatch
 ):
     """``fit`` hands the resolved config to wandb / mlflow (verl's ``Tracking``); it used to hand over
-    ``runtime_env.env_vars`` and ``remote.headers`` as they were."""
+    ``runtime_env.env_vars`` and ``remote.headers`` as they were. The header is set where a manager
+    reads it (``async_remote``, scoring at the local server's ``/score``): under ``llm_judge`` the
+    ``remote`` section is refused at start-up, never reaching the tracker."""
     from verl.utils.tracking import Tracking
+
+    from async_reward.legacy import PipelinedRewardLoopManager
 
     tracked: list[Any] = []
     original = Tracking.__init__
@@ -252,13 +256,21 @@ def test_the_tracker_never_gets_a_key_or_a_header_value(
         server.url,
         tmp_path,
         "trainer.total_training_steps=1",
+        "reward.reward_manager.name=async_remote",
+        "~reward.async_reward.judge",
+        f"+reward.async_reward.remote.url={server.url}/score",
         "+reward.async_reward.remote.headers.X-Api-Key=hdr-secret-in-config",
         "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=hf-secret-in-runtime-env",
     )
-    run_ours(config, char_tokenizer, rewards)
+    remote_rewards = PipelinedRewardLoopManager(config)
+    try:
+        run_ours(config, char_tokenizer, remote_rewards)
+    finally:
+        remote_rewards.close()
     [logged_config] = tracked
     assert "hdr-secret-in-config" not in repr(logged_config)
     assert "hf-secret-in-runtime-env" not in repr(logged_config)
+    assert logged_config["reward"]["async_reward"]["remote"]["headers"] == {"X-Api-Key": "<hidden>"}
     assert logged_config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["HF_TOKEN"] == "<hidden>"
     assert logged_config["data"]["train_batch_size"] == PROMPTS  # the rest is logged as it was
 
@@ -479,6 +491,7 @@ def test_entry_point_prepares_verl_config_for_our_task_runner(char_tokenizer_dir
         "http://x",
         tmp_path,
         "reward_model.reward_manager=async_naive",
+        "~reward.async_reward.judge",  # make_config's llm_judge section: async_naive refuses it
         # verl's own validate_config wants these; the stand-ins never needed them.
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",

@@ -64,6 +64,7 @@ from async_reward._core.start_lines import say_once
 from async_reward._core.user_code import FunctionPool, default_pool_size
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
+from async_reward.config.composite import SECTION_READERS
 from async_reward.config.verl_keys import check_verl_settings
 from async_reward.judge.verdict import VerdictError
 
@@ -109,6 +110,12 @@ class AsyncRewardManager(RewardManagerBase):
     #: refuses that section at start-up rather than ignore its components, weights and gates. Private:
     #: not part of the subclass contract (docs/extending.md), only ``async_composite`` sets it.
     _reads_composite: ClassVar[bool] = False
+    #: Which of the sections ``judge``, ``remote`` and ``stateful`` of ``reward.async_reward`` it reads:
+    #: one set and not read is refused at start-up rather than ignored. Read from the class that sets
+    #: it only, never inherited: a subclass that does not set it (a manager of your own, also one
+    #: extending a built-in) may read any of them, so none is refused for it. Private: not part of the
+    #: subclass contract (docs/extending.md); each built-in manager sets it.
+    _reads_sections: ClassVar[frozenset[str] | None] = None
 
     def __init__(
         self,
@@ -609,10 +616,26 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
 
 
 def _refuse_what_it_does_not_read(config: Any, cls: type[AsyncRewardManager]) -> None:
-    """Refuse ``reward.async_reward.composite`` under a manager that is not the composite, and an
-    executor for a manager that runs no function of the user's: nothing a user sets may be silently
-    ignored. The section's value is not echoed: a component's settings may hold a header's secret."""
+    """Refuse ``reward.async_reward.composite`` under a manager that is not the composite, a
+    ``judge``, ``remote`` or ``stateful`` section under a built-in manager that does not read it (a
+    rubric under ``async_naive`` would be left out of every reward), and an executor for a manager
+    that runs no function of the user's: nothing a user sets may be silently ignored. A section's
+    value is not echoed: it may hold a header's secret (``remote.headers``, a component's settings)."""
     name = _manager_name(config, cls)
+    read = vars(cls).get("_reads_sections")  # the class's own: a subclass may read more
+    for section, reader in SECTION_READERS.items():
+        if read is None or section in read or node_key(config, f"{CONFIG_PATH}.{section}") is None:
+            continue
+        fix = (
+            f"set reward.reward_manager.name={reader} (or async_composite with an {reader} component), "
+            f"or remove {CONFIG_PATH}.{section}"
+        )
+        raise ConfigError(
+            f"{CONFIG_PATH}.{section} is set, and is read by {reader} only, and the manager is {name}: "
+            f"it would be ignored; {fix}",
+            key=f"{CONFIG_PATH}.{section}",
+            fix=fix,
+        )
     if node_key(config, f"{CONFIG_PATH}.composite") is not None and not cls._reads_composite:
         fix = f"set reward.reward_manager.name=async_composite, or remove {CONFIG_PATH}.composite"
         raise ConfigError(

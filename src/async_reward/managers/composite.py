@@ -170,6 +170,8 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
     #: The composite calls nothing itself; each component is admitted under its own limits.
     uses_rate_budgets: ClassVar[bool] = False
     _reads_composite: ClassVar[bool] = True
+    #: Every shared section, as its components' defaults (check_settings refuses one that none reads).
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset(SECTION_READERS)
 
     def __init__(
         self,

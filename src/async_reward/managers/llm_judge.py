@@ -137,6 +137,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
 
     required_sections: ClassVar[tuple[str, ...]] = ("judge",)
     runs_custom_function: ClassVar[bool | None] = False
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset({"judge"})
     scores_with_reward_model: ClassVar[bool] = True
     extra_defaults: ClassVar[dict[str, Any]] = {
         "judge_verdict": math.nan,

@@ -23,6 +23,7 @@ class AsyncNaiveRewardManager(AsyncRewardManager):
 
     uses_rate_budgets: ClassVar[bool] = False
     runs_custom_function: ClassVar[bool | None] = True
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset()
     uses_default_scorer: ClassVar[bool] = True
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:

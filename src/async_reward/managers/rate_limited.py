@@ -17,3 +17,4 @@ class AsyncRateLimitedRewardManager(AsyncNaiveRewardManager):
     ``reward.num_workers`` processes, instead of each process holding the full budget."""
 
     uses_rate_budgets: ClassVar[bool] = True
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset()  # set on each class, not inherited

@@ -48,6 +48,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
 
     required_sections: ClassVar[tuple[str, ...]] = ("remote",)
     runs_custom_function: ClassVar[bool | None] = False
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset({"remote"})
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)

@@ -35,6 +35,7 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
 
     _warned_postprocess_path: ClassVar[bool] = False
     runs_custom_function: ClassVar[bool | None] = True
+    _reads_sections: ClassVar[frozenset[str] | None] = frozenset({"stateful"})
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, **kwargs: Any) -> None:
         super().__init__(config, tokenizer, compute_score, **kwargs)

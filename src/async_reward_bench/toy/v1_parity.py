@@ -118,6 +118,9 @@ MODES["rule_judge"] = (
 )
 #: Modes on verl's own ``sync`` trainer (with our v1 lines), the others on our pipelined mode.
 SYNC_MODES = ("sync", "sync_group", "rule", "rule_judge")
+#: Modes whose reward manager reads no ``judge`` section (``async_naive``, which refuses one): their
+#: overrides leave out the judge's URL the other modes share.
+UNJUDGED_MODES = ("rule",)
 
 
 @dataclass
@@ -207,7 +210,7 @@ def _overrides(cfg: V1ParityConfig, mode: str, model_dir: Path, dataset: str, ur
         "data.shuffle=false",
         "reward.reward_manager.name=llm_judge",
         f"reward.num_workers={cfg.num_workers}",
-        f"+reward.async_reward.judge.base_url={url.rstrip('/')}/v1",
+        *(() if mode in UNJUDGED_MODES else (f"+reward.async_reward.judge.base_url={url.rstrip('/')}/v1",)),
         f"+reward.async_reward.limits.max_concurrency={cfg.worker_concurrency}",
         "+reward.async_reward.timeout_s=60",
         f"trainer.total_training_steps={cfg.steps}",
