@@ -203,6 +203,47 @@ async def test_fault_matrix(
         assert info["latency_s"] >= 0.2  # waited for Retry-After
 
 
+async def test_an_http_error_whose_retry_is_stopped_by_max_total_s_says_so(
+    server, verl_config_factory, tokenizer, batch_factory
+):
+    """A 429 whose ``Retry-After`` (30 s) lies past ``retry.max_total_s``: one attempt, and the reason
+    says retrying stopped and why, as a timeout's does; it used to read as a bare ``HTTP 429``, as if
+    attempts had run out."""
+    server.update_config(retry_after_s=30.0)
+    retry = {"max_total_s": 0.3, "max_retry_after_s": 60.0}
+    manager = LLMJudgeRewardManager(
+        verl_config_factory("llm_judge", judge_settings(server, retry=retry)), tokenizer
+    )
+    [output] = await score_rows(
+        manager, batch_factory, [{"response": "@@fault:429@@ The answer is 5", "ground_truth": "5"}]
+    )
+    info = output["reward_extra_info"]
+    assert (info["status"], info["attempts"]) == ("error", 1), info
+    assert info["failure_reason"].startswith("HTTP 429"), info["failure_reason"]
+    assert "retrying stopped after 1 attempt(s)" in info["failure_reason"], info["failure_reason"]
+    assert "retry.max_total_s=0.3" in info["failure_reason"], info["failure_reason"]
+
+
+async def test_an_index_that_is_not_an_integer_is_only_for_logs(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    """``extra_info["index"]`` names the sample in logs: inf, NaN, text or None must not make a sample
+    invalid (inf used to: ``int(inf)`` raises ``OverflowError``), and the function still scores it."""
+    path = tmp_path / "reward.py"
+    path.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    config = verl_config_factory(
+        "async_naive", {}, custom_reward_function={"path": str(path), "name": "score"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)  # as verl's RewardLoopWorker builds it
+    odd = [float("inf"), float("-inf"), float("nan"), "first", None]
+    rows = [{"response": "x", "ground_truth": "x", "extra_info": {"index": index}} for index in odd]
+    outputs = await score_rows(manager, batch_factory, rows)
+    assert [o["reward_extra_info"]["status"] for o in outputs] == ["ok"] * len(odd), outputs
+    assert [float(o["reward_score"]) for o in outputs] == [1.0] * len(odd)
+
+
 async def test_hang_gets_timeout_status_and_fallback(server, verl_config_factory, tokenizer, batch_factory):
     settings = judge_settings(server, timeout_s=0.3, fallback_score=-1.0, retry={"max_attempts": 2})
     manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)

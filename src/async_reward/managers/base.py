@@ -551,10 +551,11 @@ class AsyncRewardManager(RewardManagerBase):
 
 
 def _as_index(value: Any) -> int:
-    """``extra_info["index"]`` is only for logs and services: anything not an integer is -1."""
+    """``extra_info["index"]`` is only for logs and services: anything not an integer is -1 (an
+    infinite float too: ``int(inf)`` raises ``OverflowError``, which must not make the sample invalid)."""
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return -1
 
 
@@ -605,14 +606,14 @@ def _failure_from_exception(exc: BaseException) -> RewardResult:
         reason = str(root) or f"{type(root).__name__} raised by the scoring code (no message)"
         return RewardResult.failure(Status.TIMEOUT, reason + stopped, attempts=attempts)
     if isinstance(root, (MalformedResponseError, VerdictError)):
-        return RewardResult.failure(Status.INVALID, str(root), attempts=attempts)
+        return RewardResult.failure(Status.INVALID, str(root) + stopped, attempts=attempts)
     if isinstance(root, HTTPStatusError):
         return RewardResult.failure(
-            Status.ERROR, f"HTTP {root.status}: {root.body_excerpt}", attempts=attempts
+            Status.ERROR, f"HTTP {root.status}: {root.body_excerpt}{stopped}", attempts=attempts
         )
     if isinstance(root, UserCodeError):
-        return RewardResult.failure(Status.ERROR, str(root), attempts=attempts)
-    return RewardResult.failure(Status.ERROR, describe_error(root), attempts=attempts)
+        return RewardResult.failure(Status.ERROR, str(root) + stopped, attempts=attempts)
+    return RewardResult.failure(Status.ERROR, describe_error(root) + stopped, attempts=attempts)
 
 
 def _refuse_what_it_does_not_read(config: Any, cls: type[AsyncRewardManager]) -> None:
