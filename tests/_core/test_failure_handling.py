@@ -195,6 +195,54 @@ async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
         await asyncio.wait_for(task, 10)
 
 
+async def test_a_subclass_result_with_broken_bookkeeping_is_a_status_with_a_reason_never_an_exception(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """What a manager subclass's ``score`` returns is checked beyond its score: ``attempts=None`` made
+    ``run_single`` raise ``RecursionError`` (the sample's conversion failed, and so did its fallback's,
+    without end), and a failure without a reason came back with ``failure_reason`` ``''`` or ``None``.
+    Now each sample gets one status, and every failed one says why."""
+    from async_reward import AsyncRewardManager, RewardResult
+    from async_reward._core.result import Status
+
+    results = {
+        "attempts None": RewardResult(score=0.7, attempts=None),  # type: ignore[arg-type]
+        "attempts -1": RewardResult(score=0.7, attempts=-1),
+        "attempts True": RewardResult(score=0.7, attempts=True),
+        "status text": RewardResult(score=0.7, status="ok"),  # type: ignore[arg-type]
+        "error, no reason": RewardResult(score=None, status=Status.ERROR),
+        "timeout, reason None": RewardResult(score=None, status=Status.TIMEOUT, failure_reason=None),  # type: ignore[arg-type]
+        "ok, reason None": RewardResult(score=0.5, failure_reason=None),  # type: ignore[arg-type]
+        "attempts np.int64": RewardResult(score=0.25, attempts=np.int64(3)),  # type: ignore[arg-type]
+    }
+
+    class Returns(AsyncRewardManager):
+        async def score(self, sample: Any) -> Any:
+            return results[sample.response]
+
+    manager = Returns(verl_config_factory("async_naive", {"fallback_score": -1.0}), tokenizer)
+    outputs = [
+        await asyncio.wait_for(manager.run_single(batch_factory([{"response": case}])), 30)
+        for case in results
+    ]
+    got = {
+        case: (
+            o["reward_extra_info"]["status"],
+            float(o["reward_score"]),
+            o["reward_extra_info"]["failure_reason"],
+        )
+        for case, o in zip(results, outputs, strict=True)
+    }
+    for case in ("attempts None", "attempts -1", "attempts True"):
+        assert got[case][:2] == ("invalid", -1.0) and "is not a count" in got[case][2], got[case]
+    assert got["status text"][:2] == ("invalid", -1.0) and "is not a Status" in got["status text"][2]
+    assert got["error, no reason"] == ("error", -1.0, "score() gave status error without a reason")
+    assert got["timeout, reason None"] == ("timeout", -1.0, "score() gave status timeout without a reason")
+    assert got["ok, reason None"] == ("ok", 0.5, "")
+    assert got["attempts np.int64"] == ("ok", 0.25, "")
+    assert outputs[-1]["reward_extra_info"]["attempts"] == 3
+
+
 async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
     hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
 ):

@@ -276,8 +276,9 @@ class AsyncRewardManager(RewardManagerBase):
         try:
             return self._to_verl(result, batch_keys)
         except Exception as exc:  # extras that cannot be converted: the sample still gets its status
+            attempts = result.attempts if _is_count(result.attempts) else 1  # converts, so no second failure
             failed = RewardResult.failure(
-                Status.INVALID, f"result cannot be converted: {describe_error(exc)}", attempts=result.attempts
+                Status.INVALID, f"result cannot be converted: {describe_error(exc)}", attempts=attempts
             )
             failed.latency_s = result.latency_s
             return self._finish(failed, batch_keys)
@@ -565,11 +566,28 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _checked(result: Any) -> RewardResult:
     """A subclass's or user's result, refused unless it is a ``RewardResult`` with a usable score:
-    an ok result without a finite score would otherwise become a silent fallback or a NaN reward."""
+    an ok result without a finite score would otherwise become a silent fallback or a NaN reward. Its
+    bookkeeping is checked too: a status that is not a :class:`Status` or an ``attempts`` that is not
+    a count is ``invalid`` (``attempts=None`` once made the sample's conversion fail, and its
+    fallback too, without end), and a failure without a reason gets one, so that every failed sample
+    says why."""
     if not isinstance(result, RewardResult):
         return RewardResult.failure(
             Status.INVALID, f"score() returned {type(result).__name__}, not a RewardResult"
         )
+    if not isinstance(result.status, Status):
+        return RewardResult.failure(
+            Status.INVALID, f"score() returned a RewardResult whose status {result.status!r} is not a Status"
+        )
+    if not _is_count(result.attempts):
+        return RewardResult.failure(
+            Status.INVALID,
+            f"score() returned a RewardResult whose attempts {result.attempts!r} is not a count",
+        )
+    if not result.ok and not (isinstance(result.failure_reason, str) and result.failure_reason.strip()):
+        result.failure_reason = f"score() gave status {result.status.value} without a reason"
+    elif result.ok and not isinstance(result.failure_reason, str):
+        result.failure_reason = ""
     if result.ok:
         checked = normalize_user_result(result.score)
         if not checked.ok:
@@ -577,6 +595,11 @@ def _checked(result: Any) -> RewardResult:
             return RewardResult.failure(Status.INVALID, reason, attempts=result.attempts)
         result.score = checked.score
     return result
+
+
+def _is_count(value: Any) -> bool:
+    """A number of calls: a non-negative integer (numpy's too), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def _batch_keys(data: DataProto) -> frozenset[str]:
