@@ -504,6 +504,38 @@ def test_the_broker_name_depends_on_job_limits_and_endpoint_and_shows_none_of_th
     assert "hunter2" not in name and "judge.example" not in name and "01000000" not in name
 
 
+def test_function_components_have_a_queue_per_function_and_share_one_for_the_same_function(
+    tmp_path, verl_config_factory, tokenizer
+):
+    """``async_composite`` with ``limits.admission: job``: two components calling different functions
+    with the same limits had one broker between them (each got half its budget, without a word); each
+    function is its own service now, and two components calling the same function share its queue."""
+    from async_reward.managers.composite import AsyncCompositeRewardManager
+
+    path = tmp_path / "fns.py"
+    path.write_text(
+        "def svc_a(*args, **kwargs):\n    return 1.0\n\ndef svc_b(*args, **kwargs):\n    return 0.0\n"
+    )
+    limits = {"max_concurrency": 1, "admission": "job"}
+
+    def component(name: str, function: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "manager": "async_rate_limited",
+            "weight": 0.5,
+            "function": {"path": str(path), "name": function},
+            "async_reward": {"limits": limits},
+        }
+
+    parts = [component("a", "svc_a"), component("b", "svc_b"), component("c", "svc_a")]
+    manager = AsyncCompositeRewardManager(
+        verl_config_factory("async_composite", {"composite": {"components": parts}}), tokenizer
+    )
+    names = {part.name: part.manager.admission.name for part in manager.parts}
+    assert names["a"] != names["b"], names
+    assert names["a"] == names["c"], names
+
+
 def test_an_unknown_admission_scope_is_refused_naming_the_key():
     with pytest.raises(ConfigError) as error:
         load_config({"reward": {"async_reward": {"limits": {"admission": "cluster"}}}})

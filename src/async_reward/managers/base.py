@@ -160,12 +160,19 @@ class AsyncRewardManager(RewardManagerBase):
 
         if not ray.is_initialized():
             return Admission(limits, worker_count=1)
+        # What is called: one queue per service, and per user function for a manager that runs one
+        # (two async_composite components calling different functions with the same limits had shared
+        # one queue, halving each one's budget); the same function, so the same service, shares it.
+        function = (
+            node_key(self.config, "reward.custom_reward_function") if self.runs_custom_function else None
+        )
         endpoint = "|".join(
             [
                 type(self).__name__,
                 router_address or "",
                 self.settings.judge.base_url or "",
                 self.settings.remote.url or "",
+                f"{node_key(function, 'path') or ''}:{node_key(function, 'name') or ''}" if function else "",
             ]
         )
         job = ray.get_runtime_context().get_job_id()
