@@ -120,7 +120,7 @@ def test_plain_aiolimiter_admits_two_budgets_in_the_first_minute() -> None:
 
 @pytest.mark.parametrize(
     ("rpm", "worker_count", "share"),
-    [(600, 4, 150), (10, 1, 10), (7, 2, 3), (1000, 3, 333), (2, 2, 1)],
+    [(600, 4, 150), (10, 1, 10), (21, 2, 10), (1000, 3, 333), (2, 2, 1)],
 )
 def test_request_share_holds_in_every_window_and_is_used(rpm: float, worker_count: int, share: int) -> None:
     admission = Admission(LimitsConfig(max_concurrency=8, requests_per_minute=rpm), worker_count)
@@ -597,3 +597,32 @@ def test_a_heartbeat_never_brings_back_a_released_lease_nor_counts_another_calle
         assert await broker.acquire("a-1", 0, 0)  # the slot is free
 
     run_virtual(main())
+
+
+@pytest.mark.parametrize(
+    ("key", "budget", "kept"), [("requests_per_minute", 15, 8), ("tokens_per_minute", 20, 16)]
+)
+def test_a_budget_whose_whole_shares_lose_a_tenth_is_refused_naming_what_the_job_would_get(
+    key: str, budget: float, kept: int
+) -> None:
+    """Each worker's limiter admits whole units in any minute, so 15 requests a minute over verl's
+    default 8 workers sent 8 a minute (7.47 measured over 30 virtual minutes), without a word. Refused
+    now, saying what the job would get; the job's one queue holds the whole budget, and a budget the
+    workers divide keeps it all."""
+    limits = {key: budget, "estimated_tokens_per_request": 1}
+    with pytest.raises(ConfigError) as error:
+        LimitsConfig(**limits).validate(8)
+    assert error.value.key == f"reward.async_reward.limits.{key}"
+    assert f"{kept:g} a minute for the job" in str(error.value), str(error.value)
+    assert "limits.admission: job" in error.value.fix
+    LimitsConfig(**limits, admission="job").validate(8)
+    LimitsConfig(**{**limits, key: 16}).validate(8)
+
+
+def test_a_fraction_of_a_small_budget_that_one_limiter_never_sends_is_refused() -> None:
+    """1.5 requests a minute: one limiter (one worker, or the job's queue) sends one a minute."""
+    for admission in ("worker", "job"):
+        with pytest.raises(ConfigError, match=r"not a whole number.*: 1 a minute") as error:
+            LimitsConfig(requests_per_minute=1.5, admission=admission).validate(1)
+        assert error.value.fix == "write a whole number (1 or 2)"
+    LimitsConfig(requests_per_minute=10.5).validate(1)  # 10 of 10.5: within a tenth, accepted

@@ -549,7 +549,7 @@ def test_wrong_shapes_and_unresolvable_values_are_config_errors(overrides, key, 
 def test_reward_budgets_cannot_be_split_over_fewer_workers_than_verl_starts(verl_config_factory):
     """``async_reward.num_workers: 1`` with 8 reward workers gave each of them the whole budget."""
     config = verl_config_factory(
-        "async_rate_limited", {"num_workers": 2, "limits": {"requests_per_minute": 60}}
+        "async_rate_limited", {"num_workers": 2, "limits": {"requests_per_minute": 64}}
     )
     with open_dict(config):
         config.reward.num_workers = 8

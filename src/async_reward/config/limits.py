@@ -66,6 +66,7 @@ class LimitsConfig:
                 f"split over {num_workers} reward workers leaves less than one request per minute each",
                 "raise it or lower reward.num_workers",
             )
+        _refuse_a_budget_the_shares_lose(f"{path}.requests_per_minute", self.requests_per_minute, num_workers)
         if self.tokens_per_minute is None:
             return
         share = math.floor(self.tokens_per_minute / num_workers)
@@ -76,6 +77,7 @@ class LimitsConfig:
                 f"split over {num_workers} reward workers leaves less than one token per minute each",
                 "raise it or lower reward.num_workers",
             )
+        _refuse_a_budget_the_shares_lose(f"{path}.tokens_per_minute", self.tokens_per_minute, num_workers)
         if self.estimated_tokens_per_request > share:
             raise bad_value(
                 f"{path}.estimated_tokens_per_request",
@@ -93,3 +95,36 @@ class LimitsConfig:
     def sharing_workers(self, num_workers: int) -> int:
         """Processes that split the budgets: ``num_workers`` per worker, 1 when the job's queue holds them."""
         return 1 if self.job_wide else num_workers
+
+
+SHARES_KEEP_AT_LEAST = 0.9
+"""The least part of a per-minute budget the workers' whole shares may keep. Each worker's limiter
+admits whole units, at most ``floor(budget / workers)`` in any minute (``_core.limits``: a strict
+window, as providers count it), so 15 requests a minute over verl's default 8 workers would be 8 a
+minute for the job; below this part the budget is refused rather than silently cut."""
+
+
+def _refuse_a_budget_the_shares_lose(key: str, budget: float | None, num_workers: int) -> None:
+    """Refuse a per-minute ``budget`` whose whole per-worker shares keep less than
+    :data:`SHARES_KEEP_AT_LEAST` of it, naming what the job would get and the fixes."""
+    if budget is None:
+        return
+    kept = math.floor(budget / num_workers) * num_workers
+    if kept >= SHARES_KEEP_AT_LEAST * budget:
+        return
+    if num_workers == 1:  # one limiter (one worker, or the job's queue): a fraction is never sent
+        raise bad_value(
+            key,
+            budget,
+            f"is not a whole number, and a limit counts whole units in any minute: {kept:g} a minute",
+            f"write a whole number ({kept:g} or {kept + 1:g})",
+        )
+    raise bad_value(
+        key,
+        budget,
+        f"split over {num_workers} reward workers gives each floor({budget:g} / {num_workers}) = "
+        f"{kept // num_workers:g} a minute (each worker's limit counts whole units in any minute): "
+        f"{kept:g} a minute for the job, {kept / budget:.0%} of the budget",
+        "set limits.admission: job (one queue holds the whole budget), or a budget that the number of "
+        "workers divides, or fewer reward.num_workers",
+    )
