@@ -139,6 +139,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("remote.headers", "token", "mapping", {}),
     ("stateful.init_kwargs", [1, 2], "mapping", {}),
     ("stateful.init_kwargs", {"threshold": -INF}, "finite", {}),
+    ("stateful.init_kwargs", {"root": Path("/data")}, "cannot be passed to your class as configured", {}),
     ("composite.components", {"name": "rule"}, "not a list", {}),
     ("composite.components", [{"name": "rule", "weight": "high"}], "not a number", {}),
     ("composite.components", [{"name": "rule", "weight": NAN}], "finite", {}),
@@ -207,6 +208,7 @@ GOOD: list[tuple[str, Any]] = [
     ("remote.api_key_env", "RM_TOKEN"),
     ("remote.headers", {"X-Team": "rl"}),
     ("stateful.init_kwargs", {"k": 3}),
+    ("stateful.init_kwargs", {"table": {1: 0.5, 2: [0.25, None, "x", True]}}),  # int keys kept
     (
         "composite.components",
         [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -697,6 +698,43 @@ async def test_a_failing_post_process_keeps_the_scores(
         batch_factory(rows), [o["reward_score"] for o in outputs]
     )
     assert rm_scores.sum(dim=1).tolist() == [1.0, -1.0]
+
+
+INT_KEYED_AGENT = """
+class IntKeyedAgent:
+    def __init__(self, table, name):
+        self.table, self.name = table, name
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return self.table[1]
+
+    def post_process_scores(self, rewards):
+        return [r + self.table[2][0] for r in rewards]
+"""
+
+
+async def test_init_kwargs_reach_the_class_as_configured_on_the_worker_and_the_driver(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    path = write_module(tmp_path, INT_KEYED_AGENT, "int_keyed_agent.py")
+    table = {1: 0.5, 2: [0.25, None, "x", True]}
+    config = verl_config_factory(
+        "async_stateful",
+        {"stateful": {"init_kwargs": {"table": table, "name": "t"}}},
+        custom_reward_function={"path": path, "name": "IntKeyedAgent"},
+    )
+    manager = AsyncStatefulRewardManager(config, tokenizer)
+    assert (manager.instance.table, manager.instance.name) == (table, "t")  # the int keys kept
+    rows = [{"response": "a", "uid": "g"}, {"response": "b", "uid": "g"}]
+    outputs = await score_rows(manager, batch_factory, rows)
+    assert [o["reward_extra_info"]["status"] for o in outputs] == ["ok", "ok"]
+    # verl's driver: the scores arrive pickled (through Ray), where no instance exists yet.
+    from async_reward._core.postprocess import load_user_instance
+
+    scores = pickle.loads(pickle.dumps([o["reward_score"] for o in outputs]))
+    load_user_instance.cache_clear()
+    rm_scores = AsyncStatefulRewardManager.assemble_rm_scores(batch_factory(rows), scores)
+    assert rm_scores.sum(dim=1).tolist() == [0.75, 0.75]
 
 
 def test_remote_headers_stay_out_of_reprs(verl_config_factory, tokenizer):

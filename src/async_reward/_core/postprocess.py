@@ -8,8 +8,8 @@ which class post-processes it; the class is loaded and instantiated once per pro
 
 from __future__ import annotations
 
+import ast
 import functools
-import json
 import logging
 import math
 from collections import OrderedDict
@@ -20,12 +20,40 @@ from async_reward._core.result import ScoredFloat
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_group_postprocessing", "load_user_instance", "make_postprocess_spec", "postprocess_group"]
+__all__ = [
+    "apply_group_postprocessing",
+    "load_user_instance",
+    "make_postprocess_spec",
+    "passes_as_literal",
+    "postprocess_group",
+]
 
 
 def make_postprocess_spec(path: str, name: str, init_kwargs: dict[str, Any]) -> tuple[str, str, str]:
-    """A hashable, picklable reference to a user class: (file path, class name, JSON init kwargs)."""
-    return (path, name, json.dumps(init_kwargs, sort_keys=True, default=str))
+    """A reference to a user class: (file path, class name, init kwargs as :func:`_kwargs_literal`).
+
+    Plain text, because it travels with every score (a :class:`ScoredFloat`, through Ray) to where
+    groups are assembled, verl's driver included, where no manager exists: it must pickle, hash (it
+    keys the per-process instance and the grouping of scores) and be equal for equal settings in
+    every worker. A Python literal, not JSON, so that the constructor gets the values as configured:
+    JSON turned int keys into strings (``{1: 0.5}`` became ``{'1': 0.5}``) and other values into
+    their ``str``."""
+    return (path, name, _kwargs_literal(init_kwargs))
+
+
+def _kwargs_literal(init_kwargs: dict[str, Any]) -> str:
+    """``init_kwargs`` as the text of a Python literal, top-level keys sorted (the same text for the
+    same settings in every process), read back by ``ast.literal_eval``."""
+    return repr(dict(sorted(init_kwargs.items())))
+
+
+def passes_as_literal(value: Any) -> bool:
+    """Whether ``value`` reads back equal from its ``repr`` (numbers, text, booleans, None, bytes,
+    and lists, tuples and mappings of them): what :func:`make_postprocess_spec` can carry."""
+    try:
+        return bool(ast.literal_eval(repr(value)) == value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
 
 
 @functools.lru_cache(maxsize=16)
@@ -33,13 +61,13 @@ def load_user_instance(spec: tuple[str, str, str]) -> Any:
     """Load and instantiate the user class named by ``spec``, once per process."""
     from async_reward._core.user_code import load_user_object
 
-    path, name, kwargs_json = spec
+    path, name, literal = spec
     cls = load_user_object(path, name)
     if not isinstance(cls, type):
         raise TypeError(
             f"custom_reward_function.name={name!r} in {path} must name a class for async_stateful"
         )
-    return cls(**json.loads(kwargs_json))
+    return cls(**ast.literal_eval(literal))
 
 
 def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[bool]) -> list[float]:
