@@ -700,6 +700,56 @@ async def test_a_failing_post_process_keeps_the_scores(
     assert rm_scores.sum(dim=1).tolist() == [1.0, -1.0]
 
 
+RETURNING_AGENT = """
+class ReturningAgent:
+    def __init__(self, returns="text"):
+        self.returns = returns
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        if "fail" in solution_str:
+            raise ValueError("down")
+        return 0.25
+
+    def post_process_scores(self, rewards):
+        return {
+            "text": ["0.9" for _ in rewards],
+            "none": [None for _ in rewards],
+            "mixed": [0.75, "0.9"],
+            "bool": [True for _ in rewards],
+        }[self.returns]
+"""
+
+
+@pytest.mark.parametrize(
+    ("returns", "expected", "logged"),
+    [
+        ("text", [0.25, -1.0], True),  # "0.9" is text, not a score: each sample keeps its own
+        ("none", [0.25, -1.0], True),
+        ("mixed", [0.75, -1.0], True),
+        ("bool", [1.0, 1.0], False),  # a bool is a score, as a user function's True is (1.0)
+    ],
+)
+async def test_post_processed_scores_are_read_as_a_user_functions_score(
+    tmp_path, verl_config_factory, tokenizer, batch_factory, caplog, returns, expected, logged
+):
+    path = write_module(tmp_path, RETURNING_AGENT, "returning_agent.py")
+    settings = {"fallback_score": -1.0, "stateful": {"init_kwargs": {"returns": returns}}}
+    config = verl_config_factory(
+        "async_stateful", settings, custom_reward_function={"path": path, "name": "ReturningAgent"}
+    )
+    manager = AsyncStatefulRewardManager(config, tokenizer)
+    rows = [{"response": "ok", "uid": "g"}, {"response": "fail", "uid": "g"}]
+    outputs = await score_rows(manager, batch_factory, rows)
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.postprocess"):
+        rm_scores = AsyncStatefulRewardManager.assemble_rm_scores(
+            batch_factory(rows), [o["reward_score"] for o in outputs]
+        )
+    assert rm_scores.sum(dim=1).tolist() == expected
+    assert ("post_process_scores returned" in caplog.text) == logged
+    if logged:
+        assert "keep their own scores" in caplog.text
+
+
 INT_KEYED_AGENT = """
 class IntKeyedAgent:
     def __init__(self, table, name):

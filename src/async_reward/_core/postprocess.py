@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from async_reward._core.result import ScoredFloat
+from async_reward._core.result import ScoredFloat, _shown, as_score
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,9 @@ def load_user_instance(spec: tuple[str, str, str]) -> Any:
     return cls(**ast.literal_eval(literal))
 
 
-def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[bool]) -> list[float]:
-    """Run ``instance.post_process_scores`` on one group; failed scores are passed as NaN.
+def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[bool]) -> list[Any]:
+    """Run ``instance.post_process_scores`` on one group; failed scores are passed as NaN. Returns
+    what it returned, one value per score, unchecked (see :func:`apply_group_postprocessing`).
 
     Raises:
         ValueError: the user function returned a different number of scores.
@@ -82,15 +83,17 @@ def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[b
     processed = list(instance.post_process_scores(values))
     if len(processed) != len(values):
         raise ValueError(f"post_process_scores returned {len(processed)} scores for a group of {len(values)}")
-    return [float(p) for p in processed]
+    return processed
 
 
 def apply_group_postprocessing(uids: Sequence[Any] | None, scores: Sequence[float]) -> list[float]:
     """Post-process every complete group of a batch and return plain floats.
 
     Only scores that are :class:`ScoredFloat` with a post-process spec are touched; without ``uids``
-    each sample is its own group. A value still non-finite after post-processing (e.g. a group where
-    every sample failed) falls back to the sample's own fallback score.
+    each sample is its own group. A returned value is read by the rule of a user function's score
+    (:func:`~async_reward._core.result.as_score`: a real number, bool included, finite): a value
+    still NaN (e.g. a group where every sample failed) keeps the sample's own score, and so does
+    one that is no score at all (text such as ``"0.9"``, None), which is logged.
     """
     result = [float(s) for s in scores]
     groups: OrderedDict[Any, list[int]] = OrderedDict()
@@ -112,5 +115,20 @@ def apply_group_postprocessing(uids: Sequence[Any] | None, scores: Sequence[floa
             )
             continue
         for position, value in zip(positions, processed, strict=True):
-            result[position] = value if math.isfinite(value) else float(scores[position])
+            usable = as_score(value)
+            result[position] = float(scores[position]) if usable is None else usable
+        _log_unusable(processed)
     return result
+
+
+def _log_unusable(processed: Sequence[Any]) -> None:
+    """Warn of returned values that are no score (NaN, where nothing could be imputed, is expected)."""
+    unusable = [v for v in processed if as_score(v) is None and not (isinstance(v, float) and math.isnan(v))]
+    if unusable:
+        logger.warning(
+            "post_process_scores returned %d unusable score(s) for a group of %d (e.g. %s): those "
+            "samples keep their own scores; return real numbers",
+            len(unusable),
+            len(processed),
+            _shown(unusable[0]),
+        )
