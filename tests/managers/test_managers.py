@@ -392,6 +392,27 @@ async def test_process_pool_runs_extern_function(tmp_path, verl_config_factory, 
     assert float(outputs[0]["reward_score"]) == 1.0
 
 
+@pytest.mark.parametrize("manager", ["async_naive", "async_rate_limited"])
+def test_an_async_function_under_executor_process_is_refused_at_start_up(
+    tmp_path, verl_config_factory, tokenizer, manager
+):
+    # Every sample failed "cannot pickle 'coroutine' object" after a clean start.
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from async_reward.config.checks import check_reward
+
+    path = write_module(tmp_path, USER_FUNCTIONS)
+    function = {"path": path, "name": "async_score"}
+    config = verl_config_factory(manager, {"executor": "process"}, custom_reward_function=function)
+    for start in (check_reward, lambda c: load_reward_manager(c, tokenizer)):  # the driver, a worker
+        with pytest.raises(ConfigError) as info:
+            start(config)
+        error, message = info.value, str(info.value)
+        assert error.key == "reward.async_reward.executor" and "async reward function" in message
+        assert error.fix and error.fix in message and "executor=thread" in message
+    check_reward(verl_config_factory(manager, {}, custom_reward_function=function))  # thread: fine
+
+
 async def test_non_utf8_response_bytes_are_scored(tmp_path, verl_config_factory, tokenizer, batch_factory):
     path = write_module(tmp_path, USER_FUNCTIONS)
     config = verl_config_factory(
