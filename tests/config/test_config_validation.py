@@ -449,6 +449,15 @@ def test_url_credentials_beside_an_authorization_header_are_refused(
     load(verl_config_factory, url_key, URL_WITH_CREDENTIALS)  # alone: fine (sent as Basic)
 
 
+@pytest.mark.parametrize("key", ["remote.url", "judge.base_url"])
+def test_a_refused_url_is_shown_without_its_password_or_query(verl_config_factory, key):
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, key, "ftp://user:pw-SECRETPW@host/score?token=QTOKEN")
+    message = str(info.value)
+    assert "'ftp://<hidden>@host/score?<hidden>' is not an http(s) URL" in message, message
+    assert "SECRETPW" not in message and "QTOKEN" not in message
+
+
 @pytest.mark.parametrize(
     ("headers", "key"),
     [
