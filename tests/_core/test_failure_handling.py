@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from async_reward._core.deadline import DeadlineExceeded, run_with_deadline
 from async_reward._core.result import extras_fill_values
 from async_reward.training.schedule import _with_rewards
 from tests.managers.test_managers import write_module
@@ -113,6 +115,8 @@ async def async_score(data_source, solution_str, ground_truth, extra_info=None):
         open(gate + ".ended", "w").close()
     if ground_truth == "forever":
         await asyncio.sleep(3600)
+    if ground_truth.startswith("block:"):  # blocks the event loop itself (a sync sleep in async code)
+        time.sleep(float(ground_truth.split(":")[1]))
     return 1.0
 """
 
@@ -264,6 +268,34 @@ async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
     assert not (tmp_path / "gate.ended").exists()  # still running, abandoned
     gate.touch()  # let the abandoned coroutine end before this test's loop closes
     await until(lambda: (tmp_path / "gate.ended").exists())
+
+
+async def test_an_async_function_that_blocks_the_loop_past_its_deadline_is_a_timeout(
+    hazards, verl_config_factory, tokenizer, batch_factory
+):
+    """It returned 1.0 after blocking the event loop 2.5 s with timeout_s=1 and was ``ok``: the
+    deadline's timer cannot fire while the loop is blocked, and the late result was taken."""
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "async_score", timeout_s=0.5, retry={"max_attempts": 1}
+    )
+    [output] = await score(manager, batch_factory, ["block:1.5"])
+    info = output["reward_extra_info"]
+    assert (info["status"], float(output["reward_score"]), info["attempts"]) == ("timeout", 0.0, 1)
+    reason = info["failure_reason"]
+    assert "past its deadline of 0.5 s" in reason and "event loop was blocked" in reason, reason
+    assert reason.endswith("(timeout_s)"), reason
+    [output] = await score(manager, batch_factory, ["ok"])  # one that does not block is still ok
+    assert (output["reward_extra_info"]["status"], float(output["reward_score"])) == ("ok", 1.0)
+
+
+async def test_a_result_after_the_deadline_is_refused_by_run_with_deadline_itself() -> None:
+    async def blocks_the_loop() -> float:
+        time.sleep(0.3)
+        return 1.0
+
+    with pytest.raises(DeadlineExceeded, match="event loop was blocked") as info:
+        await run_with_deadline(blocks_the_loop(), 0.1)
+    assert info.value.timeout_s == 0.1
 
 
 async def until(condition: Any, timeout_s: float = 60.0) -> None:

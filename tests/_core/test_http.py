@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from async_reward._core.http import (
+    MAX_REPLY_BYTES,
     HTTPStatusError,
     MalformedResponseError,
     close_sessions,
@@ -22,6 +24,7 @@ from async_reward._core.http import (
 )
 from async_reward._core.retry import AttemptsExhausted, default_is_transient, retry_async
 from async_reward.config import RetryConfig
+from tests.support.hostile_service import Origin, collect, echo_headers, gzip_bomb, redirect, serve
 
 SECRET = "sk-test-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -85,6 +88,8 @@ async def server() -> AsyncIterator[Server]:
         ("/drop", drop),
         ("/flaky", flaky),
         ("/loop", redirect_loop),
+        ("/echo_headers", echo_headers),
+        ("/gzip_bomb", gzip_bomb),
     ]:
         app.router.add_post(path, handler)
     runner = web.AppRunner(app)
@@ -162,12 +167,89 @@ async def test_dropped_connection_is_a_transient_connection_error(server: Server
     assert_no_secret(info.value)
 
 
-async def test_redirect_loop_error_does_not_carry_request_headers(server: Server) -> None:
-    # aiohttp's own TooManyRedirects keeps our request headers in request_info, which repr() shows.
+async def test_a_redirect_to_itself_is_refused_once_without_request_headers(server: Server) -> None:
+    # Followed, it was aiohttp's own TooManyRedirects, whose request_info (shown by repr()) holds our
+    # request headers; now the first 307 is the answer.
     with pytest.raises(HTTPStatusError) as info:
         await post_json(f"{server.url}/loop", {}, headers=AUTH, timeout_s=5)
-    assert "TooManyRedirects" in info.value.body_excerpt
+    assert info.value.status == 307 and "not followed" in info.value.body_excerpt
     assert_no_secret(info.value)
+
+
+HEADER_SECRET = "hdr-secret-abcdefghijk"
+QUERY_SECRET = "qtoken-secret-0123456"
+
+
+@pytest.fixture
+async def redirecting() -> AsyncIterator[Origin]:
+    origin = Origin()
+    async with serve(origin, [("/redirect", redirect(origin))]):
+        yield origin
+
+
+@pytest.fixture
+async def other_origin() -> AsyncIterator[Origin]:
+    """Another origin (its own port), which scores whatever reaches it 1.0."""
+    origin = Origin()
+    async with serve(origin, [("*", collect(origin, (SECRET, HEADER_SECRET)))]):
+        yield origin
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_not_followed_and_sends_nothing_elsewhere(
+    redirecting: Origin, other_origin: Origin, code: int
+) -> None:
+    # The Location names another origin, with a user:password and a token in its query: none of it
+    # may reach the reason, and the other origin must get neither the headers nor the sample.
+    host = other_origin.url.removeprefix("http://")
+    redirecting.redirect_to = f"http://user:{SECRET}@{host}/collect?token={QUERY_SECRET}"
+    headers = {**AUTH, "X-Api-Key": HEADER_SECRET}
+    url = f"{redirecting.url}/redirect?code={code}"
+    with pytest.raises(HTTPStatusError) as info:
+        await post_json(url, {"ground_truth": "42"}, headers=headers, timeout_s=5, url_key="remote.url")
+    error = info.value
+    assert (error.status, error.transient) == (code, False)
+    assert error.body_excerpt == (
+        f"redirect to http://{host}/collect not followed (set remote.url to the final URL)"
+    )
+    assert other_origin.hits == Counter() and redirecting.hits["redirect"] == 1
+    for text in (str(error), repr(error)):
+        assert SECRET not in text and HEADER_SECRET not in text and QUERY_SECRET not in text
+
+
+@pytest.mark.parametrize("credentials", ["bearer", "url"])
+async def test_a_2xx_reply_echoing_secrets_comes_back_redacted(server: Server, credentials: str) -> None:
+    # A bearer key in a header, or a user:password in the URL (aiohttp sends it as "Basic <base64>",
+    # which comes back too); beside them a secret header and a token in the query.
+    headers = {"X-Api-Key": HEADER_SECRET, "Content-Type": "application/json"}
+    host = server.url.removeprefix("http://")
+    if credentials == "bearer":
+        headers.update(AUTH)
+        url = f"http://{host}/echo_headers?token={QUERY_SECRET}"
+    else:
+        url = f"http://user:{SECRET}@{host}/echo_headers?token={QUERY_SECRET}"
+    body, _ = await post_json(url, {}, headers=headers, timeout_s=5)
+    text = json.dumps(body)
+    assert body["score"] == 1.0 and "[redacted]" in text and "[redacted]" in body
+    assert body["debug"]["headers"]["Content-Type"] == "application/json"  # a plain header is kept
+    for secret in (SECRET, HEADER_SECRET, QUERY_SECRET):
+        assert secret not in text
+    assert body["debug"]["headers"]["Authorization"].endswith("[redacted]")
+
+
+async def test_a_reply_that_inflates_past_the_cap_is_refused_naming_it(server: Server) -> None:
+    with pytest.raises(MalformedResponseError) as info:
+        await post_json(f"{server.url}/gzip_bomb?bytes={MAX_REPLY_BYTES + 1}", {}, timeout_s=60)
+    message = str(info.value)
+    assert f"{MAX_REPLY_BYTES // (1 << 20)} MiB" in message and "MAX_REPLY_BYTES" in message
+    assert not default_is_transient(info.value)
+
+
+async def test_a_large_reply_within_the_cap_is_read_whole(server: Server) -> None:
+    # A judge's reply with logprobs runs to megabytes: the cap is far above it.
+    size = 8 << 20
+    body, _ = await post_json(f"{server.url}/gzip_bomb?bytes={size}", {}, timeout_s=60)
+    assert body["score"] == 0.5 and len(body["pad"]) == size - len(b'{"score": 0.5, "pad": ""}')
 
 
 async def test_retry_and_post_json_end_to_end(server: Server) -> None:

@@ -139,6 +139,7 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("remote.headers", "token", "mapping", {}),
     ("stateful.init_kwargs", [1, 2], "mapping", {}),
     ("stateful.init_kwargs", {"threshold": -INF}, "finite", {}),
+    ("stateful.init_kwargs", {"root": Path("/data")}, "cannot be passed to your class as configured", {}),
     ("composite.components", {"name": "rule"}, "not a list", {}),
     ("composite.components", [{"name": "rule", "weight": "high"}], "not a number", {}),
     ("composite.components", [{"name": "rule", "weight": NAN}], "finite", {}),
@@ -207,6 +208,7 @@ GOOD: list[tuple[str, Any]] = [
     ("remote.api_key_env", "RM_TOKEN"),
     ("remote.headers", {"X-Team": "rl"}),
     ("stateful.init_kwargs", {"k": 3}),
+    ("stateful.init_kwargs", {"table": {1: 0.5, 2: [0.25, None, "x", True]}}),  # int keys kept
     (
         "composite.components",
         [
@@ -404,6 +406,75 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
         check_reward(config)
     assert info.value.key == "reward.async_reward.judge.api_key_env"
     assert secret not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["Authorization", "authorization", "AUTHORIZATION"])
+def test_an_authorization_header_beside_api_key_env_is_refused(verl_config_factory, name):
+    # api_key_env's "Bearer <key>" silently replaced the user's header (in any letter case).
+    header = {name: "Bearer sk-from-headers-0123456789"}
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, "remote.headers", header, {"remote.api_key_env": "RM_TOKEN"})
+    error, message = info.value, str(info.value)
+    assert error.key == f"reward.async_reward.remote.headers.{name}"
+    assert "reward.async_reward.remote.api_key_env" in message and error.fix and error.fix in message
+    assert "sk-from-headers" not in message and f"{error.key}=<hidden>" in message
+    assert load(verl_config_factory, "remote.headers", header).remote.headers == header  # alone: fine
+
+
+URL_WITH_CREDENTIALS = "http://user:pw-SECRETPW@127.0.0.1:9/score?token=QTOKEN"
+
+
+@pytest.mark.parametrize(
+    ("url_key", "others", "sender"),
+    [
+        ("remote.url", {"remote.api_key_env": "RM_TOKEN"}, "remote.api_key_env"),
+        (
+            "remote.url",
+            {"remote.headers": {"authorization": "Basic abcdefgh"}},
+            "remote.headers.authorization",
+        ),
+        ("judge.base_url", {"judge.api_key_env": "JUDGE_TOKEN"}, "judge.api_key_env"),
+    ],
+)
+def test_url_credentials_beside_an_authorization_header_are_refused(
+    verl_config_factory, url_key, others, sender
+):
+    # aiohttp refuses a request with both (every sample failed "Cannot combine AUTHORIZATION header").
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, url_key, URL_WITH_CREDENTIALS, others)
+    error, message = info.value, str(info.value)
+    assert error.key == f"reward.async_reward.{url_key}"
+    assert f"reward.async_reward.{sender}" in message and error.fix and error.fix in message
+    assert "SECRETPW" not in message and "QTOKEN" not in message
+    load(verl_config_factory, url_key, URL_WITH_CREDENTIALS)  # alone: fine (sent as Basic)
+
+
+@pytest.mark.parametrize("key", ["remote.url", "judge.base_url"])
+def test_a_refused_url_is_shown_without_its_password_or_query(verl_config_factory, key):
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, key, "ftp://user:pw-SECRETPW@host/score?token=QTOKEN")
+    message = str(info.value)
+    assert "'ftp://<hidden>@host/score?<hidden>' is not an http(s) URL" in message, message
+    assert "SECRETPW" not in message and "QTOKEN" not in message
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ({"X-Api-Key": "hdr-SECRET-abc\r\nX-Injected: 1"}, "remote.headers.X-Api-Key"),
+        ({"X-Api-Key": "hdr-SECRET-abc\n"}, "remote.headers.X-Api-Key"),
+        ({"X-Api-Key": "hdr-SECRET-abc\x00"}, "remote.headers.X-Api-Key"),
+        ({"X-Api-Key: hdr-SECRET-abc\r\nX-Other": "1"}, "remote.headers"),
+    ],
+)
+def test_a_control_character_in_a_header_is_refused_without_showing_it(verl_config_factory, headers, key):
+    # aiohttp refused every request ("Forbidden control character detected in headers").
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, "remote.headers", headers)
+    error, message = info.value, str(info.value)
+    assert error.key == f"reward.async_reward.{key}" and "control character" in message
+    assert "hdr-SECRET" not in message and error.fix and error.fix in message
+    assert load(verl_config_factory, "remote.headers", {"X-Team": "rl\tteam"})  # a TAB is allowed
 
 
 # -- manager-specific requirements, on the driver --------------------------------------------------

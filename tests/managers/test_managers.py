@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,27 @@ async def test_process_pool_runs_extern_function(tmp_path, verl_config_factory, 
     assert float(outputs[0]["reward_score"]) == 1.0
 
 
+@pytest.mark.parametrize("manager", ["async_naive", "async_rate_limited"])
+def test_an_async_function_under_executor_process_is_refused_at_start_up(
+    tmp_path, verl_config_factory, tokenizer, manager
+):
+    # Every sample failed "cannot pickle 'coroutine' object" after a clean start.
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from async_reward.config.checks import check_reward
+
+    path = write_module(tmp_path, USER_FUNCTIONS)
+    function = {"path": path, "name": "async_score"}
+    config = verl_config_factory(manager, {"executor": "process"}, custom_reward_function=function)
+    for start in (check_reward, lambda c: load_reward_manager(c, tokenizer)):  # the driver, a worker
+        with pytest.raises(ConfigError) as info:
+            start(config)
+        error, message = info.value, str(info.value)
+        assert error.key == "reward.async_reward.executor" and "async reward function" in message
+        assert error.fix and error.fix in message and "executor=thread" in message
+    check_reward(verl_config_factory(manager, {}, custom_reward_function=function))  # thread: fine
+
+
 async def test_non_utf8_response_bytes_are_scored(tmp_path, verl_config_factory, tokenizer, batch_factory):
     path = write_module(tmp_path, USER_FUNCTIONS)
     config = verl_config_factory(
@@ -738,6 +760,93 @@ async def test_a_failing_post_process_keeps_the_scores(
         batch_factory(rows), [o["reward_score"] for o in outputs]
     )
     assert rm_scores.sum(dim=1).tolist() == [1.0, -1.0]
+
+
+RETURNING_AGENT = """
+class ReturningAgent:
+    def __init__(self, returns="text"):
+        self.returns = returns
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        if "fail" in solution_str:
+            raise ValueError("down")
+        return 0.25
+
+    def post_process_scores(self, rewards):
+        return {
+            "text": ["0.9" for _ in rewards],
+            "none": [None for _ in rewards],
+            "mixed": [0.75, "0.9"],
+            "bool": [True for _ in rewards],
+        }[self.returns]
+"""
+
+
+@pytest.mark.parametrize(
+    ("returns", "expected", "logged"),
+    [
+        ("text", [0.25, -1.0], True),  # "0.9" is text, not a score: each sample keeps its own
+        ("none", [0.25, -1.0], True),
+        ("mixed", [0.75, -1.0], True),
+        ("bool", [1.0, 1.0], False),  # a bool is a score, as a user function's True is (1.0)
+    ],
+)
+async def test_post_processed_scores_are_read_as_a_user_functions_score(
+    tmp_path, verl_config_factory, tokenizer, batch_factory, caplog, returns, expected, logged
+):
+    path = write_module(tmp_path, RETURNING_AGENT, "returning_agent.py")
+    settings = {"fallback_score": -1.0, "stateful": {"init_kwargs": {"returns": returns}}}
+    config = verl_config_factory(
+        "async_stateful", settings, custom_reward_function={"path": path, "name": "ReturningAgent"}
+    )
+    manager = AsyncStatefulRewardManager(config, tokenizer)
+    rows = [{"response": "ok", "uid": "g"}, {"response": "fail", "uid": "g"}]
+    outputs = await score_rows(manager, batch_factory, rows)
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.postprocess"):
+        rm_scores = AsyncStatefulRewardManager.assemble_rm_scores(
+            batch_factory(rows), [o["reward_score"] for o in outputs]
+        )
+    assert rm_scores.sum(dim=1).tolist() == expected
+    assert ("post_process_scores returned" in caplog.text) == logged
+    if logged:
+        assert "keep their own scores" in caplog.text
+
+
+INT_KEYED_AGENT = """
+class IntKeyedAgent:
+    def __init__(self, table, name):
+        self.table, self.name = table, name
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return self.table[1]
+
+    def post_process_scores(self, rewards):
+        return [r + self.table[2][0] for r in rewards]
+"""
+
+
+async def test_init_kwargs_reach_the_class_as_configured_on_the_worker_and_the_driver(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    path = write_module(tmp_path, INT_KEYED_AGENT, "int_keyed_agent.py")
+    table = {1: 0.5, 2: [0.25, None, "x", True]}
+    config = verl_config_factory(
+        "async_stateful",
+        {"stateful": {"init_kwargs": {"table": table, "name": "t"}}},
+        custom_reward_function={"path": path, "name": "IntKeyedAgent"},
+    )
+    manager = AsyncStatefulRewardManager(config, tokenizer)
+    assert (manager.instance.table, manager.instance.name) == (table, "t")  # the int keys kept
+    rows = [{"response": "a", "uid": "g"}, {"response": "b", "uid": "g"}]
+    outputs = await score_rows(manager, batch_factory, rows)
+    assert [o["reward_extra_info"]["status"] for o in outputs] == ["ok", "ok"]
+    # verl's driver: the scores arrive pickled (through Ray), where no instance exists yet.
+    from async_reward._core.postprocess import load_user_instance
+
+    scores = pickle.loads(pickle.dumps([o["reward_score"] for o in outputs]))
+    load_user_instance.cache_clear()
+    rm_scores = AsyncStatefulRewardManager.assemble_rm_scores(batch_factory(rows), scores)
+    assert rm_scores.sum(dim=1).tolist() == [0.75, 0.75]
 
 
 def test_remote_headers_stay_out_of_reprs(verl_config_factory, tokenizer):

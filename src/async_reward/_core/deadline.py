@@ -117,12 +117,16 @@ async def run_with_deadline(
 
     At the deadline the task is cancelled and given ``grace_s`` to stop; one that does not stop is
     abandoned (left running, logged). A caller cancelled while waiting cancels the task and returns
-    at once, without waiting for it either.
+    at once, without waiting for it either. A task that ended after the deadline (the event loop
+    was blocked, so no timer could fire on time) is a timeout too: its result is not used.
 
     Raises:
-        DeadlineExceeded: the deadline passed (the task stopped, or finished during the grace).
+        DeadlineExceeded: the deadline passed (the task stopped, finished during the grace, or
+            ended only after the deadline).
         DeadlineAbandoned: the deadline passed and the task ignored its cancellation.
     """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     task = asyncio.ensure_future(contained(awaitable))
     try:
         await asyncio.wait((task,), timeout=timeout_s)
@@ -131,7 +135,7 @@ async def run_with_deadline(
         task.add_done_callback(_retrieve)
         raise
     if task.done():
-        return task.result()
+        return _outcome_on_time(task, loop.time() - started, timeout_s, what)
     task.cancel()
     task.add_done_callback(_retrieve)
     await asyncio.wait((task,), timeout=grace_s)
@@ -146,6 +150,26 @@ async def run_with_deadline(
             f"deadline of {timeout_s:g} s exceeded; {what} ignored its cancellation and was abandoned"
         )
     raise DeadlineExceeded(f"{what} took longer than its deadline of {timeout_s:g} s", timeout_s)
+
+
+def _outcome_on_time(task: asyncio.Future[_T], elapsed_s: float, timeout_s: float, what: str) -> _T:
+    """The finished ``task``'s result, unless it ended after its deadline. That happens only when
+    the event loop was blocked past the deadline (a sync call such as ``time.sleep`` in async code,
+    this one's or another's): the timer could not fire, and ``asyncio.wait`` saw the task done when
+    the loop came back. A result after the deadline is a timeout, not a score.
+
+    Raises:
+        DeadlineExceeded: ``elapsed_s`` is past ``timeout_s``.
+    """
+    if elapsed_s <= timeout_s:
+        return task.result()
+    _retrieve(task)
+    raise DeadlineExceeded(
+        f"{what} ended {elapsed_s:.3g} s after it began, past its deadline of {timeout_s:g} s: the "
+        "event loop was blocked (a blocking call, e.g. time.sleep, in async code), so its result is "
+        "not used",
+        timeout_s,
+    )
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

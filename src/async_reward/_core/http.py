@@ -2,8 +2,16 @@
 "try again in ..." headers read (:func:`parse_retry_after`; ``async_reward._core.retry`` honours them).
 
 Request headers may carry an API key, so no exception raised here quotes them: messages name the
-URL without its query string or user info, and a reply that echoes a header value back has that
-value redacted from the excerpt we keep.
+URL without its query string or user info, and a reply that echoes a secret back (a header value,
+the URL's password or a query value) has it redacted, from the excerpt of a failed reply and from
+every string of a parsed one, so that it reaches no reason, extras or metric.
+
+Redirects are not followed: aiohttp would send our headers (the key included) to wherever the
+``Location`` points, and a 307 / 308 would send the sample with its ground truth there too, and the
+other host's score would count. A 3xx is an error that names the (redacted) location.
+
+A reply body is read up to :data:`MAX_REPLY_BYTES` after decompression, so that a small gzip bomb
+cannot inflate to gigabytes in a reward worker.
 """
 
 from __future__ import annotations
@@ -14,17 +22,20 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import aiohttp
+from yarl import URL
 
 __all__ = [
+    "MAX_REPLY_BYTES",
     "RETRY_AFTER_HEADERS",
     "HTTPStatusError",
     "MalformedResponseError",
+    "ReplyTooLargeError",
     "close_sessions",
     "get_session",
     "parse_retry_after",
@@ -35,7 +46,18 @@ _EXCERPT_CHARS = 200
 _HEAD_CHARS = 2000
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "content-type", "user-agent"})
-"""Request headers that never hold a secret; every other header's value is redacted from excerpts."""
+"""Request headers that never hold a secret; every other header's value is redacted from replies."""
+
+#: The most bytes of one 2xx reply body read, counted after decompression; a larger reply is
+#: :class:`ReplyTooLargeError` (status ``invalid``). A constant, not a setting: it is a bound on what
+#: a broken or hostile server can make a worker hold (each call in flight may hold this much), far
+#: above any reply a reward takes. The largest are a judge's with ``logprobs``: about 1.9 KB per
+#: generated token at 20 alternatives, so 64 MiB holds some 35,000 tokens (``judge.max_tokens`` is
+#: 512 by default); a reward service's ``score`` and extras are far smaller.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+_ERROR_READ_BYTES = _HEAD_CHARS * 8
+"""Bytes of a non-2xx body read: enough for its redacted excerpt and head, and no more."""
+_READ_CHUNK_BYTES = 64 * 1024
 
 # Keyed by loop: an aiohttp session and its pooled connections belong to the loop that made them and
 # fail (or hang) on any other. verl runs each reward worker's manager on one loop, so in production
@@ -105,39 +127,53 @@ class MalformedResponseError(ValueError):
     """A 2xx reply whose body is not JSON. Not retried: upstream reports it as status ``invalid``."""
 
 
+class ReplyTooLargeError(MalformedResponseError):
+    """A 2xx reply whose body passes :data:`MAX_REPLY_BYTES` (status ``invalid``, not retried: the
+    same server would send the same again)."""
+
+
 async def post_json(
     url: str,
     payload: Mapping[str, Any],
     *,
     headers: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    url_key: str = "the URL",
 ) -> tuple[Any, Mapping[str, str]]:
-    """POST ``payload`` as JSON; return the parsed JSON body and the response headers.
+    """POST ``payload`` as JSON; return the parsed JSON body, secrets redacted, and the response headers.
 
     ``timeout_s`` bounds the whole exchange (None: the session default, aiohttp's 5 minutes).
+    ``url_key`` names the setting that holds ``url``, for the fix a refused redirect states.
 
     Raises:
-        HTTPStatusError: a non-2xx status, with ``retry_after_s`` read from the reply's headers.
-        MalformedResponseError: a 2xx reply whose body is not JSON.
+        HTTPStatusError: a non-2xx status, with ``retry_after_s`` read from the reply's headers; a
+            3xx (never followed) says where it pointed and that ``url_key`` should name that place.
+        MalformedResponseError: a 2xx reply whose body is not JSON, or (:class:`ReplyTooLargeError`)
+            is larger than :data:`MAX_REPLY_BYTES`.
         TimeoutError: ``timeout_s`` passed (asyncio.TimeoutError is the same class on 3.11+).
         aiohttp.ClientConnectionError: the connection failed or dropped.
     """
     safe_url = _redact_url(url)
-    secrets = [value for name, value in (headers or {}).items() if name.lower() not in _PLAIN_HEADERS]
+    secrets = _secrets_of(url, headers)
     extra: dict[str, Any] = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
     try:
-        async with get_session().post(url, json=payload, headers=headers, **extra) as response:
-            body = await response.read()
+        async with get_session().post(
+            url, json=payload, headers=headers, allow_redirects=False, **extra
+        ) as response:
             status, response_headers = response.status, response.headers
+            limit = MAX_REPLY_BYTES if 200 <= status < 300 else _ERROR_READ_BYTES
+            body, complete = await _read_at_most(response, 0 if 300 <= status < 400 else limit)
     except TimeoutError as exc:
         # aiohttp's total timeout carries an empty message; say what timed out, without the query.
         after = "" if timeout_s is None else f" after {timeout_s:g} s"
         raise TimeoutError(f"POST {safe_url} timed out{after} ({type(exc).__name__})") from None
     except aiohttp.ClientResponseError as exc:
-        # Raised by aiohttp itself (a redirect loop, an unparsable reply). Its request_info holds our
-        # request headers and shows in repr(), so replace it with our own error.
+        # Raised by aiohttp itself (an unparsable reply). Its request_info holds our request headers
+        # and shows in repr(), so replace it with our own error.
         excerpt = _redact(f"{type(exc).__name__}: {exc.message}", secrets)
         raise HTTPStatusError(exc.status, safe_url, None, excerpt) from None
+    if 300 <= status < 400:
+        raise HTTPStatusError(status, safe_url, None, _redirect_refused(response_headers, secrets, url_key))
     if not 200 <= status < 300:
         raise HTTPStatusError(
             status,
@@ -146,13 +182,85 @@ async def post_json(
             _excerpt(body, secrets),
             _excerpt(body, secrets, _HEAD_CHARS),
         )
+    if not complete:
+        raise ReplyTooLargeError(
+            f"HTTP {status} from {safe_url}: the reply is larger than {MAX_REPLY_BYTES / (1 << 20):g} MiB, "
+            "the cap on a reply body (async_reward._core.http.MAX_REPLY_BYTES); not read further"
+        )
     try:
         parsed = json.loads(body)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError both derive from it
         raise MalformedResponseError(
             f"HTTP {status} from {safe_url} is not JSON: {_excerpt(body, secrets)!r}"
         ) from None
-    return parsed, response_headers
+    return _redact_tree(parsed, secrets), response_headers
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The body (decompressed, as aiohttp streams it) up to ``limit`` bytes, and whether that was all
+    of it. A body cut short closes the connection: the rest is never read, nor kept in the pool."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            return b"".join(chunks)[:limit], False
+    return b"".join(chunks), True
+
+
+def _redirect_refused(headers: Mapping[str, str], secrets: Iterable[str], url_key: str) -> str:
+    """The reason of a refused redirect: where it pointed, without user info, query or any secret."""
+    location = headers.get("Location")
+    try:
+        where = f"to {_redact(_redact_url(location), secrets)[:120]}" if location else "without a Location"
+    except ValueError:  # a Location urlsplit cannot read (a broken IPv6 host)
+        where = "to an unreadable Location"
+    return f"redirect {where} not followed (set {url_key} to the final URL)"
+
+
+def _secrets_of(url: str, headers: Mapping[str, str] | None) -> list[str]:
+    """What a reply must not echo back: every header value but the plain ones, and the URL's
+    password (also as the ``Basic`` credentials aiohttp sends for it) and query values."""
+    secrets = [value for name, value in (headers or {}).items() if name.lower() not in _PLAIN_HEADERS]
+    try:
+        credentials = aiohttp.BasicAuth.from_url(URL(url))
+        query = parse_qsl(urlsplit(url).query)
+    except ValueError:  # aiohttp refuses such a URL itself, before anything is sent
+        return secrets
+    if credentials is not None:
+        secrets += [credentials.password, credentials.encode()]
+    return secrets + [value for _name, value in query]
+
+
+def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
+    """Parsed JSON with ``secrets`` redacted from every string in it, keys included, at any depth
+    (in place). A loop over a stack, not recursion: ``json.loads`` accepts nesting close to the
+    recursion limit, which a recursive walk started further down the stack would pass."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return _redact(value, secrets)
+    stack: list[Any] = [value] if isinstance(value, (list, dict)) else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            pairs = list(node.items())
+            node.clear()
+            node.update((_redact(key, secrets), _redacted_item(item, secrets, stack)) for key, item in pairs)
+        else:
+            node[:] = [_redacted_item(item, secrets, stack) for item in node]
+    return value
+
+
+def _redacted_item(item: Any, secrets: Sequence[str], stack: list[Any]) -> Any:
+    """A string redacted; a list or dict put on ``stack``, to be redacted in place in its turn."""
+    if isinstance(item, str):
+        return _redact(item, secrets)
+    if isinstance(item, (list, dict)):
+        stack.append(item)
+    return item
 
 
 def _redact_url(url: str) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "RewardSample",
     "ScoredFloat",
     "Status",
+    "as_score",
     "extras_fill_values",
     "extras_key_for",
     "fill_missing_extras",
@@ -344,7 +345,7 @@ def _scalar_text(value: Any) -> str:
     return _short(value if isinstance(value, str) else repr(value))
 
 
-def _as_score(value: Any) -> float | None:
+def as_score(value: Any) -> float | None:
     """A finite float from a real number (``int``, ``float``, ``bool``, numpy numbers, or a 0-d numpy
     array / torch tensor holding one); None for anything else, text included (``"0.7"`` is a string
     the scorer returned, not a score), and for a number that is not finite as a float (NaN, inf,
@@ -371,7 +372,7 @@ def _as_score(value: Any) -> float | None:
 def normalize_user_result(value: Any) -> RewardResult:
     """Turn what a user function returned into a ``RewardResult``.
 
-    Accepted: a real number (see :func:`_as_score`); a dict with ``score`` (other keys become
+    Accepted: a real number (see :func:`as_score`); a dict with ``score`` (other keys become
     extras); a ``(score, query, explanation)`` tuple (the recipe's contract); a ``RewardResult``.
     Anything else, text and ``None`` included, or a score that is not a finite real number gives
     status ``invalid`` with the reason.
@@ -382,7 +383,7 @@ def normalize_user_result(value: Any) -> RewardResult:
         if "score" not in value:
             keys = sorted(map(str, value))
             return RewardResult.failure(Status.INVALID, f"dict result has no 'score' key (keys: {keys})")
-        score = _as_score(value["score"])
+        score = as_score(value["score"])
         extras = {k: v for k, v in value.items() if k not in ("score", "reward_score")}
         if score is None:
             return RewardResult.failure(
@@ -390,7 +391,7 @@ def normalize_user_result(value: Any) -> RewardResult:
             )
         return RewardResult(score=score, extras=extras)
     if isinstance(value, tuple) and len(value) == 3:
-        score = _as_score(value[0])
+        score = as_score(value[0])
         if score is None:
             return RewardResult.failure(
                 Status.INVALID, f"score is not a finite real number: {_shown(value[0])}"
@@ -398,7 +399,7 @@ def normalize_user_result(value: Any) -> RewardResult:
         return RewardResult(score=score, extras={"judge_query": value[1], "judge_explanation": value[2]})
     if value is None:
         return RewardResult.failure(Status.INVALID, "reward function returned None")
-    score = _as_score(value)
+    score = as_score(value)
     if score is None:
         return RewardResult.failure(Status.INVALID, f"unusable score {_shown(value)}")
     return RewardResult(score=score)

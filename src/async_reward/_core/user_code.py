@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 _FUNCTION_KEY = "reward.custom_reward_function"
+_EXECUTOR_KEY = "reward.async_reward.executor"
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +102,41 @@ def user_object(config: Any, *, needed_by: str) -> tuple[str, str, Any] | None:
         ) from None
 
 
-def check_reward_function(config: Any) -> None:
+def check_reward_function(config: Any, executor: str = "thread") -> None:
     """``custom_reward_function``, when set, must name a callable (for ``async_naive`` and
-    ``async_rate_limited``)."""
+    ``async_rate_limited``), and a sync one under ``executor: process``."""
     found = user_object(config, needed_by="async_naive")
-    if found is not None and not callable(found[2]):
-        path, name, obj = found
+    if found is None:
+        return
+    path, name, obj = found
+    if not callable(obj):
         raise bad_value(
             f"{_FUNCTION_KEY}.name",
             name,
             f"in {path} is a {type(obj).__name__}, not a function",
             "name a function",
+        )
+    _refuse_async_in_processes(obj, f"{name} of {path}", executor)
+
+
+def _refuse_async_in_processes(fn: Callable[..., Any], what: str, executor: str) -> None:
+    """Refuse an async ``fn`` under ``executor: process``: calling it in a pool process makes a
+    coroutine, which cannot be sent back (``cannot pickle 'coroutine' object``), so every sample
+    would fail. ``inspect.iscoroutinefunction`` sees through ``functools.partial``, verl's wrapping.
+
+    Raises:
+        ConfigError: naming ``reward.async_reward.executor`` and the fix.
+    """
+    if executor != "process":
+        return
+    if inspect.iscoroutinefunction(fn):
+        raise bad_value(
+            _EXECUTOR_KEY,
+            executor,
+            f"cannot run the async reward function {what}: a process returns its result by pickling, "
+            "and a coroutine cannot be pickled, so every sample would fail",
+            f"use {_EXECUTOR_KEY}=thread (the default; an async function runs on the event loop, not "
+            "in the pool), or make the function sync",
         )
 
 
@@ -121,6 +146,9 @@ def resolve_user_function(
     """The callable a manager should call: verl's resolved function, or a picklable reference.
 
     With no ``custom_reward_function`` verl passes its default scorer for the data source.
+
+    Raises:
+        ConfigError: an async function under ``executor: process`` (:func:`_refuse_async_in_processes`).
     """
     if compute_score is None:
         from verl.utils.reward_score import default_compute_score
@@ -130,6 +158,8 @@ def resolve_user_function(
         return compute_score
     fn_config = config.reward.get("custom_reward_function") or {}
     path = fn_config.get("path")
+    # Again here: a worker may be started by code that never ran the driver's check_reward_function.
+    _refuse_async_in_processes(compute_score, f"{fn_config.get('name')} of {path}", executor)
     if not path:
         return compute_score  # verl's default scorer is a plain module function: picklable
     return ExternFunction(str(path), str(fn_config.get("name")), dict(fn_config.get("reward_kwargs") or {}))

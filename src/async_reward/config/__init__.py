@@ -139,7 +139,7 @@ class AsyncRewardConfig:
         self.retry.validate(f"{path}.retry")
         self.judge.validate(f"{path}.judge")
         self.remote.validate(f"{path}.remote")
-        validate_fields(self.stateful, f"{path}.stateful")
+        self.stateful.validate(f"{path}.stateful")
         self.composite.validate(f"{path}.composite")
 
     def validate_judge_fallback(self, path: str = CONFIG_PATH) -> None:

@@ -38,6 +38,23 @@ def _is_url(value: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def _refuse_url_credentials_beside(url: str | None, url_key: str, authorization_from: str | None) -> None:
+    """Refuse a ``user:password@`` in ``url`` when ``authorization_from`` (a key) sends an
+    ``Authorization`` header too: aiohttp sends URL credentials as ``Authorization: Basic``, and
+    refuses a request that has both, so every sample would fail. Neither value is shown."""
+    if url is None or authorization_from is None or "@" not in urlsplit(url).netloc:
+        return
+    fix = f"remove the user:password@ from {url_key}, or unset {authorization_from}"
+    raise bad_value(
+        url_key,
+        url,
+        f"holds a user:password (sent as an Authorization: Basic header) and {authorization_from} "
+        "sends an Authorization header too; a request carries one (each would fail)",
+        fix,
+        hide=True,
+    )
+
+
 def _env_name(fix: str) -> dict[str, Any]:
     # Hidden: what fails this rule is often the key itself, pasted where its variable's name belongs.
     return rule(lambda v: bool(_ENV_NAME.fullmatch(v)), "is not an environment variable name", fix, hide=True)

@@ -19,7 +19,14 @@ from async_reward._core.config_rules import (
     rule,
     validate_fields,
 )
-from async_reward.config._shared import _URL_FIX, CONFIG_PATH, _env_name, _is_url, _require_env
+from async_reward.config._shared import (
+    _URL_FIX,
+    CONFIG_PATH,
+    _env_name,
+    _is_url,
+    _refuse_url_credentials_beside,
+    _require_env,
+)
 from async_reward.judge.cost import JudgePricing
 from async_reward.judge.rubric.criteria import Criterion
 
@@ -209,6 +216,8 @@ class JudgeConfig:
     def validate(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Check every value (not what ``llm_judge`` requires to run: see :meth:`require`)."""
         validate_fields(self, path)
+        key_from = f"{path}.api_key_env" if self.api_key_env is not None else None
+        _refuse_url_credentials_beside(self.base_url, f"{path}.base_url", key_from)
         self._validate_verdict_rules(path)
         self._validate_prices(path)
         if self.max_score <= self.min_score:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -11,9 +12,20 @@ from async_reward._core.config_rules import (
     rule,
     validate_fields,
 )
-from async_reward.config._shared import _URL_FIX, CONFIG_PATH, _env_name, _is_url, _require_env
+from async_reward.config._shared import (
+    _URL_FIX,
+    CONFIG_PATH,
+    _env_name,
+    _is_url,
+    _refuse_url_credentials_beside,
+    _require_env,
+)
 
 __all__ = ["RemoteConfig"]
+
+#: What HTTP forbids in a header name or value (RFC 9110 5.5; TAB is allowed): aiohttp's own rule,
+#: by which it refuses the request, failing every sample. CR and LF would split the header.
+_FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass
@@ -26,20 +38,48 @@ class RemoteConfig:
     api_key_env: str | None = field(
         default=None, metadata=_env_name("write the NAME of the variable holding the token, never the token")
     )
-    """Name of the environment variable holding a bearer token. None: no Authorization header."""
+    """Name of the environment variable holding a bearer token, sent as ``Authorization: Bearer
+    <token>``. None: no Authorization header. Refused beside an ``Authorization`` in :attr:`headers`
+    or a ``user:password@`` in :attr:`url`."""
     headers: dict[str, str] = field(default_factory=dict, repr=False)
-    """Extra HTTP headers (string values). Kept out of reprs and errors, but put secrets in
-    ``api_key_env``, not here."""
+    """Extra HTTP headers (string values without control characters). Kept out of reprs and errors,
+    and redacted from what the service echoes back, but put secrets in ``api_key_env``, not here."""
 
     def validate(self, path: str = f"{CONFIG_PATH}.remote") -> None:
-        """Check every value (not what ``async_remote`` requires to run: see :meth:`require`)."""
+        """Check every value (not what ``async_remote`` requires to run: see :meth:`require`). Header
+        values are never shown: headers are where people paste tokens."""
         validate_fields(self, path)
         for name, value in self.headers.items():
             if not isinstance(value, str):
-                # The value is never shown: headers are where people paste tokens.
                 raise bad_value(
                     f"{path}.headers.{name}", value, "is not a string", "quote the header value", hide=True
                 )
+            _check_header(name, value, f"{path}.headers")
+        self._check_one_authorization(path)
+
+    def _check_one_authorization(self, path: str) -> None:
+        """At most one source of the ``Authorization`` header: ``api_key_env``, ``headers``, or the
+        URL's ``user:password@``. With two, one would silently replace the other (ours replaced a
+        header of the user's), or aiohttp would refuse every request (the URL's with a header)."""
+        header = self.authorization_header()
+        if header is not None and self.api_key_env is not None:
+            fix = (
+                f"keep the key in {path}.api_key_env and remove headers.{header}, or unset "
+                "api_key_env to send the header as written"
+            )
+            problem = (
+                f"is set together with {path}.api_key_env, which sends its own Authorization header "
+                "(Bearer <the key>) in its place"
+            )
+            raise bad_value(f"{path}.headers.{header}", self.headers[header], problem, fix, hide=True)
+        sender = f"{path}.headers.{header}" if header is not None else None
+        if self.api_key_env is not None:
+            sender = f"{path}.api_key_env"
+        _refuse_url_credentials_beside(self.url, f"{path}.url", sender)
+
+    def authorization_header(self) -> str | None:
+        """The name of the ``Authorization`` header in :attr:`headers`, as written (any letter case)."""
+        return next((name for name in self.headers if name.lower() == "authorization"), None)
 
     def require(self, env: Mapping[str, str] | None = None, path: str = f"{CONFIG_PATH}.remote") -> None:
         """What ``async_remote`` cannot run without: the URL, and the token variable when one is named."""
@@ -47,3 +87,21 @@ class RemoteConfig:
             fix = f"set +{path}.url=http://<host>:<port>/score"
             raise missing_value(f"{path}.url", "the async_remote manager", fix)
         _require_env(self.api_key_env, f"{path}.api_key_env", env)
+
+
+def _check_header(name: str, value: str, path: str) -> None:
+    """Refuse a control character (CR, LF, ...) in a header's name or value, showing neither."""
+    if _FORBIDDEN_HEADER_CHARS.search(value):
+        key, where = f"{path}.{name}", "its value"
+    elif _FORBIDDEN_HEADER_CHARS.search(name):
+        key, where = path, "a header's name"
+    else:
+        return
+    raise bad_value(
+        key,
+        value,
+        f"has a control character (CR, LF, ...) in {where}, which HTTP forbids in a header: every "
+        "request would be refused",
+        "remove the line breaks and other control characters",
+        hide=True,
+    )

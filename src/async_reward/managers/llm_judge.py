@@ -356,7 +356,9 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 if self.in_job:  # waited for past timeout_s: verl's router cannot cancel it
                     reply = await post_through_router(self.url, body, self._headers, self.settings)
                 else:
-                    reply, _headers = await post_json(self.url, body, headers=self._headers)
+                    reply, _headers = await post_json(
+                        self.url, body, headers=self._headers, url_key="judge.base_url"
+                    )
             except HTTPStatusError as exc:
                 unsupported = self._unsupported_structured_output(exc)
                 if unsupported is not None:  # refused for good, whatever the status: not retried

@@ -32,8 +32,9 @@ class AsyncNaiveRewardManager(AsyncRewardManager):
 
     @classmethod
     def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
-        """``custom_reward_function``, when set, names a function of a file that loads."""
-        check_reward_function(config)
+        """``custom_reward_function``, when set, names a function of a file that loads (a sync one
+        under ``executor: process``)."""
+        check_reward_function(config, settings.executor)
 
     async def score(self, sample: RewardSample) -> RewardResult:
         return await self.score_with_function(self.score_fn, sample)

@@ -1,5 +1,6 @@
 """``async_remote``: a user's HTTP reward service. Each sample is POSTed as JSON; the reply's
-``score`` is the reward and its other keys become extras."""
+``score`` is the reward and its other keys become extras. Redirects are not followed and a reply is
+read up to a cap (``async_reward._core.http``)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
         assert url is not None
 
         async def attempt(_reservation: Any) -> Any:
-            body, _headers = await post_json(url, payload, headers=self._headers)
+            body, _headers = await post_json(url, payload, headers=self._headers, url_key="remote.url")
             return body
 
         body, attempts = await self.call_with_policy(attempt, priority=sample.admission_priority)
@@ -77,6 +78,8 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
             raise MalformedResponseError(f"reward service replied with {type(body).__name__}, not an object")
         result = normalize_user_result(body)
         if result.status is Status.OK:
+            # Safe to keep: post_json redacted any secret of the request (the bearer key, a header,
+            # the URL's password or query) the service echoed back, in keys and nested values too.
             result.extras = {k: v for k, v in body.items() if k != "score"}
         result.attempts = attempts
         return result

@@ -1,0 +1,121 @@
+"""``async_remote`` and ``llm_judge`` against a service that misbehaves on purpose (redirects
+elsewhere, echoes the request's secrets in a 200 reply, a gzip bomb), driven through ``run_single``
+with real verl DataProto items and real HTTP on loopback: the reward never comes from another host,
+no secret reaches a reason, the extras or the log, and every sample gets one explicit status."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from async_reward._core.http import MAX_REPLY_BYTES
+from async_reward.managers import AsyncRemoteRewardManager, LLMJudgeRewardManager
+from tests.managers.test_managers import FAST_RETRY, score_rows
+from tests.support.hostile_service import Origin, collect, echo_headers, gzip_bomb, redirect, serve
+
+KEY = "sk-BEARERSECRET-0123456789"
+HEADER_SECRET = "hdr-SECRET-abcdefghijk"
+KEY_ENV = "ASYNC_REWARD_TEST_REMOTE_KEY"
+
+
+@pytest.fixture
+async def hostile() -> AsyncIterator[Origin]:
+    origin = Origin()
+    routes = [
+        ("/redirect", redirect(origin)),
+        ("/v1/chat/completions", redirect(origin)),  # a judge endpoint that moved
+        ("/echo_headers", echo_headers),
+        ("/gzip_bomb", gzip_bomb),
+    ]
+    async with serve(origin, routes):
+        yield origin
+
+
+@pytest.fixture
+async def elsewhere() -> AsyncIterator[Origin]:
+    """Another origin, scoring 1.0 whatever reaches it: the reward must never come from it."""
+    origin = Origin()
+    async with serve(origin, [("*", collect(origin, (KEY, HEADER_SECRET, "GT-42")))]):
+        yield origin
+
+
+def remote_manager(verl_config_factory: Any, tokenizer: Any, url: str) -> AsyncRemoteRewardManager:
+    settings = {
+        "remote": {"url": url, "api_key_env": KEY_ENV, "headers": {"X-Api-Key": HEADER_SECRET}},
+        "retry": FAST_RETRY,
+        "timeout_s": 30,
+    }
+    return AsyncRemoteRewardManager(verl_config_factory("async_remote", settings), tokenizer)
+
+
+def leaked(*texts: Any) -> list[str]:
+    return [secret for secret in (KEY, HEADER_SECRET) if any(secret in str(text) for text in texts)]
+
+
+@pytest.mark.parametrize("code", [302, 307])
+async def test_a_redirect_elsewhere_is_an_error_and_sends_it_nothing(
+    hostile, elsewhere, verl_config_factory, tokenizer, batch_factory, monkeypatch, caplog, code
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    caplog.set_level(logging.DEBUG)
+    hostile.redirect_to = elsewhere.url.replace("127.0.0.1", "localhost") + "/collect?token=QTOKEN-SECRET-1"
+    manager = remote_manager(verl_config_factory, tokenizer, f"{hostile.url}/redirect?code={code}")
+    [output] = await score_rows(manager, batch_factory, [{"response": "x", "ground_truth": "GT-42"}])
+    info = output["reward_extra_info"]
+    assert (info["status"], float(output["reward_score"]), info["attempts"]) == ("error", 0.0, 1)
+    where = elsewhere.url.replace("127.0.0.1", "localhost") + "/collect"
+    assert info["failure_reason"] == (
+        f"HTTP {code}: redirect to {where} not followed (set remote.url to the final URL)"
+    )
+    assert elsewhere.hits == Counter()  # neither the key, nor the sample with its ground truth
+    assert not leaked(info, caplog.text) and "QTOKEN" not in str(info) + caplog.text
+
+
+async def test_a_judge_endpoint_that_redirects_is_an_error_naming_base_url(
+    hostile, elsewhere, verl_config_factory, tokenizer, batch_factory, monkeypatch
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    hostile.redirect_to = elsewhere.url + "/v1/chat/completions"
+    settings = {"judge": {"base_url": hostile.url + "/v1", "api_key_env": KEY_ENV}, "retry": FAST_RETRY}
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    [output] = await score_rows(manager, batch_factory, [{"response": "4", "ground_truth": "4"}])
+    info = output["reward_extra_info"]
+    assert info["status"] == "error" and elsewhere.hits == Counter()
+    assert "not followed (set judge.base_url to the final URL)" in info["failure_reason"]
+    assert not leaked(info)
+
+
+async def test_secrets_echoed_in_a_200_reply_stay_out_of_the_extras(
+    hostile, verl_config_factory, tokenizer, batch_factory, monkeypatch, caplog
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    caplog.set_level(logging.DEBUG)
+    manager = remote_manager(verl_config_factory, tokenizer, f"{hostile.url}/echo_headers")
+    [output] = await score_rows(manager, batch_factory, [{"response": "x"}])
+    info = output["reward_extra_info"]
+    assert (info["status"], float(output["reward_score"])) == ("ok", 1.0)
+    assert "[redacted]" in info["debug"] and "[redacted]" in info  # nested values, and a key
+    assert not leaked(info, list(info), caplog.text, repr(output))
+
+
+async def test_a_gzip_bomb_is_invalid_naming_the_cap(
+    hostile, verl_config_factory, tokenizer, batch_factory, monkeypatch
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    manager = remote_manager(
+        verl_config_factory, tokenizer, f"{hostile.url}/gzip_bomb?bytes={MAX_REPLY_BYTES + 1}"
+    )
+    rows = [{"response": "x"}]
+    [output] = await score_rows(manager, batch_factory, rows)
+    info = output["reward_extra_info"]
+    assert (info["status"], info["attempts"], float(output["reward_score"])) == ("invalid", 1, 0.0)
+    assert f"larger than {MAX_REPLY_BYTES >> 20} MiB" in info["failure_reason"]
+    assert "MAX_REPLY_BYTES" in info["failure_reason"]
+    # A reply within the cap (megabytes, as a judge's with logprobs) is read and scored.
+    manager = remote_manager(verl_config_factory, tokenizer, f"{hostile.url}/gzip_bomb?bytes={4 << 20}")
+    [output] = await score_rows(manager, batch_factory, rows)
+    assert (output["reward_extra_info"]["status"], float(output["reward_score"])) == ("ok", 0.5)
