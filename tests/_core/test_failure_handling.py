@@ -68,6 +68,9 @@ RETURNS = {
     "torch_scalar": lambda: torch.tensor(0.25),
     "torch_vector": lambda: torch.tensor([0.5, 0.5]),
     "huge": lambda: 10**400,
+    "float32_overflow": lambda: 1e39,
+    "past_the_bound": lambda: {"score": -3e38},
+    "at_the_bound": lambda: 1e15,
     "bad_float": lambda: BadFloat(),
     "result_huge": lambda: RewardResult(score=10**400),
     "result_vector": lambda: RewardResult(score=torch.tensor([1.0, 2.0])),
@@ -378,6 +381,9 @@ async def test_only_real_numbers_are_scores_and_nothing_escapes_as_an_exception(
         "torch_scalar": ("ok", 0.25),
         "torch_vector": ("invalid", None),
         "huge": ("invalid", None),
+        "float32_overflow": ("invalid", None),
+        "past_the_bound": ("invalid", None),
+        "at_the_bound": ("ok", 1e15),
         "bad_float": ("invalid", None),
         "result_huge": ("invalid", None),
         "result_vector": ("invalid", None),
@@ -391,6 +397,11 @@ async def test_only_real_numbers_are_scores_and_nothing_escapes_as_an_exception(
         assert float(output["reward_score"]) == (-1.0 if value is None else value), case
     assert outputs[-1]["reward_extra_info"]["shown"] == "<unprintable BadRepr>"
     assert "unusable score '0.7' of type str" in outputs[0]["reward_extra_info"]["failure_reason"]
+    # verl trains in float32: 1e39 failed the write (its group dropped) though it said ok, and two of
+    # 3e38 gave a group NaN advantages
+    reasons = {case: o["reward_extra_info"]["failure_reason"] for case, o in zip(cases, outputs, strict=True)}
+    assert "past 1e+15 in magnitude" in reasons["float32_overflow"], reasons["float32_overflow"]
+    assert "past 1e+15 in magnitude" in reasons["past_the_bound"], reasons["past_the_bound"]
 
 
 async def test_extras_never_replace_batch_fields_or_library_keys(

@@ -101,6 +101,9 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.max_score", 1e308, "overflows floating point", {"judge.min_score": -1e308}),
     ("judge.normalize_to", [-1e308, 1e308], "overflows floating point", {}),
     ("judge.normalize_to", [0, 1e308], "overflows floating point", {}),
+    # Finite spans whose rewards verl's float32 training cannot hold (a group's advantage NaN).
+    ("judge.normalize_to", [0, 1e20], "past 1e+15 in magnitude", {}),
+    ("judge.max_score", 1e16, "past 1e+15 in magnitude", {"judge.normalize_to": None}),
     ("judge.temperature", -0.1, "[0, 2]", {}),
     ("judge.temperature", NAN, "finite", {}),
     ("judge.max_tokens", -5, ">= 1", {}),

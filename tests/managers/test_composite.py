@@ -793,10 +793,19 @@ def test_an_overflowing_sum_is_invalid_and_keeps_every_components_record(tmp_pat
     row = score_cli(tmp_path, {"composite": {"components": components}}, gsm8k_rows(("5", "5")))["r0"]
     assert row["status"] == "invalid"
     assert (
-        row["failure_reason"] == "weighted sum overflows floating point (rule 1e+308 x 1, again 1e+308 x 1)"
+        row["failure_reason"]
+        == "weighted sum overflows floating point or passes 1e+15 (rule 1e+308 x 1, again 1e+308 x 1)"
     )
     assert row["composite_rule_status"] == row["composite_again_status"] == "ok"
     assert row["composite_rule_score"] == 1.0 and row["composite_rule_attempts"] == 1 and row["attempts"] == 2
+    # finite, and past what verl's float32 training holds (a group's advantage would be NaN)
+    components = [{"name": "rule", "manager": "async_naive", "weight": 1e16}]
+    (tmp_path / "past").mkdir()
+    row = score_cli(tmp_path / "past", {"composite": {"components": components}}, gsm8k_rows(("5", "5")))[
+        "r0"
+    ]
+    assert row["status"] == "invalid", row
+    assert row["failure_reason"] == "weighted sum overflows floating point or passes 1e+15 (rule 1e+16 x 1)"
 
 
 def test_a_components_own_setting_is_named_where_it_is_set(server, verl_config_factory):

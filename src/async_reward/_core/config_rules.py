@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from async_reward._core.errors import ConfigError
-from async_reward._core.redaction import HIDDEN, holds_secret_value, secrets_of
+from async_reward._core.redaction import HIDDEN, hide_url_secrets, holds_secret_value, secrets_of
 
 __all__ = [
     "Rule",
@@ -54,13 +53,6 @@ def missing_value(key: str, needed_by: str, fix: str) -> ConfigError:
     return ConfigError(f"{key} is required by {needed_by} (not set); {fix}", key=key, fix=fix)
 
 
-#: A URL in a shown value: its ``user:password@`` and its query string (``?token=...``) are hidden.
-_URL = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/?#@\s'\"]*@)?(?P<rest>[^?#\s'\"]*)"
-    r"(?P<query>\?[^#\s'\"]*)?"
-)
-
-
 def _show(value: Any) -> str:
     try:
         text = repr(value)
@@ -69,15 +61,8 @@ def _show(value: Any) -> str:
     if holds_secret_value(text):
         # e.g. timeout_s: ${oc.env:JUDGE_API_KEY}: the value is a secret of this environment.
         return HIDDEN
-    text = _URL.sub(_hide_url_secrets, text)
+    text = hide_url_secrets(text)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _hide_url_secrets(url: re.Match[str]) -> str:
-    """The URL with ``<hidden>`` for its user info and its query: a bad URL is still shown."""
-    user = f"{HIDDEN}@" if url["user"] else ""
-    query = f"?{HIDDEN}" if url["query"] else ""
-    return f"{url['scheme']}{user}{url['rest']}{query}"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from typing import Any
 __all__ = [
     "HIDDEN",
     "config_secret_values",
+    "hide_url_secrets",
     "holds_secret_value",
     "is_secret_field",
     "is_secret_name",
@@ -71,6 +72,25 @@ _SECRET_WORDS = frozenset(
 )
 _SECRET_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _ENV_VARS_PATH = ("ray_kwargs", "ray_init", "runtime_env", "env_vars")
+
+
+#: A URL in a shown text: its ``user:password@`` and its query string (``?token=...``) are hidden.
+_URL = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/?#@\s'\"]*@)?(?P<rest>[^?#\s'\"]*)"
+    r"(?P<query>\?[^#\s'\"]*)?"
+)
+
+
+def hide_url_secrets(text: str) -> str:
+    """``text`` with ``<hidden>`` for the user info and the query of every URL in it: a refused URL is
+    still shown, so the user sees which one, without the password or token it may carry."""
+
+    def hide(url: re.Match[str]) -> str:
+        user = f"{HIDDEN}@" if url["user"] else ""
+        query = f"?{HIDDEN}" if url["query"] else ""
+        return f"{url['scheme']}{user}{url['rest']}{query}"
+
+    return _URL.sub(hide, text)
 
 
 def is_secret_name(name: str) -> bool:

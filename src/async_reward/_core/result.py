@@ -25,6 +25,7 @@ __all__ = [
     "DISPATCH_ORDER_KEY",
     "EXTRA_STRING_MAX_CHARS",
     "LOST_WORKERS_KEY",
+    "MAX_ABS_SCORE",
     "RESERVED_EXTRA_KEYS",
     "USER_KEY_PREFIX",
     "ExtraInfo",
@@ -345,11 +346,19 @@ def _scalar_text(value: Any) -> str:
     return _short(value if isinstance(value, str) else repr(value))
 
 
+MAX_ABS_SCORE = 1e15
+"""The largest magnitude a score may have. verl trains on rewards in float32: a score of 1e39 made
+the sample's write fail (and its group be dropped) though it reported ``ok``, and two of 3e38 gave a
+group NaN advantages (the float32 mean overflows). Below this bound the mean, and the square of any
+difference a group-normalised advantage sums (for groups up to about 10^7 samples), stay finite;
+no reward worth training on comes near it."""
+
+
 def as_score(value: Any) -> float | None:
     """A finite float from a real number (``int``, ``float``, ``bool``, numpy numbers, or a 0-d numpy
     array / torch tensor holding one); None for anything else, text included (``"0.7"`` is a string
-    the scorer returned, not a score), and for a number that is not finite as a float (NaN, inf,
-    ``10**400``)."""
+    the scorer returned, not a score), for a number that is not finite as a float (NaN, inf,
+    ``10**400``), and for one past :data:`MAX_ABS_SCORE`."""
     if isinstance(value, (bool, np.bool_)):
         return float(value)
     try:
@@ -366,7 +375,7 @@ def as_score(value: Any) -> float | None:
         score = float(value)
     except Exception:  # OverflowError (10**400), a __float__ that raises, ...
         return None
-    return score if math.isfinite(score) else None
+    return score if math.isfinite(score) and abs(score) <= MAX_ABS_SCORE else None
 
 
 def normalize_user_result(value: Any) -> RewardResult:
@@ -406,11 +415,17 @@ def normalize_user_result(value: Any) -> RewardResult:
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)`` and its type, cut short; never raises (a user's ``__repr__`` may)."""
+    """``repr(value)`` and its type, cut short, and why a real number past :data:`MAX_ABS_SCORE` is
+    no score; never raises (a user's ``__repr__`` may)."""
     try:
         text = repr(value)
     except Exception:
         text = "<unprintable>"
     if len(text) > 80:
         text = text[:77] + "..."
-    return f"{text} of type {type(value).__name__}"
+    shown = f"{text} of type {type(value).__name__}"
+    try:
+        too_large = isinstance(value, numbers.Real) and MAX_ABS_SCORE < abs(float(value)) < math.inf
+    except Exception:  # 10**400 overflows float(): not finite, said as such
+        too_large = False
+    return f"{shown} (past {MAX_ABS_SCORE:g} in magnitude: verl trains on float32)" if too_large else shown

@@ -19,6 +19,7 @@ from async_reward._core.config_rules import (
     rule,
     validate_fields,
 )
+from async_reward._core.result import MAX_ABS_SCORE
 from async_reward.config._shared import (
     _URL_FIX,
     CONFIG_PATH,
@@ -238,6 +239,16 @@ class JudgeConfig:
             )
         if self.normalize_to is not None:
             self._check_normalize_to(self.normalize_to, scale, f"{path}.normalize_to")
+        rewards = self.normalize_to if self.normalize_to is not None else (self.min_score, self.max_score)
+        if max(abs(rewards[0]), abs(rewards[1])) > MAX_ABS_SCORE:
+            key = f"{path}.normalize_to" if self.normalize_to is not None else f"{path}.max_score"
+            raise bad_value(
+                key,
+                list(rewards) if self.normalize_to is not None else self.max_score,
+                f"gives rewards past {MAX_ABS_SCORE:g} in magnitude, which verl's float32 training cannot "
+                "hold (a group's advantage would be NaN)",
+                "write the reward range you train on with judge.normalize_to, e.g. [0, 1]",
+            )
         if self.expected_verdict and not (
             float(self.min_score).is_integer() and float(self.max_score).is_integer()
         ):

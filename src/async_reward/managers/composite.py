@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from async_reward._core.config_rules import bad_value, names_config_errors, node_key, plain_container
 from async_reward._core.errors import ConfigError
 from async_reward._core.limits import Admission
-from async_reward._core.result import RewardResult, RewardSample, Status, extras_key_for
+from async_reward._core.result import MAX_ABS_SCORE, RewardResult, RewardSample, Status, extras_key_for
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig, LimitsConfig, load_config
 from async_reward.config.checks import check_on_failure
 from async_reward.config.composite import FUNCTION_MANAGERS, SAMPLE_KEYS, SECTION_READERS, ComponentConfig
@@ -411,7 +411,7 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
                 spent.append(result.extras)
         extras.update(self._spent(spent))
         extras["judge_calls"] = calls
-        if not failed and not math.isfinite(total):
+        if not failed and not (math.isfinite(total) and abs(total) <= MAX_ABS_SCORE):
             return RewardResult.failure(
                 Status.INVALID, self._overflow_reason(outcomes), attempts=attempts, extras=extras
             )
@@ -426,13 +426,14 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
         return RewardResult.failure(result.status, reason, attempts=attempts, extras=extras)
 
     def _overflow_reason(self, outcomes: Mapping[str, _Outcome]) -> str:
-        """Why a sum of finite terms is not finite: the terms, each weight x score, named."""
+        """Why a sum of finite terms is no score (not finite, or past ``MAX_ABS_SCORE``, which verl's
+        float32 training cannot hold): the terms, each weight x score, named."""
         terms = []
         for part in self.parts:
             result = outcomes[part.name].result
             score = part.config.score_if_skipped if result is None else result.score
             terms.append(f"{part.name} {part.config.weight:g} x {score:g}")
-        return f"weighted sum overflows floating point ({', '.join(terms)})"
+        return f"weighted sum overflows floating point or passes {MAX_ABS_SCORE:g} ({', '.join(terms)})"
 
     def _spent(self, spent: list[Mapping[str, Any]]) -> dict[str, Any]:
         """The sample's cost keys: the sums over its judge components that ran (``cost.cost_metrics``)."""
