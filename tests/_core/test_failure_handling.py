@@ -95,6 +95,7 @@ def sync_score(data_source, solution_str, ground_truth, extra_info=None):
         parties = int(ground_truth.split(":")[1])
         BARRIERS.setdefault(parties, threading.Barrier(parties, timeout=60)).wait()
     if ground_truth.startswith("until:"):  # blocks its thread until the gate file exists (60 s bound)
+        open(ground_truth.split(":", 1)[1] + ".started", "a").close()
         until = time.monotonic() + 60
         while not released(ground_truth.split(":", 1)[1]) and time.monotonic() < until:
             time.sleep(0.01)
@@ -361,6 +362,56 @@ async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_la
     gate.touch()  # the stuck calls return and give their threads back
     await until(lambda: manager.function_pool.overdue == 0)
     assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+async def start_then_cancel(manager: Any, batch_factory: Any, truth: str, started: Any) -> None:
+    """Score one sample and cancel it (a stopped batch) once its function has started (``started``
+    exists); the cancellation must come back at once."""
+    batch = batch_factory([{"response": "x", "ground_truth": truth}])
+    task = asyncio.ensure_future(manager.run_single(batch))
+    await until(started.exists)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_hung_call_whose_sample_was_cancelled_is_stuck_from_its_deadline_and_starves_nobody(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
+):
+    """A sync call that hangs, its sample cancelled before its deadline: its thread stayed held but
+    was never counted overdue, so with one thread and no admission_timeout_s the next sample waited
+    for it for ever. Now it counts as overdue (once) from its deadline until it returns, and the next
+    sample fails as ``timeout`` naming it, as when the hung call is left to reach its deadline."""
+    gate = tmp_path / "gate"
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=1.0, executor_workers=1)
+    await start_then_cancel(manager, batch_factory, f"until:{gate}", tmp_path / "gate.started")
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.user_code"):
+        # The hung call returns only once the gate opens below: this coming back at all (within
+        # score's 30 s) is the proof that the sample did not wait for it.
+        [starved] = await score(manager, batch_factory, ["ok"])
+    info = starved["reward_extra_info"]
+    assert info["status"] == "timeout", info
+    assert "no free thread for the reward function" in info["failure_reason"]
+    assert "1 call(s) of the reward function still run past their deadline" in info["failure_reason"]
+    assert any("still run past their 1 s deadline" in r.getMessage() for r in caplog.records)
+    assert manager.function_pool.overdue == 1
+    gate.touch()  # the hung call returns: its thread is free again and it is no longer counted
+    await until(lambda: manager.function_pool.overdue == 0)
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+async def test_a_cancelled_call_that_returns_frees_its_thread_and_is_never_counted_stuck(
+    hazards, verl_config_factory, tokenizer, batch_factory, tmp_path
+):
+    """The other way a cancelled sample's call ends: its function returns (here when the test opens
+    the gate). Its thread serves the next sample, and its deadline passing later counts nothing."""
+    gate = tmp_path / "gate"
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=1.0, executor_workers=1)
+    await start_then_cancel(manager, batch_factory, f"until:{gate}", tmp_path / "gate.started")
+    gate.touch()
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]  # it had its thread back
+    await asyncio.sleep(1.5)  # past the cancelled call's deadline: it has returned, so it is not overdue
+    assert manager.function_pool.overdue == 0
 
 
 # ------------------------------------------------------------------ what a scorer returns
