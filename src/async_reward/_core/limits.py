@@ -21,6 +21,7 @@ from typing import Protocol
 from aiolimiter import AsyncLimiter
 
 from async_reward._core.admission_queue import Budget, Slots, Turn
+from async_reward._core.deadline import LeftRunningCalls
 
 __all__ = [
     "Admission",
@@ -219,6 +220,7 @@ class Admission:
         "_tokens",
         "_turn",
         "_waiting",
+        "left_running",
         "request_budget",
         "token_budget",
     )
@@ -233,6 +235,8 @@ class Admission:
         self._arrivals = itertools.count()
         self._in_flight = self._max_in_flight = self._waiting = 0
         self._held_back = False
+        self.left_running = LeftRunningCalls(limits.max_concurrency, "this worker's")
+        """Admitted calls left running past their caller, each holding its slot until it ends."""
 
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
         self.request_budget = None if rpm is None else rpm / worker_count
@@ -267,6 +271,11 @@ class Admission:
     def waiting(self) -> int:
         """Calls queued for a slot or for budget (queue depth)."""
         return self._waiting
+
+    @property
+    def stuck_calls(self) -> int:
+        """Calls that ignored their cancellation and still hold a slot (:attr:`left_running`)."""
+        return self.left_running.stuck
 
     @property
     def held_back(self) -> bool:
