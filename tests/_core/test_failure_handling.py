@@ -185,7 +185,7 @@ async def test_a_real_cancellation_still_cancels(hazards, verl_config_factory, t
         await asyncio.wait_for(task, 10)
     # The call stopped when cancelled: its slot is back, and it is not counted as left running.
     await until(lambda: manager.admission.in_flight == 0)
-    assert manager.admission.stuck_calls == 0
+    assert manager.admission.left_running.stuck == 0
 
 
 async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
@@ -310,10 +310,10 @@ async def test_calls_that_ignore_their_cancellation_keep_their_slots_so_max_conc
     assert all("2 call(s) that ignored their cancellation still run" in r for r in waited), waited
     assert all("limit: timeout_s=0.3 s" in r for r in waited), waited
     assert (tmp_path / "gate.peak").read_text() == "2"  # the function never ran more than 2 at once
-    assert (manager.admission.in_flight, manager.admission.stuck_calls) == (2, 2)
+    assert (manager.admission.in_flight, manager.admission.left_running.stuck) == (2, 2)
     assert any("2 call(s) ignored their cancellation" in r.getMessage() for r in caplog.records)
     gate.touch()  # the abandoned calls end: their slots come back, and nothing stays counted
-    await until(lambda: (manager.admission.in_flight, manager.admission.stuck_calls) == (0, 0))
+    await until(lambda: (manager.admission.in_flight, manager.admission.left_running.stuck) == (0, 0))
     assert statuses(await score(manager, batch_factory, ["ok", "ok"])) == ["ok", "ok"]
 
 
@@ -329,10 +329,10 @@ async def test_a_cancelled_sample_returns_at_once_and_its_call_keeps_its_slot_un
     )
     await start_then_cancel(manager, batch_factory, f"swallow:{gate}", tmp_path / "gate.peak")
     assert manager.admission.in_flight == 1
-    await until(lambda: manager.admission.stuck_calls == 1)
+    await until(lambda: manager.admission.left_running.stuck == 1)
     assert not (tmp_path / "gate.ended").exists()  # still running: cancelled, not waited for
     gate.touch()
-    await until(lambda: (manager.admission.in_flight, manager.admission.stuck_calls) == (0, 0))
+    await until(lambda: (manager.admission.in_flight, manager.admission.left_running.stuck) == (0, 0))
     assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
 
 

@@ -190,7 +190,7 @@ class LeftRunningCalls:
     A call that ignores its cancellation (for the whole grace: ``stuck`` when :meth:`keep` is told
     of it, else ``grace_s`` after) is counted in :attr:`stuck` until it ends, and logged (at 1, 2,
     4, 8, ... stuck calls, as the thread pool logs its overdue calls). One that never ends keeps
-    its slot for ever; waiters for a slot see :attr:`stuck` and give up instead of waiting for it.
+    its slot for ever; waiters for a slot see :attr:`holding` and give up instead of waiting for it.
     ``capacity`` and ``scope`` only word the log line (``"this worker's"``, ``"the job's"``).
     """
 
@@ -199,9 +199,16 @@ class LeftRunningCalls:
         self.scope = scope
         self.grace_s = grace_s
         self.stuck = 0
-        """Calls that ignored their cancellation and still run, each holding its slot."""
+        """Calls kept here that ignored their cancellation and still run, each holding its slot."""
+        self.reported = 0
+        """Such calls of the whole job, as its admission queue last reported them (``admission: job``)."""
         self._next_warning = 1
         self._releases: set[asyncio.Task[Any]] = set()
+
+    @property
+    def holding(self) -> int:
+        """Stuck calls known to hold slots of this admission: these, or those reported, the more."""
+        return max(self.stuck, self.reported)
 
     def keep(
         self, task: asyncio.Future[Any], release: Callable[[], Coroutine[Any, Any, Any]], *, stuck: bool

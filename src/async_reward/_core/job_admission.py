@@ -182,8 +182,8 @@ class JobAdmission:
         self._heard: Any = None
         self._said_requeue_at = -math.inf
         self.left_running = LeftRunningCalls(limits.max_concurrency, "the job's")
-        """This worker's admitted calls left running past their caller, each holding its lease."""
-        self._stuck_in_job = 0
+        """This worker's admitted calls left running past their caller, each holding its lease (and,
+        in ``reported``, the job's such calls as the broker last answered a heartbeat)."""
 
     @property
     def name(self) -> str:
@@ -199,12 +199,6 @@ class JobAdmission:
     def waiting(self) -> int:
         """This worker's calls waiting in the job's queue."""
         return self._waiting
-
-    @property
-    def stuck_calls(self) -> int:
-        """Calls that ignored their cancellation and still hold a lease: this worker's, or the job's
-        as the broker last answered a heartbeat (every ``heartbeat_s`` while calls wait), the more."""
-        return max(self.left_running.stuck, self._stuck_in_job)
 
     def broker(self) -> Any:
         """The broker's actor handle, started on first use.
@@ -288,7 +282,7 @@ class JobAdmission:
                 # After a failure, soon again: the leases held must reach the new broker within its grace.
                 await asyncio.sleep(self._heartbeat_s if answered else self._heartbeat_s / 10)
         finally:
-            self._stuck_in_job = 0  # not heard any more: the next beat's first answer says it again
+            self.left_running.reported = 0  # not heard any more: the next beat's first answer says it
 
     async def _heartbeat(self) -> bool:
         """One heartbeat, carrying the leases this caller holds (a broker that replaced a dead one
@@ -324,7 +318,7 @@ class JobAdmission:
             logger.debug("job-wide admission: heartbeat failed", exc_info=True)
             return True
         self._heard = broker
-        self._stuck_in_job = stuck_in_job if isinstance(stuck_in_job, int) else 0
+        self.left_running.reported = stuck_in_job if isinstance(stuck_in_job, int) else 0
         return True
 
     @contextlib.asynccontextmanager

@@ -15,7 +15,6 @@ import itertools
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Protocol
 
 from aiolimiter import AsyncLimiter
@@ -116,9 +115,7 @@ class FifoSlots:
     async def __aenter__(self) -> None:
         await self.acquire()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         self.release()
 
 
@@ -236,7 +233,6 @@ class Admission:
         self._in_flight = self._max_in_flight = self._waiting = 0
         self._held_back = False
         self.left_running = LeftRunningCalls(limits.max_concurrency, "this worker's")
-        """Admitted calls left running past their caller, each holding its slot until it ends."""
 
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
         self.request_budget = None if rpm is None else rpm / worker_count
@@ -271,11 +267,6 @@ class Admission:
     def waiting(self) -> int:
         """Calls queued for a slot or for budget (queue depth)."""
         return self._waiting
-
-    @property
-    def stuck_calls(self) -> int:
-        """Calls that ignored their cancellation and still hold a slot (:attr:`left_running`)."""
-        return self.left_running.stuck
 
     @property
     def held_back(self) -> bool:

@@ -398,8 +398,8 @@ class AsyncRewardManager(RewardManagerBase):
 
         def at_round_end(bound: asyncio.Timeout) -> None:
             nonlocal watch, stuck_at_give_up
-            if admission.stuck_calls:
-                stuck_at_give_up = admission.stuck_calls
+            if admission.left_running.holding:
+                stuck_at_give_up = admission.left_running.holding
                 bound.reschedule(loop.time())  # give up now
             else:
                 watch = loop.call_later(round_s, at_round_end, bound)
