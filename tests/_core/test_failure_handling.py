@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from async_reward._core.deadline import DeadlineExceeded, run_with_deadline
+from async_reward._core.deadline import DeadlineAbandoned, DeadlineExceeded, run_with_deadline
 from async_reward._core.result import extras_fill_values
 from async_reward.training.schedule import _with_rewards
 from tests.managers.test_managers import write_module
@@ -82,6 +82,7 @@ RETURNS = {
 
 
 BARRIERS = {}  # parties -> threading.Barrier: calls that return only once all parties run at once
+RUNNING = {}  # gate -> [calls of swallow:<gate> running now, the most that ran at once]
 
 
 def released(gate):  # whether the test opened the gate (a file): a cause it controls, not a duration
@@ -98,6 +99,7 @@ def sync_score(data_source, solution_str, ground_truth, extra_info=None):
         parties = int(ground_truth.split(":")[1])
         BARRIERS.setdefault(parties, threading.Barrier(parties, timeout=60)).wait()
     if ground_truth.startswith("until:"):  # blocks its thread until the gate file exists (60 s bound)
+        open(ground_truth.split(":", 1)[1] + ".started", "a").close()
         until = time.monotonic() + 60
         while not released(ground_truth.split(":", 1)[1]) and time.monotonic() < until:
             time.sleep(0.01)
@@ -109,12 +111,18 @@ async def async_score(data_source, solution_str, ground_truth, extra_info=None):
     raise_for(ground_truth)
     if ground_truth.startswith("swallow:"):  # ignores every cancellation until the gate file exists
         gate = ground_truth.split(":", 1)[1]
+        running = RUNNING.setdefault(gate, [0, 0])  # calls running now, the most at once (in .peak)
+        running[0] += 1
+        running[1] = max(running)
+        with open(gate + ".peak", "w") as peak:
+            peak.write(str(running[1]))
         until = time.monotonic() + 60
         while not released(gate) and time.monotonic() < until:
             try:
                 await asyncio.sleep(0.05)
             except asyncio.CancelledError:
                 pass
+        running[0] -= 1
         open(gate + ".ended", "w").close()
     if ground_truth == "forever":
         await asyncio.sleep(3600)
@@ -178,6 +186,9 @@ async def test_a_real_cancellation_still_cancels(hazards, verl_config_factory, t
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
+    # The call stopped when cancelled: its slot is back, and it is not counted as left running.
+    await until(lambda: manager.admission.in_flight == 0)
+    assert manager.admission.left_running.stuck == 0
 
 
 async def test_a_cancellation_turned_into_an_error_by_a_subclass_still_cancels(
@@ -273,6 +284,61 @@ async def test_a_coroutine_swallowing_its_cancellation_times_out_on_time(
     await until(lambda: (tmp_path / "gate.ended").exists())
 
 
+async def test_calls_that_ignore_their_cancellation_keep_their_slots_so_max_concurrency_holds(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
+):
+    """An async function that swallows its cancellation, ``max_concurrency`` 2: each call abandoned
+    at its deadline gave its slot back while it ran on, so all 6 samples' calls ran at once (the
+    review's probe: 8 of 10, 6 still running after the batch returned). Now an abandoned call keeps
+    its slot until it really ends: 2 run, the other samples wait and, as no slot can come free, fail
+    as ``timeout`` at ``timeout_s`` naming the stuck calls (no ``admission_timeout_s`` is set: without
+    that bound they would wait for them, here until the gate opens, after the checks)."""
+    gate = tmp_path / "gate"
+    manager = build(
+        verl_config_factory,
+        tokenizer,
+        hazards,
+        "async_score",
+        timeout_s=0.3,
+        retry={"max_attempts": 1},
+        limits={"max_concurrency": 2},
+    )
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.deadline"):
+        outputs = await score(manager, batch_factory, [f"swallow:{gate}"] * 6)
+    assert statuses(outputs) == ["timeout"] * 6
+    reasons = [o["reward_extra_info"]["failure_reason"] for o in outputs]
+    abandoned = [r for r in reasons if "ignored its cancellation and was abandoned" in r]
+    waited = [r for r in reasons if r.startswith("no free concurrency slot within")]
+    assert (len(abandoned), len(waited)) == (2, 4), reasons
+    assert all("2 call(s) that ignored their cancellation still run" in r for r in waited), waited
+    assert all("limit: timeout_s=0.3 s" in r for r in waited), waited
+    assert (tmp_path / "gate.peak").read_text() == "2"  # the function never ran more than 2 at once
+    assert (manager.admission.in_flight, manager.admission.left_running.stuck) == (2, 2)
+    assert any("2 call(s) ignored their cancellation" in r.getMessage() for r in caplog.records)
+    gate.touch()  # the abandoned calls end: their slots come back, and nothing stays counted
+    await until(lambda: (manager.admission.in_flight, manager.admission.left_running.stuck) == (0, 0))
+    assert statuses(await score(manager, batch_factory, ["ok", "ok"])) == ["ok", "ok"]
+
+
+async def test_a_cancelled_sample_returns_at_once_and_its_call_keeps_its_slot_until_it_ends(
+    hazards, verl_config_factory, tokenizer, batch_factory, tmp_path
+):
+    """A sample cancelled (a stopped batch) while its call swallows the cancellation: ``run_single``
+    still raises ``CancelledError`` at once (the call ends only when the gate opens, after), and the
+    call keeps its slot until then, counted as stuck once it ignored the cancellation for the grace."""
+    gate = tmp_path / "gate"
+    manager = build(
+        verl_config_factory, tokenizer, hazards, "async_score", timeout_s=60.0, limits={"max_concurrency": 1}
+    )
+    await start_then_cancel(manager, batch_factory, f"swallow:{gate}", tmp_path / "gate.peak")
+    assert manager.admission.in_flight == 1
+    await until(lambda: manager.admission.left_running.stuck == 1)
+    assert not (tmp_path / "gate.ended").exists()  # still running: cancelled, not waited for
+    gate.touch()
+    await until(lambda: (manager.admission.in_flight, manager.admission.left_running.stuck) == (0, 0))
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
 async def test_an_async_function_that_blocks_the_loop_past_its_deadline_is_a_timeout(
     hazards, verl_config_factory, tokenizer, batch_factory
 ):
@@ -299,6 +365,44 @@ async def test_a_result_after_the_deadline_is_refused_by_run_with_deadline_itsel
     with pytest.raises(DeadlineExceeded, match="event loop was blocked") as info:
         await run_with_deadline(blocks_the_loop(), 0.1)
     assert info.value.timeout_s == 0.1
+
+
+async def test_run_with_deadline_tells_of_every_call_it_leaves_running() -> None:
+    """So that its caller can keep the call's slot until it ends: a call abandoned at its deadline
+    (told as stuck), and one whose caller was cancelled, while it waited for the call or during the
+    call's grace (told as not stuck yet: it was just cancelled). Each is told while it still runs."""
+    release = asyncio.Event()
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+    told: list[tuple[asyncio.Future[Any], bool]] = []
+
+    async def swallows() -> None:
+        started.set()
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                cancelled.set()
+
+    def left_running(task: asyncio.Future[Any], stuck: bool) -> None:
+        told.append((task, stuck))
+
+    with pytest.raises(DeadlineAbandoned):
+        await run_with_deadline(swallows(), 0.05, grace_s=0.05, left_running=left_running)
+    for timeout_s, until_event in ((60.0, started), (0.05, cancelled)):  # waiting; in the grace
+        started.clear()
+        cancelled.clear()
+        caller = asyncio.ensure_future(
+            run_with_deadline(swallows(), timeout_s, grace_s=60.0, left_running=left_running)
+        )
+        await asyncio.wait_for(until_event.wait(), 30)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(caller, 30)
+    assert [stuck for _, stuck in told] == [True, False, False]
+    assert not any(task.done() for task, _ in told)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*(task for task, _ in told), return_exceptions=True), 30)
 
 
 async def until(condition: Any, timeout_s: float = 60.0) -> None:
@@ -364,6 +468,56 @@ async def test_calls_stuck_past_their_deadline_are_reported_and_cannot_starve_la
     gate.touch()  # the stuck calls return and give their threads back
     await until(lambda: manager.function_pool.overdue == 0)
     assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+async def start_then_cancel(manager: Any, batch_factory: Any, truth: str, started: Any) -> None:
+    """Score one sample and cancel it (a stopped batch) once its function has started (``started``
+    exists); the cancellation must come back at once."""
+    batch = batch_factory([{"response": "x", "ground_truth": truth}])
+    task = asyncio.ensure_future(manager.run_single(batch))
+    await until(started.exists)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_hung_call_whose_sample_was_cancelled_is_stuck_from_its_deadline_and_starves_nobody(
+    hazards, verl_config_factory, tokenizer, batch_factory, caplog, tmp_path
+):
+    """A sync call that hangs, its sample cancelled before its deadline: its thread stayed held but
+    was never counted overdue, so with one thread and no admission_timeout_s the next sample waited
+    for it for ever. Now it counts as overdue (once) from its deadline until it returns, and the next
+    sample fails as ``timeout`` naming it, as when the hung call is left to reach its deadline."""
+    gate = tmp_path / "gate"
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=1.0, executor_workers=1)
+    await start_then_cancel(manager, batch_factory, f"until:{gate}", tmp_path / "gate.started")
+    with caplog.at_level(logging.WARNING, logger="async_reward._core.user_code"):
+        # The hung call returns only once the gate opens below: this coming back at all (within
+        # score's 30 s) is the proof that the sample did not wait for it.
+        [starved] = await score(manager, batch_factory, ["ok"])
+    info = starved["reward_extra_info"]
+    assert info["status"] == "timeout", info
+    assert "no free thread for the reward function" in info["failure_reason"]
+    assert "1 call(s) of the reward function still run past their deadline" in info["failure_reason"]
+    assert any("still run past their 1 s deadline" in r.getMessage() for r in caplog.records)
+    assert manager.function_pool.overdue == 1
+    gate.touch()  # the hung call returns: its thread is free again and it is no longer counted
+    await until(lambda: manager.function_pool.overdue == 0)
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]
+
+
+async def test_a_cancelled_call_that_returns_frees_its_thread_and_is_never_counted_stuck(
+    hazards, verl_config_factory, tokenizer, batch_factory, tmp_path
+):
+    """The other way a cancelled sample's call ends: its function returns (here when the test opens
+    the gate). Its thread serves the next sample, and its deadline passing later counts nothing."""
+    gate = tmp_path / "gate"
+    manager = build(verl_config_factory, tokenizer, hazards, "sync_score", timeout_s=1.0, executor_workers=1)
+    await start_then_cancel(manager, batch_factory, f"until:{gate}", tmp_path / "gate.started")
+    gate.touch()
+    assert statuses(await score(manager, batch_factory, ["ok"])) == ["ok"]  # it had its thread back
+    await asyncio.sleep(1.5)  # past the cancelled call's deadline: it has returned, so it is not overdue
+    assert manager.function_pool.overdue == 0
 
 
 # ------------------------------------------------------------------ what a scorer returns

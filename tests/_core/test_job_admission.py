@@ -536,6 +536,56 @@ def test_function_components_have_a_queue_per_function_and_share_one_for_the_sam
     assert names["a"] == names["c"], names
 
 
+async def test_a_call_that_ignores_its_cancellation_keeps_its_lease_and_every_workers_waiters_see_it(
+    verl_config_factory, tokenizer, batch_factory, tmp_path
+):
+    """Two reward workers' managers (two callers of one job queue, ``max_concurrency`` 1); a call of
+    one ignores its cancellation at its deadline. It gave its lease back while it ran on, so the other
+    worker's sample ran beside it. Now it keeps the lease until it ends, its worker's heartbeat says
+    so, and the other worker's sample, which can get no slot, fails as ``timeout`` naming it instead of
+    waiting for it (no ``admission_timeout_s``: it would wait until the gate opens, after the checks)."""
+    import ray
+
+    from async_reward._core.job_admission import _BROKERS
+    from tests._core.test_failure_handling import HAZARDS, build, score, statuses, until
+    from tests.managers.test_managers import write_module
+
+    hazards = write_module(tmp_path, HAZARDS, "hazards.py")
+    gate = tmp_path / "gate"
+    settings = {
+        "timeout_s": 0.5,
+        "retry": {"max_attempts": 1},
+        "limits": {"max_concurrency": 1, "admission": "job"},
+    }
+    stuck_one, other = (
+        build(verl_config_factory, tokenizer, hazards, "async_score", **settings) for _ in "ab"
+    )
+    name = stuck_one.admission.name
+    assert other.admission.name == name
+    for manager in (stuck_one, other):
+        manager.admission._heartbeat_s = HEARTBEAT_S  # the default 5 s only makes this slower
+    try:
+        [abandoned] = await score(stuck_one, batch_factory, [f"swallow:{gate}"])
+        assert (
+            "ignored its cancellation and was abandoned" in abandoned["reward_extra_info"]["failure_reason"]
+        )
+        assert stuck_one.admission.in_flight == 1  # the lease is kept while the call runs
+        [starved] = await score(other, batch_factory, ["ok"], bound_s=60)
+        info = starved["reward_extra_info"]
+        assert info["status"] == "timeout", info
+        assert "1 call(s) that ignored their cancellation still run" in info["failure_reason"], info
+        assert (await ray.get_actor(name).stats.remote())["in_flight"] == 1
+        gate.touch()  # the call ends: its lease goes back, and the job's queue serves the other worker
+        await until(lambda: stuck_one.admission.in_flight == 0)
+        assert statuses(await score(other, batch_factory, ["ok"], bound_s=60)) == ["ok"]
+    finally:
+        gate.touch()
+        handle = _BROKERS.pop(name, None)
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+
 def test_an_unknown_admission_scope_is_refused_naming_the_key():
     with pytest.raises(ConfigError) as error:
         load_config({"reward": {"async_reward": {"limits": {"admission": "cluster"}}}})

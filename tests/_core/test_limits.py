@@ -599,6 +599,27 @@ def test_a_heartbeat_never_brings_back_a_released_lease_nor_counts_another_calle
     run_virtual(main())
 
 
+def test_a_heartbeat_answers_the_jobs_leases_held_by_calls_that_ignore_their_cancellation() -> None:
+    """Each caller reports how many of its leases are held by calls that ignored their cancellation
+    (they keep them until they end); every heartbeat is answered with the job's count, at most the
+    leases each caller still holds, so a worker whose own calls are healthy sees another's stuck
+    ones, and a stuck call that ended stops counting before its caller reports again."""
+    broker = _broker(3)
+
+    async def main() -> None:
+        for lease in ("a-0", "a-1", "b-0"):
+            assert await broker.acquire(lease, 0, 0)
+        assert await broker.heartbeat("a", {"a-0": 0, "a-1": 0}, 2) == 2
+        assert await broker.heartbeat("b", {"b-0": 0}) == 2
+        await broker.release("a-0")  # one of them ended; a has not reported since
+        assert await broker.heartbeat("b", {"b-0": 0}) == 1
+        await broker.release("a-1")
+        assert await broker.heartbeat("b", {"b-0": 0}) == 0
+        assert broker.stats()["stuck"] == 0
+
+    run_virtual(main())
+
+
 @pytest.mark.parametrize(
     ("key", "budget", "kept"), [("requests_per_minute", 15, 8), ("tokens_per_minute", 20, 16)]
 )

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from async_reward._core.limits import Admission, LimitSettings, Priority, TokenReservation
@@ -68,6 +68,7 @@ class AdmissionBroker:
         self._waiting: dict[str, asyncio.Task[Any]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._seen: dict[str, float] = {}
+        self._stuck: dict[str, int] = {}
         self._reclaimed = self._granted = self._adopted = 0
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -108,14 +109,18 @@ class AdmissionBroker:
         else:  # granted meanwhile, or its acquire has not arrived yet (it will return False at once)
             await self.release(lease)
 
-    async def heartbeat(self, caller: str, held: dict[str, int] | None = None) -> None:
+    async def heartbeat(self, caller: str, held: dict[str, int] | None = None, stuck: int = 0) -> int:
         """``caller`` is alive (sent every ``heartbeat_s`` while it has calls waiting or admitted) and
-        holds the leases ``held`` (id: estimated tokens). A lease this broker does not hold (granted by
-        a broker that died, or taken back while its caller was silent) is counted from now on: it
-        takes a slot even if none is free, and no new grant goes out until the job is back under
-        ``max_concurrency``."""
+        holds the leases ``held`` (id: estimated tokens), ``stuck`` of them by calls that ignored
+        their cancellation and still run. A lease this broker does not hold (granted by a broker that
+        died, or taken back while its caller was silent) is counted from now on: it takes a slot even
+        if none is free, and no new grant goes out until the job is back under ``max_concurrency``.
+
+        Returns the job's count of leases held by such stuck calls (what each caller last reported,
+        at most the leases it holds), so that every caller's waiting calls can see them."""
         self._start()
         self._seen[caller] = time.monotonic()
+        self._stuck[caller] = stuck
         for lease, tokens in (held or {}).items():
             if (
                 caller_of(lease) != caller
@@ -129,6 +134,12 @@ class AdmissionBroker:
             self._adopted += 1
         if self._held:
             self._start_sweeper()
+        return self.stuck_leases()
+
+    def stuck_leases(self) -> int:
+        """Leases held by calls their callers reported as stuck (ignoring their cancellation)."""
+        holding = Counter(map(caller_of, self._held))
+        return sum(min(count, holding[caller]) for caller, count in self._stuck.items())
 
     def stats(self) -> dict[str, int]:
         """Counters: in flight now and at most, waiting, granted, leases learnt from heartbeats
@@ -142,6 +153,7 @@ class AdmissionBroker:
             "adopted": self._adopted,
             "reclaimed": self._reclaimed,
             "held_back": int(self._admission.held_back),
+            "stuck": self.stuck_leases(),
             "max_concurrency": self._max_concurrency,
         }
 
@@ -179,6 +191,7 @@ class AdmissionBroker:
                 c for c, seen in self._seen.items() if c not in busy and now - seen > self._silent_s
             ]:
                 del self._seen[caller]  # finished callers (managers come and go): not kept for ever
+                self._stuck.pop(caller, None)
             silent = {caller for caller in busy if now - self._seen.get(caller, now) > self._silent_s}
             for caller in silent:
                 waiting = [lease for lease in self._waiting if caller_of(lease) == caller]

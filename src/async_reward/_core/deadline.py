@@ -5,7 +5,9 @@ coroutine that catches ``CancelledError`` and carries on (a bare ``except BaseEx
 loop of its own) keeps its caller waiting forever, and with it the sample, the batch and the trainer.
 :func:`run_with_deadline` runs the call as its own task, cancels it at the deadline, gives it a short
 grace to stop, and otherwise leaves it running and logs that it did: the caller gets its
-``TimeoutError`` on time either way.
+``TimeoutError`` on time either way. A call left running still holds what was admitted for it (its
+concurrency slot): :class:`LeftRunningCalls` gives that back only when the task really ends, and
+counts and logs the calls that ignore their cancellation.
 
 User code may also raise what asyncio treats as control flow. ``KeyboardInterrupt`` and
 ``SystemExit`` escape a task and stop the whole event loop (a Ray actor's loop included, which then
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "AdmissionTimeout",
     "DeadlineAbandoned",
     "DeadlineExceeded",
+    "LeftRunning",
+    "LeftRunningCalls",
     "UserCodeError",
     "being_cancelled",
     "contained",
@@ -40,6 +44,11 @@ _T = TypeVar("_T")
 
 #: How long a call cancelled at its deadline may take to stop before it is abandoned.
 GRACE_S = 1.0
+
+LeftRunning = Callable[["asyncio.Future[Any]", bool], None]
+"""Told of a call's task that :func:`run_with_deadline` leaves without waiting for it to end:
+``(task, stuck)``; ``stuck``: it ignored its cancellation for the whole grace (abandoned at its
+deadline); False: its caller was cancelled and the task, cancelled too, has not ended yet."""
 
 
 class AdmissionTimeout(TimeoutError):
@@ -111,7 +120,12 @@ async def contained(awaitable: Awaitable[_T]) -> _T:
 
 
 async def run_with_deadline(
-    awaitable: Awaitable[_T], timeout_s: float, *, grace_s: float = GRACE_S, what: str = "the call"
+    awaitable: Awaitable[_T],
+    timeout_s: float,
+    *,
+    grace_s: float = GRACE_S,
+    what: str = "the call",
+    left_running: LeftRunning | None = None,
 ) -> _T:
     """Await ``awaitable`` (run as its own task, :func:`contained`) for at most ``timeout_s`` seconds.
 
@@ -119,6 +133,9 @@ async def run_with_deadline(
     abandoned (left running, logged). A caller cancelled while waiting cancels the task and returns
     at once, without waiting for it either. A task that ended after the deadline (the event loop
     was blocked, so no timer could fire on time) is a timeout too: its result is not used.
+    ``left_running`` is told of the task each time this returns while it still runs (abandoned, or
+    cancelled with its caller and not ended yet), so the caller can hold what the call uses (its
+    admission: :class:`LeftRunningCalls`) until it really ends.
 
     Raises:
         DeadlineExceeded: the deadline passed (the task stopped, finished during the grace, or
@@ -128,17 +145,27 @@ async def run_with_deadline(
     loop = asyncio.get_running_loop()
     started = loop.time()
     task = asyncio.ensure_future(contained(awaitable))
+
+    def leave_cancelled() -> None:  # the caller is cancelled: so is the task, without waiting for it
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        if left_running is not None and not task.done():
+            left_running(task, False)
+
     try:
         await asyncio.wait((task,), timeout=timeout_s)
     except asyncio.CancelledError:
-        task.cancel()
-        task.add_done_callback(_retrieve)
+        leave_cancelled()
         raise
     if task.done():
         return _outcome_on_time(task, loop.time() - started, timeout_s, what)
     task.cancel()
     task.add_done_callback(_retrieve)
-    await asyncio.wait((task,), timeout=grace_s)
+    try:
+        await asyncio.wait((task,), timeout=grace_s)
+    except asyncio.CancelledError:
+        leave_cancelled()
+        raise
     if not task.done():
         logger.warning(
             "%s ignored its cancellation at its %g s deadline and is left running (it cannot be stopped "
@@ -146,10 +173,95 @@ async def run_with_deadline(
             what,
             timeout_s,
         )
+        if left_running is not None:
+            left_running(task, True)
         raise DeadlineAbandoned(
             f"deadline of {timeout_s:g} s exceeded; {what} ignored its cancellation and was abandoned"
         )
     raise DeadlineExceeded(f"{what} took longer than its deadline of {timeout_s:g} s", timeout_s)
+
+
+class LeftRunningCalls:
+    """Calls left running by :func:`run_with_deadline` (abandoned at their deadline, or cancelled
+    with their caller and not ended yet), each keeping what was admitted for it (a concurrency slot,
+    a job-wide lease) until its task really ends: a cap on calls in flight bounds the calls that
+    run, not only those still awaited.
+
+    A call that ignores its cancellation (for the whole grace: ``stuck`` when :meth:`keep` is told
+    of it, else ``grace_s`` after) is counted in :attr:`stuck` until it ends, and logged (at 1, 2,
+    4, 8, ... stuck calls, as the thread pool logs its overdue calls). One that never ends keeps
+    its slot for ever; waiters for a slot see :attr:`holding` and give up instead of waiting for it.
+    ``capacity`` and ``scope`` only word the log line (``"this worker's"``, ``"the job's"``).
+    """
+
+    def __init__(self, capacity: int, scope: str, *, grace_s: float = GRACE_S) -> None:
+        self.capacity = capacity
+        self.scope = scope
+        self.grace_s = grace_s
+        self.stuck = 0
+        """Calls kept here that ignored their cancellation and still run, each holding its slot."""
+        self.reported = 0
+        """Such calls of the whole job, as its admission queue last reported them (``admission: job``)."""
+        self._next_warning = 1
+        self._releases: set[asyncio.Task[Any]] = set()
+
+    @property
+    def holding(self) -> int:
+        """Stuck calls known to hold slots of this admission: these, or those reported, the more."""
+        return max(self.stuck, self.reported)
+
+    def keep(
+        self, task: asyncio.Future[Any], release: Callable[[], Coroutine[Any, Any, Any]], *, stuck: bool
+    ) -> None:
+        """Run ``release()`` (giving back the call's slot) once ``task`` ends; count it as stuck now
+        (``stuck``), or if it still runs ``grace_s`` from now."""
+        loop = asyncio.get_running_loop()
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            if not task.done() and not counted:
+                counted = True
+                self.stuck += 1
+                self._warn()
+
+        timer = None if stuck else loop.call_later(self.grace_s, count)
+        if stuck:
+            count()
+
+        def ended(_task: asyncio.Future[Any]) -> None:
+            if timer is not None:
+                timer.cancel()
+            if counted:
+                self.stuck -= 1
+                if self.stuck == 0:
+                    self._next_warning = 1
+            releasing = loop.create_task(release())
+            self._releases.add(releasing)
+            releasing.add_done_callback(self._released)
+
+        task.add_done_callback(ended)
+
+    def _released(self, releasing: asyncio.Task[Any]) -> None:
+        self._releases.discard(releasing)
+        error = None if releasing.cancelled() else releasing.exception()
+        if error is not None:
+            logger.warning("giving back the slot of a call left running failed: %s", describe_error(error))
+
+    def _warn(self) -> None:
+        if self.stuck < self._next_warning:
+            return
+        self._next_warning = self.stuck * 2  # 1, 2, 4, 8, ...: loud, not a flood
+        logger.warning(
+            "%d call(s) ignored their cancellation (at their deadline, or when their sample was "
+            "cancelled) and still run, each holding its concurrency slot: %d of %s max_concurrency=%d "
+            "(a running task cannot be stopped from outside); later samples wait for a free slot and "
+            "become 'timeout' when none comes free in time. Fix the code that catches CancelledError.",
+            self.stuck,
+            self.stuck,
+            self.scope,
+            self.capacity,
+        )
 
 
 def _outcome_on_time(task: asyncio.Future[_T], elapsed_s: float, timeout_s: float, what: str) -> _T:

@@ -40,6 +40,11 @@ What can go wrong, and what happens:
   call that finds the broker unreachable queues again after each of its first :data:`_RESTARTS`
   failures (a pause of 0.5, 1, 1.5 s), and raises at the next: the sample's status is ``error``
   with Ray's reason.
+* A call ignores its cancellation (abandoned at its deadline, or its sample cancelled): it keeps
+  its lease until it really ends (:class:`~async_reward._core.deadline.LeftRunningCalls`), and each
+  heartbeat says how many such calls its caller has; the broker answers with the job's count, so a
+  waiting call of any worker sees lease holders that may never end and gives up at ``timeout_s``
+  (as a worker's own admission does) instead of waiting for them.
 
 Written on Ray's actor primitives rather than a library: the queue needs the priority order and the
 strict minute windows of :mod:`async_reward._core.limits` (no Ray library offers either), and a Ray actor is
@@ -66,6 +71,7 @@ from async_reward._core.admission_broker import (
     SILENT_HEARTBEATS,
     AdmissionBroker,
 )
+from async_reward._core.deadline import LeftRunningCalls
 from async_reward._core.limits import LimitSettings, Priority, TokenReservation, tokens_to_charge
 
 __all__ = [
@@ -175,6 +181,9 @@ class JobAdmission:
         self._heart: asyncio.Task[None] | None = None
         self._heard: Any = None
         self._said_requeue_at = -math.inf
+        self.left_running = LeftRunningCalls(limits.max_concurrency, "the job's")
+        """This worker's admitted calls left running past their caller, each holding its lease (and,
+        in ``reported``, the job's such calls as the broker last answered a heartbeat)."""
 
     @property
     def name(self) -> str:
@@ -267,10 +276,13 @@ class JobAdmission:
             self._heart = asyncio.get_running_loop().create_task(self._beat())
 
     async def _beat(self) -> None:
-        while self._waiting or self._held:
-            answered = await self._heartbeat()
-            # After a failure, soon again: the leases held must reach the new broker within its grace.
-            await asyncio.sleep(self._heartbeat_s if answered else self._heartbeat_s / 10)
+        try:
+            while self._waiting or self._held:
+                answered = await self._heartbeat()
+                # After a failure, soon again: the leases held must reach the new broker within its grace.
+                await asyncio.sleep(self._heartbeat_s if answered else self._heartbeat_s / 10)
+        finally:
+            self.left_running.reported = 0  # not heard any more: the next beat's first answer says it
 
     async def _heartbeat(self) -> bool:
         """One heartbeat, carrying the leases this caller holds (a broker that replaced a dead one
@@ -286,7 +298,9 @@ class JobAdmission:
         if broker is not self._heard:
             deadline = max(deadline, _FIRST_ANSWER_S)
         try:
-            await asyncio.wait_for(broker.heartbeat.remote(self._caller, dict(self._held)), deadline)
+            stuck_in_job = await asyncio.wait_for(
+                broker.heartbeat.remote(self._caller, dict(self._held), self.left_running.stuck), deadline
+            )
         except TimeoutError:
             logger.warning(
                 "job-wide admission: actor %s answered no heartbeat for %.0f s (stalled): killing it",
@@ -304,6 +318,7 @@ class JobAdmission:
             logger.debug("job-wide admission: heartbeat failed", exc_info=True)
             return True
         self._heard = broker
+        self.left_running.reported = stuck_in_job if isinstance(stuck_in_job, int) else 0
         return True
 
     @contextlib.asynccontextmanager

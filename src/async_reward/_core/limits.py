@@ -15,12 +15,12 @@ import itertools
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
 from async_reward._core.admission_queue import Budget, Slots, Turn
+from async_reward._core.deadline import LeftRunningCalls
 
 __all__ = [
     "Admission",
@@ -115,9 +115,7 @@ class FifoSlots:
     async def __aenter__(self) -> None:
         await self.acquire()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         self.release()
 
 
@@ -219,6 +217,7 @@ class Admission:
         "_tokens",
         "_turn",
         "_waiting",
+        "left_running",
         "request_budget",
         "token_budget",
     )
@@ -233,6 +232,7 @@ class Admission:
         self._arrivals = itertools.count()
         self._in_flight = self._max_in_flight = self._waiting = 0
         self._held_back = False
+        self.left_running = LeftRunningCalls(limits.max_concurrency, "this worker's")
 
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
         self.request_budget = None if rpm is None else rpm / worker_count

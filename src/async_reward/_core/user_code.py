@@ -176,9 +176,12 @@ class FunctionPool:
     one *before* its deadline starts, and the deadline measures the call alone.
 
     A call that outlives its deadline cannot be stopped (Python cannot kill a thread); it keeps its
-    worker until it returns. Such calls are counted (:attr:`overdue`) and logged, and a call that finds
-    every worker held waits at most ``wait_s`` for one, then fails as ``timeout`` with a reason that
-    says how many calls are stuck, instead of queueing behind them forever.
+    worker until it returns. So does a call whose sample was cancelled (a stopped batch): its function
+    runs on, and from its deadline on it is overdue like the others. Such calls are counted
+    (:attr:`overdue`, once each) and logged, and a call that finds every worker held waits at most
+    ``wait_s`` for one, and at most ``timeout_s`` while overdue calls hold workers, then fails as
+    ``timeout`` with a reason that says how many calls are stuck, instead of queueing behind them
+    forever.
     """
 
     def __init__(self, kind: Literal["thread", "process"], size: int) -> None:
@@ -214,6 +217,8 @@ class FunctionPool:
         Raises:
             AdmissionTimeout: no worker came free in time (status ``timeout``).
             TimeoutError: the call passed ``timeout_s`` (its worker stays busy until it returns).
+            CancelledError: the caller was cancelled; a function still running keeps its worker until
+                it returns, and counts as overdue if that is after ``timeout_s``.
             BrokenProcessPool: a scorer crashed its process; the next call gets a new pool.
         """
         await self._take_worker(timeout_s, wait_s)
@@ -225,11 +230,11 @@ class FunctionPool:
             if isinstance(exc, BrokenProcessPool):
                 self._executor = None
             raise
-        state = {"overdue": False}
+        call = _Call(future)
 
         def returned(_done: Future[Any]) -> None:  # in the worker thread (or the pool's manager thread)
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to hand it to
-                loop.call_soon_threadsafe(self._returned, state)
+                loop.call_soon_threadsafe(self._returned, call)
 
         future.add_done_callback(returned)
 
@@ -237,22 +242,38 @@ class FunctionPool:
             result = await asyncio.wrap_future(future)
             return await result if inspect.isawaitable(result) else result  # a sync wrapper of a coroutine
 
+        deadline = loop.time() + timeout_s
         try:
             return await run_with_deadline(outcome(), timeout_s, what="the reward function")
         except TimeoutError:
-            if not future.done():
-                state["overdue"] = True
-                self.overdue += 1
-                self._warn_overdue(timeout_s)
+            self._mark_overdue(call, timeout_s)
             raise
         except BrokenProcessPool:
             # A scorer crashed its process; the pool refuses all later work. Build a new one for
             # the next call (executor=process exists for exactly such unstable scorers).
             self._executor = None
             raise
+        except asyncio.CancelledError:
+            # The sample was cancelled (a batch stopped) while its function runs: the thread cannot be
+            # stopped and keeps its worker. If the function has not returned by its deadline it is
+            # overdue like any call that passed it, so waiters for a worker see it and give up.
+            if not future.done():
+                call.timer = loop.call_at(deadline, self._mark_overdue, call, timeout_s)
+            raise
 
-    def _returned(self, state: dict[str, bool]) -> None:
-        if state["overdue"]:
+    def _mark_overdue(self, call: _Call, timeout_s: float) -> None:
+        """Count ``call`` as overdue (once) if its function has not returned yet."""
+        if call.overdue or call.returned or call.future.done():
+            return
+        call.overdue = True
+        self.overdue += 1
+        self._warn_overdue(timeout_s)
+
+    def _returned(self, call: _Call) -> None:
+        call.returned = True
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.overdue:
             self.overdue -= 1
             if self.overdue == 0:
                 self._next_warning = 1
@@ -318,6 +339,20 @@ class FunctionPool:
             else:
                 self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="async-reward")
         return self._executor
+
+
+class _Call:
+    """One call handed to a pool worker: whether it is counted overdue, whether its function has
+    returned (its worker released), and the timer that marks it overdue at its deadline when its
+    sample was cancelled first."""
+
+    __slots__ = ("future", "overdue", "returned", "timer")
+
+    def __init__(self, future: Future[Any]) -> None:
+        self.future = future
+        self.overdue = False
+        self.returned = False
+        self.timer: asyncio.TimerHandle | None = None
 
 
 def default_pool_size(kind: str, executor_workers: int | None, max_concurrency: int) -> int:

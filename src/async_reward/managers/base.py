@@ -37,6 +37,7 @@ from async_reward._core.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
     DeadlineExceeded,
+    LeftRunningCalls,
     UserCodeError,
     as_user_code_error,
     being_cancelled,
@@ -77,6 +78,28 @@ _T = TypeVar("_T")
 
 class RewardScoringError(RuntimeError):
     """Raised by a manager with ``on_failure: raise`` when a sample cannot be scored."""
+
+
+class _Admitted:
+    """An admitted attempt (``AsyncRewardManager._admitted``): its reservation, and the task of its
+    call that ``run_with_deadline`` left running, if any (told through :meth:`left_running`)."""
+
+    __slots__ = ("reservation", "stuck", "task")
+
+    def __init__(self, reservation: TokenReservation) -> None:
+        self.reservation = reservation
+        self.task: asyncio.Future[Any] | None = None
+        self.stuck = False
+
+    def left_running(self, task: asyncio.Future[Any], stuck: bool) -> None:
+        self.task, self.stuck = task, stuck
+
+    def kept_by(self, calls: LeftRunningCalls, context: contextlib.AbstractAsyncContextManager[Any]) -> bool:
+        """Whether the call still runs; if so ``calls`` keeps its admission ``context`` until it ends."""
+        if self.task is None or self.task.done():
+            return False
+        calls.keep(self.task, lambda: context.__aexit__(None, None, None), stuck=self.stuck)
+        return True
 
 
 class AsyncRewardManager(RewardManagerBase):
@@ -320,7 +343,8 @@ class AsyncRewardManager(RewardManagerBase):
 
         Admission comes first so the deadline measures the service, not our own queue. The deadline
         (``timeout_s``) cannot be ignored: the attempt runs as its own task and is abandoned, not
-        awaited, if it does not stop when cancelled (``async_reward._core.deadline``). ``own_deadline=True``
+        awaited, if it does not stop when cancelled (``async_reward._core.deadline``); an abandoned
+        attempt keeps its admission (its concurrency slot) until its task really ends. ``own_deadline=True``
         for an attempt that applies ``timeout_s`` itself, after taking what it must wait for first
         (a free thread). ``retry_timeouts=False`` for work that cannot be stopped (a sync function in a
         thread keeps running after its deadline; starting it again would pile up copies).
@@ -330,14 +354,15 @@ class AsyncRewardManager(RewardManagerBase):
         """
 
         async def admitted_attempt() -> _T:
-            async with self._admitted(estimated_tokens, priority) as reservation:
+            async with self._admitted(estimated_tokens, priority) as admitted:
                 try:
                     if own_deadline:
-                        return await attempt(reservation)
+                        return await attempt(admitted.reservation)
                     return await run_with_deadline(
-                        attempt(reservation),
+                        attempt(admitted.reservation),
                         self.settings.timeout_s,
                         what=f"the attempt against the service ({type(self).__name__})",
+                        left_running=admitted.left_running,
                     )
                 except DeadlineExceeded as exc:  # the sample's reason names the limit and its key
                     raise DeadlineExceeded(f"{exc} (timeout_s)", exc.timeout_s) from None
@@ -354,25 +379,61 @@ class AsyncRewardManager(RewardManagerBase):
     @contextlib.asynccontextmanager
     async def _admitted(
         self, estimated_tokens: int | None, priority: Priority = 0.0
-    ) -> AsyncIterator[TokenReservation]:
-        """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call)."""
-        limit = self.settings.admission_timeout_s
-        context = self.admission.admit(estimated_tokens, priority)
+    ) -> AsyncIterator[_Admitted]:
+        """``admission.admit`` bounded by ``admission_timeout_s`` (the queue only, not the call) and,
+        while calls that ignored their cancellation hold slots, by ``timeout_s``: checked every
+        ``timeout_s`` of waiting, as the function pool does for its threads, so slots held by calls
+        that may never end fail their waiters instead of queueing them for ever.
+
+        The body hands a call's task it leaves running to ``left_running``: the admission is then
+        given back when that task ends, not when the body does (``LeftRunningCalls``)."""
+        settings = self.settings
+        limit, round_s = settings.admission_timeout_s, settings.timeout_s
+        admission = self.admission
+        context = admission.admit(estimated_tokens, priority)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        stuck_at_give_up = 0
+        watch: asyncio.TimerHandle | None = None
+
+        def at_round_end(bound: asyncio.Timeout) -> None:
+            nonlocal watch, stuck_at_give_up
+            if admission.left_running.holding:
+                stuck_at_give_up = admission.left_running.holding
+                bound.reschedule(loop.time())  # give up now
+            else:
+                watch = loop.call_later(round_s, at_round_end, bound)
+
         try:
-            async with asyncio.timeout(limit):
-                reservation = await context.__aenter__()
+            async with asyncio.timeout(limit) as bound:
+                watch = loop.call_later(round_s, at_round_end, bound)
+                try:
+                    reservation = await context.__aenter__()
+                finally:
+                    watch.cancel()
         except TimeoutError:
+            if stuck_at_give_up:
+                raise AdmissionTimeout(
+                    f"no free concurrency slot within {loop.time() - began:.3g} s: {stuck_at_give_up} "
+                    f"call(s) that ignored their cancellation still run and hold slots "
+                    f"(limits.max_concurrency={settings.limits.max_concurrency}); limit: timeout_s="
+                    f"{round_s:g} s while such calls hold slots"
+                ) from None
             raise AdmissionTimeout(
                 f"queued for admission (a concurrency slot, the RPM / TPM budget) longer than "
                 f"admission_timeout_s={limit:g} s"
             ) from None
+        admitted = _Admitted(reservation)
         try:
-            yield reservation
+            yield admitted
         except BaseException as exc:
+            if admitted.kept_by(admission.left_running, context):
+                raise
             if not await context.__aexit__(type(exc), exc, exc.__traceback__):
                 raise
         else:
-            await context.__aexit__(None, None, None)
+            if not admitted.kept_by(admission.left_running, context):
+                await context.__aexit__(None, None, None)
 
     async def score_with_function(self, fn: Callable[..., Any], sample: RewardSample) -> RewardResult:
         """Score ``sample`` with a user reward function called as verl calls ``compute_score``
