@@ -551,6 +551,21 @@ def test_a_bad_number_of_untrained_skips_is_refused_where_v1_starts(value):
     assert verl_builds_replay_buffer(v1_config(judge, EXCLUDE)).max_untrained_skips == 8
 
 
+def test_the_decoupled_modes_sampler_reads_max_untrained_skips_as_its_bound_on_failed_groups():
+    """Under ``trainer_mode=decoupled`` verl builds our replay buffer around the mode's sampler, which
+    takes the same key (``DecoupledReplayBufferAsync._count_failed``: batches' worth of failed groups
+    evicted with nothing sampled), default 8."""
+    import async_reward.v1.decoupled.trainer  # noqa: F401 (registers the mode with verl)
+
+    mode = "trainer.v1.trainer_mode=decoupled"
+    bounded = verl_builds_replay_buffer(
+        v1_config(mode, "+trainer.v1.sampler.sampler_kwargs.max_untrained_skips=3")
+    )
+    assert type(bounded._builtin).__name__ == "DecoupledReplayBufferAsync"
+    assert bounded._builtin.max_untrained_skips == bounded.max_untrained_skips == 3
+    assert verl_builds_replay_buffer(v1_config(mode))._builtin.max_untrained_skips == 8
+
+
 def test_a_sampler_kwarg_our_sampler_does_not_read_is_refused_and_a_users_own_sampler_keeps_its_own():
     """verl hands ``sampler_kwargs`` to the custom sampler only: ours reads ``max_untrained_skips``, so a
     misspelt ``max_untrained_skip=0`` would have left the default 8 in silence."""

@@ -72,7 +72,9 @@ REPLAY_BUFFER_PATH = "pkg://async_reward.v1.replay_buffer"
 REPLAY_BUFFER_NAME = "RewardReplayBuffer"
 
 #: ``trainer.v1.sampler.sampler_kwargs`` key: mini-batches with nothing to train on skipped in a row
-#: before the run stops (see :meth:`RewardReplayBuffer._skip_untrained`).
+#: before the run stops (see :meth:`RewardReplayBuffer._skip_untrained`); the pipelined mode bounds
+#: steps with nothing trained with it (``UntrainedSteps``), the decoupled mode batches' worth of failed
+#: groups evicted with nothing sampled (``DecoupledReplayBufferAsync._count_failed``).
 MAX_UNTRAINED_SKIPS_KEY = "max_untrained_skips"
 #: Its default: a short outage of the reward service is ridden out, a lasting one stops the run.
 DEFAULT_MAX_UNTRAINED_SKIPS = 8

@@ -459,4 +459,6 @@ def build_builtin_replay_buffer(
                 f"verl built {type(builtin).__name__} for trainer_mode=decoupled, not ReplayBufferAsync"
             )
         builtin.__class__ = DecoupledReplayBufferAsync
+        # the v1 lines' bound, here on failed groups evicted with nothing sampled (verl has none)
+        cast(DecoupledReplayBufferAsync, builtin).max_untrained_skips = max_untrained_skips(sampler_kwargs)
     return builtin

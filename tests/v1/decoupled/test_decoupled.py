@@ -8,12 +8,14 @@ load balancer), the actor's model and the weight sync (tests/support/v1_standins
 judge's two, failures, a group scored out of order, a full backlog), each shared by the tests
 asserting on it (module fixtures): each run's fixture asserts every step's prompt ledger check found
 no lost, unknown or double-counted prompt (``assert_no_prompt_unaccounted``), so one fails the run's
-every test, as stopping the run on it would. The TransferQueue behaviour relied on is pinned in
+every test, as stopping the run on it would. One test without a run pins a resume's re-issue: each
+group's own ``__rollout_n__`` reaches our worker. The TransferQueue behaviour relied on is pinned in
 tests/v1/test_transfer_queue.py, the ledger's reconciliation in tests/v1/decoupled/test_ledger.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -649,3 +651,66 @@ def test_a_reward_worker_killed_mid_batch_costs_no_group_and_keeps_the_progress_
     assert all(m["monitor/queue/reward_queue_size"] >= 0 for m in logs)
     # Each session generated is consumed at most once, however often it was sent to a reward worker.
     assert all(m["reward_queue/total_consumed"] <= m["reward_queue/total_produced"] for m in logs)
+
+
+# ----------------------------------------------------------------------------- a resume's re-issue
+
+
+async def test_a_resumed_run_reissues_each_group_with_its_own_rollout_n_and_the_worker_counts_it(
+    transfer_queue,
+):
+    """The decoupled mode keeps no session count of its own (the pipelined mode does, see
+    ``test_a_resumed_run_restores_each_group_with_its_own_rollout_n``): the window and the sampler
+    read ``gen_n`` from the progress tag our worker writes, with the size it reads from each prompt.
+    ``rollout.n=2``; step 4 dispatched p with ``__rollout_n__=4`` and q with 1 through the mode and
+    verl (which persists each prompt's fields), and the run stopped with 2 of p's 4 sessions
+    generated. On resume the mode resets p's progress (its ``gen_n`` kept), verl re-issues both from
+    their fields, and our worker sizes them 4 and 1 again."""
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    from async_reward.v1.decoupled.trainer import PPOTrainerDecoupled
+    from async_reward.v1.decoupled.window import PromptLedger, WindowState
+    from tests.v1.decoupled.test_units import _PromptRecordingWorker
+    from tests.v1.pipelined.test_pipelined import RecordingAgentLoopManager, prompt_batch
+
+    trainer = PPOTrainerDecoupled.__new__(PPOTrainerDecoupled)
+    trainer.trainer_mode = "decoupled"
+    trainer.ledger = PromptLedger()
+    trainer._step_dispatched = trainer._step_refilled = 0
+    trainer.agent_loop_manager = manager = RecordingAgentLoopManager()
+    trainer.global_steps = 4
+    try:
+        trainer._submit_batch_to_rollout(prompt_batch(["p", "q"], [4, 1], step=4))
+        progress = {"status": "running", "gen_done": 2, "gen_n": 4, "unscored": 2, "gen_version": 3}
+        tq.kv_batch_put(keys=["p"], partition_id="train", tags=[progress])  # as our worker left it
+        trainer.global_steps = 5
+        assert trainer._reissue_inflight_prompts() == 2
+        tags = tq.kv_list("train")["train"]
+        assert (tags["p"]["status"], tags["p"]["gen_done"], tags["p"]["gen_n"]) == ("pending", 0, 4)
+        assert WindowState.from_tags(tags).generating == 2
+
+        worker = _PromptRecordingWorker.__new__(_PromptRecordingWorker)
+        worker.prompts, worker.background_tasks = [], set()
+        worker.reward_loop_worker_handles = None  # no reward worker: nothing is scored here
+        worker.config = OmegaConf.create(
+            {
+                "actor_rollout_ref": {
+                    "rollout": {
+                        "n": 2,
+                        "temperature": 1.0,
+                        "top_p": 1.0,
+                        "top_k": -1,
+                        "calculate_log_probs": False,
+                        "agent": {"default_agent_loop": "single_turn_agent"},
+                    }
+                }
+            }
+        )
+        worker.rollout_config = worker.config.actor_rollout_ref.rollout
+        await worker.generate_sequences(manager.batches[-1])  # verl splits the re-issued batch
+        await asyncio.gather(*worker.background_tasks)
+        sizes = {str(p["uid"]): worker._group_size(p, {"validate": False}) for p in worker.prompts}
+        assert sizes == {"p": 4, "q": 1}
+    finally:
+        tq.kv_clear(keys=["p", "q"], partition_id="train")

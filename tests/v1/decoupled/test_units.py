@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from async_reward.config import ConfigError
+from async_reward.config.v1 import DEFAULT_MAX_UNTRAINED_SKIPS
 from async_reward.v1.decoupled.agent_loop import DecoupledAgentLoopWorker, _GroupProgress
 from async_reward.v1.decoupled.config import (
     DecoupledModeConfig,
@@ -370,6 +371,115 @@ def test_a_held_sample_waits_for_the_group_at_its_limit_and_gives_up_at_the_time
     submission.prompt_global_steps["train"] = {"slow": 1, "young": 3}
     submission._awaiting_judge, submission._given_up = {"slow"}, set()
     assert submission._has_enough_samples(4, "train", 1, ready)  # verl's measure, verl's rules
+
+
+class FailingRollout:
+    """The rollout and the trainer's top-up as verl's sampler sees them, on the benchmark's
+    TransferQueue stand-in: each prompt dispatched (first, then through the sampler's refill) ends
+    with the next status of ``script`` (``failure`` with ``reason``, or ``finished`` with one written
+    session), as our worker tags it; the ledger records each dispatch as the trainer's would."""
+
+    def __init__(self, store: Any, script: list[str], reason: str = "reward_error") -> None:
+        from async_reward.v1.decoupled.window import PromptLedger
+
+        self.store, self.script, self.reason = store, list(script), reason
+        self.ledger = PromptLedger()
+        self.refilled = 0
+        self._uids = iter(f"g{i}" for i in range(10**6))
+
+    def dispatch(self, count: int) -> None:
+        for _ in range(count):
+            uid, status = next(self._uids), self.script.pop(0) if self.script else "failure"
+            tag = {"is_prompt": True, "status": status, "global_steps": 1, "gen_done": 2, "gen_n": 2}
+            tag["unscored"] = 0
+            if status == "failure":
+                tag["failure_reason"] = self.reason
+            else:
+                self.store.kv_batch_put(keys=[f"{uid}_0_0"], partition_id="train", tags=[{"seq_len": 5}])
+            self.store.kv_batch_put(keys=[uid], partition_id="train", tags=[tag])
+            self.ledger.dispatched([uid], "refill")
+
+    def refill(self, count: int) -> int:
+        self.refilled += count
+        assert self.refilled < 1000, "the sampler evicts and regenerates failed groups without a bound"
+        self.dispatch(count)
+        return count
+
+
+def failing_sampler(rollout: FailingRollout, max_untrained_skips: int | None) -> Any:
+    """The mode's sampler (verl's ``ReplayBufferAsync`` subclass), attached as the trainer attaches it
+    (``max_untrained_skips`` None: not given, the key's default)."""
+    from types import SimpleNamespace
+
+    from async_reward.v1.decoupled.replay_buffer import DecoupledReplayBufferAsync
+
+    buffer = DecoupledReplayBufferAsync(
+        trainer_mode="decoupled",
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=4,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=OmegaConf.create({}),
+        refill_fn=rollout.refill,
+    )
+    trainer = SimpleNamespace(
+        parameter_sync_step=1, local_trigger_step=0, ledger=rollout.ledger, _top_up=lambda: None
+    )
+    bound = {} if max_untrained_skips is None else {"max_untrained_skips": max_untrained_skips}
+    buffer.attach(trainer, staleness_from="generation", poll_interval_s=0.0, **bound)
+    return buffer
+
+
+@pytest.mark.parametrize("reason", ["reward_error", "generation_error"])
+@pytest.mark.parametrize("bound", [None, 0, 2])
+def test_groups_that_all_fail_stop_the_sample_after_max_untrained_skips_batches_worth(reason, bound):
+    """Every group fails (``on_failure: raise`` through a judge outage, or a generation error):
+    verl's sampler evicts each and has the trainer dispatch another, with no bound of its own. The
+    mode stops once ``max_untrained_skips + 1`` batches' worth of groups (the sample's size, 4) failed
+    with nothing sampled (default 8: 36 groups; 0: the first 4), naming the reasons with their
+    counts and the key; the last ones evicted are not replaced. Without the bound the sampler
+    regenerated for ever (the guard: 1000 refills)."""
+    from async_reward.v1.decoupled import replay_buffer as module
+    from async_reward_bench.tag_store import TagStore, serving_replay_buffer
+
+    store = TagStore()
+    rollout = FailingRollout(store, [], reason)
+    buffer = failing_sampler(rollout, bound)
+    with serving_replay_buffer(store, module.__name__):
+        rollout.dispatch(4)
+        with pytest.raises(RuntimeError) as stopped:
+            buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    bound = DEFAULT_MAX_UNTRAINED_SKIPS if bound is None else bound
+    failed = (bound + 1) * 4
+    message = str(stopped.value)
+    assert f"{failed} group(s) failed and were evicted with nothing sampled" in message
+    assert f"failure_reason {reason}: {failed}; the last 4: {reason}: 4" in message
+    assert f"trainer.v1.sampler.sampler_kwargs.max_untrained_skips (now {bound})" in message
+    assert rollout.refilled == failed - 4
+    assert rollout.ledger.counts[f"evicted/{reason}"] == failed and rollout.ledger.counts["trained"] == 0
+
+
+def test_a_sample_starts_the_count_of_failed_groups_again():
+    """``max_untrained_skips=1``, samples of 2 groups: the run stops at 4 failed groups with nothing
+    sampled in between. 3 fail before the first sample and 2 before the second (5 in all): both
+    samples go on; then 4 in a row stop it."""
+    from async_reward.v1.decoupled import replay_buffer as module
+    from async_reward_bench.tag_store import TagStore, serving_replay_buffer
+
+    store = TagStore()
+    script = ["failure", "failure", "failure", "finished", "finished"]
+    rollout = FailingRollout(store, script)
+    buffer = failing_sampler(rollout, 1)
+    with serving_replay_buffer(store, module.__name__):
+        rollout.dispatch(2)
+        first, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=2)
+        rollout.script = ["failure", "failure", "finished", "finished"]
+        rollout.dispatch(2)
+        second, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=2)
+        rollout.dispatch(2)  # the script is spent: every group fails from here
+        with pytest.raises(RuntimeError, match=r"4 group\(s\) failed .* reward_error: 4"):
+            buffer.sample(global_steps=1, partition_id="train", batch_size=2)
+    assert sorted(first.keys) == ["g3_0_0", "g4_0_0"] and sorted(second.keys) == ["g7_0_0", "g8_0_0"]
+    assert rollout.ledger.counts["evicted/reward_error"] == 3 + 2 + 4
 
 
 def test_the_wait_for_a_group_at_its_limit_is_bounded_by_the_scoring_deadline_unless_set():

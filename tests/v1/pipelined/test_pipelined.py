@@ -561,6 +561,86 @@ def test_resume_trains_the_batch_in_flight_first_and_skips_or_repeats_nothing(
     assert all(0.0 <= m["off_policy/staleness"] <= 2.0 for m in step_logs(second))
 
 
+class RecordingAgentLoopManager:
+    """verl's agent-loop manager as the trainer's dispatch and verl's re-issue call it: records the
+    prompt batches it is asked to generate, generates nothing."""
+
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def generate_sequences(self, batch: Any) -> None:
+        self.batches.append(batch)
+
+
+def prompt_batch(uids: list[str], rollout_n: list[int], step: int) -> Any:
+    """A training batch as verl's ``_next_train_batch`` makes it, each prompt with its own
+    ``__rollout_n__`` (a column of the dataset, which verl's agent loop reads in place of ``rollout.n``)."""
+    import numpy as np
+    from verl.utils import tensordict_utils as tu
+
+    batch = tu.get_tensordict(
+        {
+            "uid": np.array(uids, dtype=object),
+            "index": np.array(list(range(len(uids))), dtype=object),
+            "data_source": np.array(["test"] * len(uids), dtype=object),
+            "__rollout_n__": np.array(rollout_n),
+        }
+    )
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    return batch
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_a_resumed_run_restores_each_group_with_its_own_rollout_n(transfer_queue, max_staleness) -> None:
+    """``rollout.n=2``; step 4 dispatched p with ``__rollout_n__=4`` and q with 1 (the mode's dispatch
+    and verl's, which persists each prompt's fields in TransferQueue), then the run stopped. On
+    resume verl re-issues both from those fields, so p runs 4 sessions and q one; the restored batch
+    (the pool's groups at ``max_staleness=2``) counts the same, so p is not generated at 2 of its 4
+    sessions (it was: its sessions 2 and 3 then stopped the step with ``UnpreparedTrajectory``), and
+    q is at its one (it was not: the step waited for a session that never comes until q ended)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    from async_reward.v1.pipelined.pool import GroupPool
+    from async_reward.v1.pipelined.trainer import PPOTrainerPipelined
+
+    trainer = PPOTrainerPipelined.__new__(PPOTrainerPipelined)
+    trainer.config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"n": 2}}, "data": {"train_batch_size": 2}}
+    )
+    trainer.trainer_mode = "pipelined"
+    trainer.pipeline_config = SimpleNamespace(staleness_limit=max_staleness)
+    trainer.agent_loop_manager = manager = RecordingAgentLoopManager()
+    trainer._in_flight, trainer._pool, trainer._dispatched_through = deque(), GroupPool(), 0
+    trainer._submitted, trainer._next_dispatch = {}, 0
+    trainer.global_steps = 4
+    try:
+        trainer._submit_batch_to_rollout(prompt_batch(["p", "q"], [4, 1], step=4))
+        assert trainer._submitted[4] == {"p": 4, "q": 1}  # a fresh dispatch counts each prompt's own
+        trainer.global_steps = 5  # resumed from the checkpoint of step 4
+        assert trainer._reissue_inflight_prompts() == 2
+        assert [int(n) for n in manager.batches[-1]["__rollout_n__"]] == [4, 1]  # verl re-issues p with 4
+        trainer.on_train_begin()
+        restored = trainer._pool.watched(5) if max_staleness >= 2 else trainer._in_flight[0]
+        assert restored.sizes == {"p": 4, "q": 1}
+        listing = {
+            "p": {"is_prompt": True, "status": "running"},
+            "q": {"is_prompt": True, "status": "running"},
+            "p_0_0": {"seq_len": 5},
+            "p_1_0": {"seq_len": 5},
+            "q_0_0": {"seq_len": 5},
+        }
+        groups = read_groups(listing, restored.uids)
+        assert restored.ungenerated(groups) == ["p"]
+        listing.update({"p_2_0": {"seq_len": 5}, "p_3_0": {"seq_len": 5}})
+        assert restored.generated(read_groups(listing, restored.uids))
+    finally:
+        tq.kv_clear(keys=["p", "q"], partition_id="train")
+
+
 def assert_three_steps_trained_every_session_once(run: TrainingRun) -> None:
     """Three steps of 4 prompts x 2 sessions (rows 0-3, 4-7, then 0-3 of the second epoch) at
     staleness 2: each session trained once, in 6 updates (2 per step), every reward ``ok``, the

@@ -28,7 +28,15 @@ apply unchanged). Changes to verl's ``ReplayBufferAsync``, each an override of o
 * **first in, first trained** among groups of one policy version (verl's tie-break is a set's
   iteration order);
 * **each poll tops up the generation window** before sleeping, so the rollout is refilled while
-  the trainer waits for scored groups, not only once per step.
+  the trainer waits for scored groups, not only once per step;
+* **groups that keep failing stop the run**: verl evicts a failed group and dispatches another in
+  its place, with no bound, so when every group fails (``on_failure: raise`` through a judge outage,
+  or a ``generation_error`` the policy's own output can cause) the sampler would evict and regenerate
+  for ever and train nothing. Failed groups evicted since the last sample are counted, in batches'
+  worth of the sample's size; after ``trainer.v1.sampler.sampler_kwargs.max_untrained_skips`` such
+  batches' worth (the v1 lines' bound on mini-batches with nothing to train, same key and default;
+  0 stops at the first) the next one stops the run naming the failure reasons, their counts and the
+  key. A sample starts the count again.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
+from async_reward.config.v1 import DEFAULT_MAX_UNTRAINED_SKIPS, MAX_UNTRAINED_SKIPS_KEY
 from async_reward.v1.decoupled.window import groups_to_wait_for
 
 __all__ = ["DecoupledReplayBufferAsync"]
@@ -51,6 +60,8 @@ logger = logging.getLogger(__name__)
 PARTITION = "train"
 #: The key that bounds a sample's wait for a group at its staleness limit.
 STALE_WAIT_KEY = "trainer.v1.decoupled.stale_wait_timeout_s"
+#: The key that bounds the failed groups evicted with nothing sampled (the v1 lines' bound).
+MAX_UNTRAINED_SKIPS_PATH = f"trainer.v1.sampler.sampler_kwargs.{MAX_UNTRAINED_SKIPS_KEY}"
 
 
 class DecoupledReplayBufferAsync(ReplayBufferAsync):
@@ -72,6 +83,11 @@ class DecoupledReplayBufferAsync(ReplayBufferAsync):
     """Seconds samples waited for groups at their staleness limit since the trainer last read it."""
     stale_overflow: int = 0
     """Groups evicted ``stale`` although generated within the threshold (cumulative)."""
+    max_untrained_skips: int = DEFAULT_MAX_UNTRAINED_SKIPS
+    """``trainer.v1.sampler.sampler_kwargs.max_untrained_skips``: batches' worth of failed groups
+    evicted with nothing sampled that the run rides out (:meth:`_count_failed`)."""
+    _sample_size: int = 1
+    _failed_since_sample: Counter | None = None
 
     def attach(
         self,
@@ -80,13 +96,25 @@ class DecoupledReplayBufferAsync(ReplayBufferAsync):
         staleness_from: str,
         poll_interval_s: float,
         stale_wait_limit_s: float = float("inf"),
+        max_untrained_skips: int | None = None,
     ) -> None:
-        """Report to ``trainer`` (``ledger``, ``_top_up``), count staleness as configured, and wait at
-        most ``stale_wait_limit_s`` for groups at their staleness limit."""
+        """Report to ``trainer`` (``ledger``, ``_top_up``), count staleness as configured, wait at
+        most ``stale_wait_limit_s`` for groups at their staleness limit, and stop once more than
+        ``max_untrained_skips`` batches' worth of groups failed with nothing sampled (None: as
+        :func:`~async_reward.v1.replay_buffer.build_builtin_replay_buffer` set it from
+        ``sampler_kwargs``)."""
         self._trainer = trainer
         self._from_generation = staleness_from == "generation"
         self.poll_interval = poll_interval_s
         self._stale_wait_limit_s = stale_wait_limit_s
+        if max_untrained_skips is not None:
+            self.max_untrained_skips = max_untrained_skips
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """verl's ``sample``; the batch size it asks for is the unit of the bound on failed groups."""
+        if partition_id == PARTITION:
+            self._sample_size = max(1, int(batch_size))
+        return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
 
     def _sync_metadata_from_transfer_queue(self) -> None:
         super()._sync_metadata_from_transfer_queue()
@@ -213,12 +241,62 @@ class DecoupledReplayBufferAsync(ReplayBufferAsync):
                     sorted(overflow)[:3],
                     STALE_WAIT_KEY,
                 )
+        if partition_id == PARTITION:
+            reasons = getattr(self, "_failure_reasons", {})
+            self._count_failed(
+                global_steps, [reasons.get(uid, "failure") for uid in result[0] if uid in failed]
+            )
         return result
+
+    def _count_failed(self, global_steps: int, reasons: list[str]) -> None:
+        """Count failed groups just evicted (their ``failure_reason``) since the last sample; stop the
+        run once ``max_untrained_skips + 1`` batches' worth of them failed with nothing sampled.
+
+        verl's ``wait_for_sampleable`` replaces every evicted group and polls again, without a bound:
+        while every group fails, it would regenerate for ever and train nothing (the bound the v1
+        lines put on mini-batches with nothing to train, and the pipelined mode on steps, applied to
+        the groups this mode evicts in their place).
+
+        Raises:
+            RuntimeError: naming the failure reasons with their counts, and the key that bounds them.
+        """
+        if not reasons:
+            return
+        counts = self._failed_since_sample
+        if counts is None:
+            counts = self._failed_since_sample = Counter()
+        before = sum(counts.values())
+        counts.update(reasons)
+        failed, size, bound = before + len(reasons), self._sample_size, self.max_untrained_skips
+        if failed >= (bound + 1) * size:
+            raise RuntimeError(
+                f"step {global_steps}: {failed} group(s) failed and were evicted with nothing sampled, "
+                f"{failed // size} batches' worth of {size} (failure_reason {_describe(counts)}; the "
+                f"last {len(reasons)}: {_describe(Counter(reasons))}); each would be replaced by another "
+                "for ever. reward_error: the reward "
+                "service fails under on_failure: raise; generation_error: a session raised in "
+                "generation. See the reward/status_* metrics and the failure_reason of the samples. Fix "
+                f"the cause, raise {MAX_UNTRAINED_SKIPS_PATH} (now {bound}) to wait longer, or use "
+                "on_failure: fallback"
+            )
+        if failed // size > before // size:
+            logger.warning(
+                "step %d: %d group(s) failed with nothing sampled (%s), %d batches' worth of at most %d "
+                "before the run stops (%s)",
+                global_steps,
+                failed,
+                _describe(counts),
+                failed // size,
+                bound,
+                MAX_UNTRAINED_SKIPS_PATH,
+            )
 
     def _materialize_batch(
         self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict]
     ) -> KVBatchMeta:
         batch = super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)
+        if partition_id == PARTITION:
+            self._failed_since_sample = None  # a sample: the count of failed groups starts again
         ledger = getattr(self._trainer, "ledger", None)
         if partition_id == PARTITION and ledger is not None:
             ledger.sampled(selected_prompt_uids)
@@ -240,3 +318,8 @@ class DecoupledReplayBufferAsync(ReplayBufferAsync):
         if partition_id == PARTITION and self._trainer is not None:
             self._trainer._top_up()
         return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+
+def _describe(counts: Counter) -> str:
+    """``reward_error: 36, generation_error: 2``, most frequent first."""
+    return ", ".join(f"{reason}: {count}" for reason, count in counts.most_common())

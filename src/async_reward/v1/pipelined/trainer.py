@@ -90,6 +90,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PARTITION = "train"
+#: A prompt's own session count, read by verl's agent loop in place of ``rollout.n``.
+ROLLOUT_N_FIELD = "__rollout_n__"
 
 
 @register_trainer(PIPELINED_MODE)
@@ -215,7 +217,8 @@ class PPOTrainerPipelined(PPOTrainer):
     def on_train_begin(self) -> None:
         """A resumed run: the batches that were generating when the checkpoint was saved (restored
         from TransferQueue, their unfinished prompts re-issued by verl's ``fit``) are trained first,
-        oldest first, in batches of ``train_batch_size`` prompts, so no prompt is skipped or repeated.
+        oldest first, in batches of ``train_batch_size`` prompts, so no prompt is skipped or repeated;
+        each group with the sessions its prompt was dispatched with (:meth:`_restored_sizes`).
 
         Also starts the watchdog on verl's agent-loop workers (:mod:`~async_reward.v1.pipelined.waits`;
         the benchmark, which runs steps without ``fit`` or Ray workers, has none to watch)."""
@@ -237,11 +240,12 @@ class PPOTrainerPipelined(PPOTrainer):
             self._dispatched_through = self.global_steps - 1
         if not prompts:
             return
-        n, size = int(self.config.actor_rollout_ref.rollout.n), int(self.config.data.train_batch_size)
+        sizes = self._restored_sizes([key for _, key in prompts])
+        size = int(self.config.data.train_batch_size)
         if self._lookahead:  # into the pool, one dispatch per step that dispatched them, oldest first
             for dispatched in sorted({step for step, _ in prompts}):
                 keys = [key for step, key in prompts if step == dispatched]
-                self._pool.add(dict.fromkeys(keys, n), version=dispatched - 1)
+                self._pool.add({key: sizes[key] for key in keys}, version=dispatched - 1)
             self._dispatched_through += -(-len(prompts) // size)
             logger.info("resumed with %d prompt group(s) in flight: trained first", len(prompts))
             return
@@ -249,10 +253,27 @@ class PPOTrainerPipelined(PPOTrainer):
             part = prompts[start : start + size]
             self._in_flight.append(
                 InFlightBatch(
-                    step=self.global_steps, version=part[0][0] - 1, sizes={key: n for _, key in part}
+                    step=self.global_steps, version=part[0][0] - 1, sizes={key: sizes[key] for _, key in part}
                 )
             )
         logger.info("resumed with %d prompt group(s) in flight: trained first", len(prompts))
+
+    def _restored_sizes(self, uids: list[str]) -> dict[str, int]:
+        """Sessions each restored group runs: its prompt's persisted ``__rollout_n__``, else
+        ``rollout.n``, as :meth:`_submit_batch_to_rollout` counts a fresh dispatch.
+
+        verl persists a prompt's fields with its key (every mode but ``sync``) and re-issues an
+        unfinished one from them, ``__rollout_n__`` included, so its sessions run that many again; a
+        group counted with ``rollout.n`` instead would be taken as generated before its last sessions
+        are written (then ``UnpreparedTrajectory``) or wait for sessions that never come. TransferQueue
+        returns no column for a field the prompts do not have."""
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        sizes = dict.fromkeys(uids, n)
+        data = self._tq.kv_batch_get(keys=uids, partition_id=PARTITION, select_fields=[ROLLOUT_N_FIELD])
+        if ROLLOUT_N_FIELD in data.keys():  # noqa: SIM118 (TensorDict membership needs keys())
+            given = data[ROLLOUT_N_FIELD]
+            sizes.update({uid: int(value) for uid, value in zip(uids, given, strict=True)})
+        return sizes
 
     def on_train_end(self) -> None:
         """verl calls it when ``total_epochs`` ends the loop (not after the last of
@@ -281,7 +302,7 @@ class PPOTrainerPipelined(PPOTrainer):
         """verl's dispatch, remembering which groups (and how many sessions each) the batch has."""
         default_n = int(self.config.actor_rollout_ref.rollout.n)
         uids = [str(uid) for uid in batch["uid"]]
-        given = list(batch["__rollout_n__"]) if "__rollout_n__" in batch.keys() else None  # noqa: SIM118
+        given = list(batch[ROLLOUT_N_FIELD]) if ROLLOUT_N_FIELD in batch.keys() else None  # noqa: SIM118
         self._note_submitted(uids, given if given is not None else [default_n] * len(uids))
         # Numbered, so each reward worker admits the earliest-dispatched group first among samples of
         # one policy version: at max_staleness >= 2 the batches of several steps are dispatched by the
