@@ -144,7 +144,8 @@ async def run_with_deadline(
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    task = asyncio.ensure_future(contained(awaitable))
+    ended_at: list[float] = []
+    task = asyncio.ensure_future(_timed(contained(awaitable), ended_at))
 
     def leave_cancelled() -> None:  # the caller is cancelled: so is the task, without waiting for it
         task.cancel()
@@ -158,7 +159,7 @@ async def run_with_deadline(
         leave_cancelled()
         raise
     if task.done():
-        return _outcome_on_time(task, loop.time() - started, timeout_s, what)
+        return _outcome_on_time(task, ended_at[0] - started if ended_at else 0.0, timeout_s, what)
     task.cancel()
     task.add_done_callback(_retrieve)
     try:
@@ -264,11 +265,22 @@ class LeftRunningCalls:
         )
 
 
+async def _timed(awaitable: Awaitable[_T], ended_at: list[float]) -> _T:
+    """Await ``awaitable`` and note the loop's time when it returned: the call's own end, not when
+    its waiter next ran, so a loop that is only busy (other samples' work) cannot make a result that
+    came on time late."""
+    try:
+        return await awaitable
+    finally:
+        ended_at.append(asyncio.get_running_loop().time())
+
+
 def _outcome_on_time(task: asyncio.Future[_T], elapsed_s: float, timeout_s: float, what: str) -> _T:
-    """The finished ``task``'s result, unless it ended after its deadline. That happens only when
-    the event loop was blocked past the deadline (a sync call such as ``time.sleep`` in async code,
-    this one's or another's): the timer could not fire, and ``asyncio.wait`` saw the task done when
-    the loop came back. A result after the deadline is a timeout, not a score.
+    """The finished ``task``'s result, unless it ended after its deadline (``elapsed_s``: from the
+    start to the moment its coroutine returned, :func:`_timed`). That happens only when the event
+    loop was blocked past the deadline (a sync call such as ``time.sleep`` in async code, this one's
+    or another's that it waited on): the timer could not fire. A result after the deadline is a
+    timeout, not a score.
 
     Raises:
         DeadlineExceeded: ``elapsed_s`` is past ``timeout_s``.
