@@ -29,6 +29,7 @@ __all__ = [
     "AdmissionTimeout",
     "DeadlineAbandoned",
     "DeadlineExceeded",
+    "DoublingWarning",
     "LeftRunning",
     "LeftRunningCalls",
     "UserCodeError",
@@ -182,6 +183,28 @@ async def run_with_deadline(
     raise DeadlineExceeded(f"{what} took longer than its deadline of {timeout_s:g} s", timeout_s)
 
 
+class DoublingWarning:
+    """When to log a growing count of stuck calls: at 1, 2, 4, 8, ... (loud, not a flood), and from
+    1 again once none is left. Shared by the thread pool's overdue calls and :class:`LeftRunningCalls`."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 1
+
+    def due(self, count: int) -> bool:
+        """Whether ``count`` (just grown) is the next to log; if so, the one after is twice it."""
+        if count < self._next:
+            return False
+        self._next = count * 2
+        return True
+
+    def settled(self, count: int) -> None:
+        """``count`` (just fallen): at 0, the next stuck call is logged again."""
+        if count == 0:
+            self._next = 1
+
+
 class LeftRunningCalls:
     """Calls left running by :func:`run_with_deadline` (abandoned at their deadline, or cancelled
     with their caller and not ended yet), each keeping what was admitted for it (a concurrency slot,
@@ -203,7 +226,7 @@ class LeftRunningCalls:
         """Calls kept here that ignored their cancellation and still run, each holding its slot."""
         self.reported = 0
         """Such calls of the whole job, as its admission queue last reported them (``admission: job``)."""
-        self._next_warning = 1
+        self._warning = DoublingWarning()
         self._releases: set[asyncio.Task[Any]] = set()
 
     @property
@@ -235,8 +258,7 @@ class LeftRunningCalls:
                 timer.cancel()
             if counted:
                 self.stuck -= 1
-                if self.stuck == 0:
-                    self._next_warning = 1
+                self._warning.settled(self.stuck)
             releasing = loop.create_task(release())
             self._releases.add(releasing)
             releasing.add_done_callback(self._released)
@@ -250,9 +272,8 @@ class LeftRunningCalls:
             logger.warning("giving back the slot of a call left running failed: %s", describe_error(error))
 
     def _warn(self) -> None:
-        if self.stuck < self._next_warning:
+        if not self._warning.due(self.stuck):
             return
-        self._next_warning = self.stuck * 2  # 1, 2, 4, 8, ...: loud, not a flood
         logger.warning(
             "%d call(s) ignored their cancellation (at their deadline, or when their sample was "
             "cancelled) and still run, each holding its concurrency slot: %d of %s max_concurrency=%d "

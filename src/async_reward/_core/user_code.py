@@ -15,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from async_reward._core.config_rules import bad_value, missing_value
-from async_reward._core.deadline import AdmissionTimeout, run_with_deadline
+from async_reward._core.deadline import AdmissionTimeout, DoublingWarning, run_with_deadline
 from async_reward._core.limits import FifoSlots
 
 __all__ = [
@@ -193,7 +193,7 @@ class FunctionPool:
         """Calls past their deadline whose function has not returned yet (each holds a worker)."""
         self._slots = FifoSlots(size)
         self._executor: Executor | None = None
-        self._next_warning = 1
+        self._warning = DoublingWarning()
 
     @property
     def unit(self) -> str:
@@ -275,8 +275,7 @@ class FunctionPool:
             call.timer.cancel()
         if call.overdue:
             self.overdue -= 1
-            if self.overdue == 0:
-                self._next_warning = 1
+            self._warning.settled(self.overdue)
         self._slots.release()
 
     async def _take_worker(self, round_s: float, wait_s: float | None) -> None:
@@ -312,9 +311,8 @@ class FunctionPool:
         return f"no free {self.unit} for the reward function within {wait_s:g} s ({busy} busy{stuck})"
 
     def _warn_overdue(self, timeout_s: float) -> None:
-        if self.overdue < self._next_warning:
+        if not self._warning.due(self.overdue):
             return
-        self._next_warning = self.overdue * 2  # 1, 2, 4, 8, ...: loud, not a flood
         logger.warning(
             "%d call(s) of the reward function still run past their %g s deadline and hold %d of %d "
             "%s (a running call cannot be stopped from outside); later samples wait for a free one "
