@@ -17,18 +17,28 @@ advantages compare). The rules:
   reason, unless a member's response explains it (next rule).
 * **A plant costs its planter, never the group.** A judge often quotes the responses (before its
   lines, or in a reason), so a response's own ``R<k>: [[n]]`` lands in the reply. We know every
-  response, so such text is attributed (:func:`read_group`, ``async_reward.judge.group.plants``): a
-  verdict-shaped span outside the judge's own verdicts (the first ``[[n]]`` of each line of the
-  final block) that would make the reply unreadable (it disagrees with the block, or sits in a
-  line's reason) is the writing of every member whose response holds that text, that label's line or
-  that number in double brackets, compared after folding look-alike digits and brackets, spacing and
-  format characters; lines quoting such a response among the judge's lines are set aside when the
-  reply cannot be read otherwise, and a final block whose line is a response's own text while the
-  judge's own line disagrees elsewhere is not the judge's (refused). Those members are
+  response, so such text is attributed (:func:`read_group`, ``async_reward.judge.group.plants``),
+  comparing texts after folding look-alike digits and brackets, spacing and format characters. A
+  verdict-shaped span (a label before ``[[``, or a whole ``[[n]]``) outside the judge's own verdicts
+  (the first ``[[n]]`` of each line of the final block) that would make the reply unreadable (it
+  disagrees with the block, or sits in a line's reason) is blamed on the members whose response
+  holds the whole span: an exact quote, never code that merely shares a number (``[[1, 2]]``).
+  Only when no response holds it (the judge misquoted) is it blamed on those writing that label
+  before double brackets, and failing those, that number in double brackets, all of them when
+  several match: refusing the reply instead would let a wrong planter void its group and its
+  negative advantage. Bare brackets in a reason (``x[idx[0]]``, a matrix) carry no verdict: made
+  inert when a response holds them, blamed on nobody. Lines quoting a response among the judge's
+  lines are set aside when the reply cannot be read otherwise, if they hold double brackets (blamed
+  on their holders when verdict-shaped); a final block whose line is a response's own text while
+  the judge's own line disagrees elsewhere is not the judge's (refused). The members blamed are
   *planters*: each is scored the lowest verdict (status ``ok``, so ``on_failure: exclude`` cannot
-  drop the group either), and the others keep the judge's verdicts. Lowering one member's reward
-  never raises its GRPO advantage, so a plant cannot place its member better than without it. What
-  no response explains is the judge's own doing: the whole group ``invalid``, as before.
+  drop the group either), and the others keep the judge's verdicts. Lowering the planter's reward
+  never raises its GRPO advantage, and an exact quote lowers only members holding that very text
+  (a labelled ``R<k>: [[n]]`` no honest response writes), so a plant cannot place its member better
+  than without it. Two gaps remain: a misquoted plant can, through the fallback, also lower a member
+  writing the same label or number, and an unlabelled ``[[n]]`` quoted in a reason is blamed on
+  every member holding it whole, code such as ``[[0]]`` included. What no response explains is the
+  judge's own doing: the whole group ``invalid``, as before.
 * **The reward rule.** Each member's verdict is on the judge's scale (``min_score`` to
   ``max_score``) and is normalised exactly as a pointwise verdict is (``normalize_to``): the judge
   grades every response on the absolute scale, with its group mates in view; GRPO's advantage then
@@ -140,9 +150,9 @@ def read_group(visible: str, responses: Sequence[str], *, min_score: float, max_
     the rules of the module docstring. ``responses`` are the members' texts in the order shown
     (``R1`` first): what the reply may quote.
 
-    A reply that still cannot be read is read once more without its lines that are quotes of a
-    response holding double brackets (a judge that quotes a planted line among its own lines): its
-    lines stand if that reads, and the quoted members are planters.
+    A reply that still cannot be read is read once more without its lines that hold double brackets
+    and are quotes of a response (a judge that quotes a planted line among its own lines): its lines
+    stand if that reads, and the members holding a quoted line of a verdict's shape are planters.
 
     Raises:
         CriteriaError: the reply's lines break a rule that no response explains (the whole group is
@@ -153,7 +163,7 @@ def read_group(visible: str, responses: Sequence[str], *, min_score: float, max_
         return _reading(visible, writings, min_score=min_score, max_score=max_score)
     except CriteriaError as refused:
         cut, quoted = without_quoted_lines(visible, writings)
-        if not quoted:
+        if cut == visible:
             raise
         try:
             reading = _reading(cut, writings, min_score=min_score, max_score=max_score)

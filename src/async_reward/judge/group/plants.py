@@ -1,14 +1,33 @@
 """Which member's text a group reply carries (``judge.mode: group``): a judge often quotes the
 responses it grades, before its lines or inside a reason, so a response's own ``R<k>: [[n]]`` can
 land in the reply. We know every response, so a verdict-shaped span that would break the reading is
-attributed to the members whose text it can be a quote of (``group_judging.read_group`` then scores
+attributed to the members whose text it is a quote of (``group_judging.read_group`` then scores
 them the lowest verdict and reads the judge's lines for the others).
 
-A span is a quote of a response when it is the response's text once both are folded
-(:func:`folded`: look-alike digits and brackets, character references, format characters, spacing),
-when it writes a member label that the response writes before double brackets, or when it opens
-with a number that the response puts in double brackets (bare brackets: any response holding some).
-Attribution only ever turns a span inert and marks its writers: it never writes a verdict.
+Attribution takes the narrowest evidence, because blaming a member that planted nothing lowers its
+reward, and with it the group's mean: the planter's GRPO advantage rises. Texts are compared once
+folded (:func:`folded`: look-alike digits and brackets, character references, format characters,
+spacing):
+
+* **A span with a verdict's shape** (a member label before its ``[[``, or a whole verdict
+  ``[[n]]``) is blamed on each member whose text holds the whole span: an exact quote. Code that
+  merely shares its number (a matrix ``[[1, 2]]``, an index ``x[idx[0]]``) is no quote of
+  ``R2: [[1]]``; code holding the whole span is (an unlabelled ``[[0]]`` in a reason is blamed on
+  every member that writes ``[[0]]``).
+* Only when no member holds it (a judge that misquoted: ``[[10.0]]`` for ``[[10]]``) is it blamed
+  on the members that write that label before double brackets, and failing those, on the members
+  that open double brackets with that number. Such a rule can match an innocent member as well, and
+  all its matches are blamed: refusing the reply instead would fail the whole group, and under
+  ``on_failure: exclude`` (or a fallback score) a wrong planter would escape its negative advantage
+  entirely, which no misquote should buy it.
+* **Bare brackets** (a lone ``[[`` / ``]]``, or ``[[text]]`` that reads as no verdict) carry no
+  verdict: held by some member's text, the span is made inert and nobody is blamed (a judge citing
+  ``x[idx[0]]`` or a matrix from the code it grades); held by none, it stays and the reader refuses
+  the reply (the judge's own doing).
+
+Lines a judge quotes among or after its own (:func:`without_quoted_lines`) are set aside only when
+they hold double brackets, and blamed on the members holding them only when they have a verdict's
+shape. Attribution only ever turns text inert and marks its writers: it never writes a verdict.
 """
 
 from __future__ import annotations
@@ -27,9 +46,15 @@ __all__ = ["MemberText", "folded", "without_plants", "without_quoted_lines"]
 
 #: A double-bracket token of a reply: a pair around text without brackets, or a lone ``[[`` / ``]]``.
 _TOKEN = re.compile(r"\[\[[^\[\]]*\]\]|\[\[|\]\]")
-#: The number a reply's ``[[`` opens with, and a member label right before it (the reader's spellings).
-_NUMBER_OPENED = re.compile(r"\[\[\s*([-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))", re.ASCII)
-_LABEL_BEFORE = re.compile(r"\bR([0-9]{1,3})\**\s*:\s*$", re.ASCII)
+#: A double-bracket pair that reads as a verdict once :func:`_compact`: a number, maybe out of a scale
+#: (``[[7]]``, ``[[7/10]]``).
+_VERDICT_TOKEN = re.compile(
+    r"\[\[\s*([-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))\s*(?:/\s*[0-9]+(?:\.[0-9]+)?\s*)?\]\]", re.ASCII
+)
+#: A member label right before a reply's ``[[`` (the reader's spellings), glued to a word before it
+#: or not (``correctR2: [[3]]``, a quote whose line breaks the judge dropped, still names R2: the
+#: longer span is the narrower evidence).
+_LABEL_BEFORE = re.compile(r"R([0-9]{1,3})\**\s*:\s*$", re.ASCII)
 #: How far before a ``[[`` its label is looked for (a bound: a reason can hold thousands of them).
 _LABEL_REACH = 64
 #: In a folded response (:func:`folded`): a number opened by double brackets, spaced or not, in any
@@ -91,7 +116,8 @@ class MemberText:
 
     @cached_property
     def numbers(self) -> frozenset[float]:
-        """The numbers it opens double brackets with (``[[10]]``, ``[[ 1e1 ]]``, ``[[10/10]]``)."""
+        """The numbers it opens double brackets with (``[[10]]``, ``[[ 1e1 ]]``, ``[[10/10]]``, and
+        ``[[1, 2]]`` too: only a fallback for a misquoted span looks here)."""
         return frozenset(float(number) for number in _WRITTEN_NUMBER.findall(self.compact))
 
     @cached_property
@@ -99,15 +125,33 @@ class MemberText:
         """Whether it holds double brackets at all, in any spelling."""
         return "[[" in self.compact or "]]" in self.compact
 
-    def wrote(self, span: str, label: int | None, number: float | None) -> bool:
-        """Whether ``span`` of the reply (``R<label>: [[number``, or bare brackets; already
-        :func:`_compact`) can be a quote of this response: the same text once folded, the same
-        label's line, or the same number in double brackets (bare brackets: any)."""
-        if label is not None and label in self.labels:
-            return True
-        if number is not None and number in self.numbers:
-            return True
-        return span in self.compact or (number is None and self.brackets)
+    def holds(self, span: str) -> bool:
+        """Whether ``span`` (already :func:`_compact`) is a quote of this response: it holds the
+        whole span once both are folded."""
+        return span in self.compact
+
+
+def _writers(span: str, label: int | None, number: float | None, writings: Sequence[MemberText]) -> list[int]:
+    """The members (1-based) a verdict-shaped ``span`` of the reply (``R<label>: [[number``; already
+    :func:`_compact`) is blamed on: those holding it whole; when none does (a misquote), those
+    writing that label before double brackets; failing those, those opening double brackets with
+    that number. Each fallback keeps all its matches (the module docstring says why)."""
+    exact = [member for member, writing in enumerate(writings, 1) if writing.holds(span)]
+    if exact:
+        return exact
+    if label is not None:
+        labelled = [member for member, writing in enumerate(writings, 1) if label in writing.labels]
+        if labelled:
+            return labelled
+    if number is None:
+        return []
+    return [member for member, writing in enumerate(writings, 1) if number in writing.numbers]
+
+
+def _verdict_shaped(compact: str) -> bool:
+    """Whether ``compact`` (:func:`_compact` text) writes a member label before double brackets or
+    a whole verdict ``[[n]]``: what can claim a member's verdict (bare brackets cannot)."""
+    return _WRITTEN_LABEL.search(compact) is not None or _VERDICT_TOKEN.search(compact) is not None
 
 
 class _Span(NamedTuple):
@@ -118,7 +162,7 @@ class _Span(NamedTuple):
     label: int | None
     """The member label written before its ``[[``, if any."""
     number: float | None
-    """The number its ``[[`` opens with, if any."""
+    """The number it reads as, if it is a whole verdict (``[[n]]``) or a labelled one (``R<k>: [[n]]``)."""
     conflict: bool
     """An ``R<k>: [[n]]`` outside the final block that disagrees with it (else: brackets in a reason)."""
 
@@ -138,9 +182,11 @@ class _Block:
 
 
 def without_plants(visible: str, writings: Sequence[MemberText]) -> tuple[str, dict[int, str]]:
-    """``visible`` with every verdict-shaped span that would break the reading and that a response
-    explains made inert (its brackets turned to parentheses, offsets kept), and what each member
-    planted. Nothing changes where the final block cannot be read: the reader then says why.
+    """``visible`` with every span that would break the reading and that a response explains made
+    inert (its brackets turned to parentheses, offsets kept), and what each member planted (the
+    verdict-shaped spans blamed on it, by the module docstring's rules; bare brackets are made inert
+    and blamed on nobody). Nothing changes where the final block cannot be read: the reader then
+    says why.
 
     Raises:
         CriteriaError: a line of the final block is a response's own text and a line of the judge's
@@ -161,14 +207,14 @@ def without_plants(visible: str, writings: Sequence[MemberText]) -> tuple[str, d
                 f"the reply's line for response R{span.label} is a response's own text, and the "
                 f"judge's differs ({written.strip()[:40]})"
             )
-        writers = [
-            member
-            for member, writing in enumerate(writings, 1)
-            if writing.wrote(compact, span.label, span.number)
-        ]
+        if span.label is None and span.number is None:  # bare brackets: no verdict to blame on anyone
+            writers, inert = [], any(writing.holds(compact) for writing in writings)
+        else:
+            writers = _writers(compact, span.label, span.number, writings)
+            inert = bool(writers)
         for member in writers:
             planted.setdefault(member, []).append(written.strip()[:40])
-        if writers:
+        if inert:
             text[span.start : span.end] = written.replace("[", "(").replace("]", ")")
     return "".join(text), {member: ", ".join(dict.fromkeys(spans)) for member, spans in planted.items()}
 
@@ -190,10 +236,13 @@ def _as_judged(visible: str, lines: list[tuple[int, str]], span: _Span) -> str:
 
 
 def without_quoted_lines(visible: str, writings: Sequence[MemberText]) -> tuple[str, dict[int, list[str]]]:
-    """``visible`` with the lines that quote a response holding double brackets (quote marks around
-    them aside) blanked among and after the last ones left, one per member (where the reader looks
-    for the judge's lines), and the members quoted with the lines."""
-    suspects = [(member, writing) for member, writing in enumerate(writings, 1) if writing.brackets]
+    """``visible`` with the lines that quote a response (quote marks around them aside) and hold
+    double brackets blanked among and after the last ones left, one per member (where the reader
+    looks for the judge's lines), and the members blamed with the lines: those holding a blanked
+    line that has a verdict's shape. A line without double brackets is never blanked (it cannot be
+    a planted verdict line: left where the judge's lines should be, the reply stays unreadable, the
+    judge's doing), and a blanked line of bare brackets (a quoted matrix) is blamed on nobody."""
+    suspects = [writing for writing in writings if writing.brackets]
     text = list(visible)
     quoted: dict[int, list[str]] = {}
     kept = 0
@@ -201,11 +250,12 @@ def without_quoted_lines(visible: str, writings: Sequence[MemberText]) -> tuple[
         if kept == len(writings):
             break
         compact = _compact(line).strip(_QUOTE_MARKS)
-        holders = [member for member, writing in suspects if compact and compact in writing.compact]
-        for member in holders:
-            quoted.setdefault(member, []).append(line[:40])
-        if holders:
+        if ("[[" in compact or "]]" in compact) and any(writing.holds(compact) for writing in suspects):
             text[start : start + len(line)] = " " * len(line)
+            if _verdict_shaped(compact):
+                for member, writing in enumerate(writings, 1):
+                    if writing.holds(compact):
+                        quoted.setdefault(member, []).append(line[:40])
         else:
             kept += 1
     return "".join(text), {member: lines[::-1] for member, lines in quoted.items()}
@@ -238,14 +288,14 @@ def _spans_to_explain(visible: str, block: _Block) -> Iterator[_Span]:
     _, anywhere = _patterns("R")
     for reason_start, reason_end in block.reasons:
         for token in _TOKEN.finditer(visible, reason_start, reason_end):
-            opened = _NUMBER_OPENED.match(token.group())
+            verdict = _VERDICT_TOKEN.fullmatch(_compact(token.group()))
             before = max(reason_start, token.start() - _LABEL_REACH)
             labelled = _LABEL_BEFORE.search(visible[before : token.start()])
             yield _Span(
                 token.start() if labelled is None else before + labelled.start(),
                 token.end(),
                 None if labelled is None else int(labelled.group(1)),
-                None if opened is None else float(opened.group(1)),
+                None if verdict is None else float(verdict.group(1)),
                 conflict=False,
             )
     judges = [*block.own, *block.reasons]  # the block's lines: their brackets are the judge's or read above
