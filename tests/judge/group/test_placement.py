@@ -89,6 +89,35 @@ def test_verl_reward_loop_manager_chunks_that_would_cut_groups_are_refused(
     assert refused.value.key == key, refused.value
 
 
+@pytest.mark.parametrize(("max_model_len", "refused"), [(4096, True), (8192, False), (None, False)])
+def test_a_served_judge_too_short_for_a_group_of_full_length_responses_is_refused(
+    server, verl_config_factory, max_model_len, refused
+):
+    """With the judge verl serves, its context is known at start-up: 4 responses of up to 1024
+    tokens, the instructions (512 + 32 a member) and judge.max_tokens 512 need 5248 tokens, which a
+    4096-token judge cannot hold (every member of such a group would be invalid). Unknown context
+    (no max_model_len, no local config.json): left to each call's own count."""
+    from async_reward.judge.group.placement import group_size
+
+    config = group_config(verl_config_factory, server, n=4, max_tokens=512)
+    with open_dict(config):
+        config.data.max_response_length = 1024
+        config.reward.reward_model.enable = True
+        config.reward.reward_model.rollout.max_model_len = max_model_len
+    if not refused:
+        assert group_size(config) == 4
+        return
+    with pytest.raises(ConfigError) as refusal:
+        group_size(config)
+    assert refusal.value.key == "reward.reward_model.rollout.max_model_len", refusal.value
+    message = str(refusal.value)
+    assert "actor_rollout_ref.rollout.response_length=1024" in message and "5248 tokens" in message
+    assert "context of 4096 (rollout.max_model_len)" in message
+    with open_dict(config):  # an external judge: its context is not known here
+        config.reward.reward_model.enable = False
+    assert group_size(config) == 4
+
+
 def test_offline_scoring_has_no_groups_and_is_refused():
     from async_reward.judge.group.placement import group_size
 

@@ -1,5 +1,6 @@
-"""Where group judging (``judge.mode: group``) can run: the group size verl generates, and whether a
-group's members all reach one reward worker's manager, checked at start-up (on the driver, through
+"""Where group judging (``judge.mode: group``) can run: the group size verl generates, whether the
+judge's reply and (with the judge verl serves in the job) its prompt have room, and whether a group's
+members all reach one reward worker's manager, checked at start-up (on the driver, through
 ``llm_judge``'s ``check_settings``, and in every worker).
 """
 
@@ -15,7 +16,13 @@ from async_reward._core.errors import ConfigError
 from async_reward.config import CONFIG_PATH, load_config
 from async_reward.judge.group.judging import GROUP_LIMIT
 
-__all__ = ["TOKENS_PER_MEMBER", "group_size", "whole_groups"]
+__all__ = [
+    "GROUP_PROMPT_TOKENS",
+    "PROMPT_TOKENS_PER_MEMBER",
+    "TOKENS_PER_MEMBER",
+    "group_size",
+    "whole_groups",
+]
 
 
 def group_size(config: Any) -> int:
@@ -25,8 +32,9 @@ def group_size(config: Any) -> int:
     Raises:
         ConfigError: no ``actor_rollout_ref`` (offline scoring), n under 2 (a group of one has nothing
             to compare: judge it pointwise), over :data:`GROUP_LIMIT`, a ``judge.max_tokens`` under
-            :data:`TOKENS_PER_MEMBER` a member, validation (``val_kwargs.n``) with groups of another
-            size, or a job whose groups would not meet in one worker.
+            :data:`TOKENS_PER_MEMBER` a member, a served judge whose context cannot hold a group of
+            full-length responses (:func:`_check_prompt_room`), validation (``val_kwargs.n``) with
+            groups of another size, or a job whose groups would not meet in one worker.
     """
     rollout = _node(_node(config, "actor_rollout_ref"), "rollout")
     key = "actor_rollout_ref.rollout.n"
@@ -52,6 +60,7 @@ def group_size(config: Any) -> int:
             fix=f"use n <= {GROUP_LIMIT}, or reward.async_reward.judge.mode=pointwise",
         )
     _check_reply_room(config, n)
+    _check_prompt_room(config, n)
     val_n = _node(rollout, "val_kwargs")
     val_size = val_n.get("n", 1) if val_n is not None else 1
     if _validates(config) and val_size != n:
@@ -86,6 +95,57 @@ def _check_reply_room(config: Any, n: int) -> None:
             key=key,
             fix=f"set {key} to at least {needed}",
         )
+
+
+#: A rough allowance, in judge tokens, for the group prompt around its responses: the system prompt,
+#: the instructions, the question's and reference's tags and the chat template (about 350 tokens with
+#: empty responses), and per member its label, tags and the line it asks for (about 16). The question
+#: and reference themselves are not counted: a call too long for them is refused as it is built.
+GROUP_PROMPT_TOKENS = 512
+PROMPT_TOKENS_PER_MEMBER = 32
+
+
+def _check_prompt_room(config: Any, n: int) -> None:
+    """Refuse a judge verl serves in the job whose context cannot hold a group's prompt of
+    full-length responses and the reply: such a call cannot be sent (``llm_judge`` counts each
+    prompt against the context), so every member of a group whose responses run to
+    ``response_length`` (GRPO truncates some in most steps) would be ``invalid``. Skipped where the
+    context is not known here (an external judge; no ``max_model_len`` and no local
+    ``config.json``): each call is then counted as it is built, or refused by the server. The
+    lengths are the policy's tokens, the context the judge's: a rough check, not a count."""
+    from async_reward.judge.in_job.context import judge_context
+    from async_reward.judge.in_job.settings import in_job_judge
+
+    context = judge_context(config) if in_job_judge(config) else None
+    if context is None:
+        return
+    length_key = "actor_rollout_ref.rollout.response_length"
+    response_length = select_key(config, length_key)
+    if response_length is None:
+        length_key = "data.max_response_length"
+        response_length = select_key(config, length_key)
+    if isinstance(response_length, bool) or not isinstance(response_length, int):
+        return
+    max_tokens = load_config(config).judge.max_tokens
+    needed = n * (response_length + PROMPT_TOKENS_PER_MEMBER) + GROUP_PROMPT_TOKENS + max_tokens
+    if needed <= context.tokens:
+        return
+    window = "reward.reward_model.rollout.max_model_len"
+    raise_it = (
+        f"raise {window} to at least {needed}, "
+        if context.source == "rollout.max_model_len"
+        else f"serve a judge with a context of at least {needed} tokens, "
+    )
+    raise ConfigError(
+        f"judge.mode=group with groups of {n}: one call's prompt holds {n} responses of up to "
+        f"{length_key}={response_length} tokens (about {PROMPT_TOKENS_PER_MEMBER} more each, and "
+        f"{GROUP_PROMPT_TOKENS} for the instructions), and {CONFIG_PATH}.judge.max_tokens={max_tokens} "
+        f"for the reply: {needed} tokens, over the served judge's context of {context.tokens} "
+        f"({context.source}): a group whose responses run that long cannot be judged, every member invalid",
+        key=window if context.source == "rollout.max_model_len" else "actor_rollout_ref.rollout.n",
+        fix=f"{raise_it}or lower actor_rollout_ref.rollout.n, {length_key} or judge.max_tokens, or "
+        "use judge.mode=pointwise (one response a call)",
+    )
 
 
 class _Dealing(threading.local):
