@@ -19,26 +19,26 @@ advantages compare). The rules:
   lines, or in a reason), so a response's own ``R<k>: [[n]]`` lands in the reply. We know every
   response, so such text is attributed (:func:`read_group`, ``async_reward.judge.group.plants``),
   comparing texts after folding look-alike digits and brackets, spacing and format characters. A
-  verdict-shaped span (a label before ``[[``, or a whole ``[[n]]``) outside the judge's own verdicts
+  verdict-shaped span (a member label before ``[[``) outside the judge's own verdicts
   (the first ``[[n]]`` of each line of the final block) that would make the reply unreadable (it
   disagrees with the block, or sits in a line's reason) is blamed on the members whose response
   holds the whole span: an exact quote, never code that merely shares a number (``[[1, 2]]``).
   Only when no response holds it (the judge misquoted) is it blamed on those writing that label
   before double brackets, and failing those, that number in double brackets, all of them when
   several match: refusing the reply instead would let a wrong planter void its group and its
-  negative advantage. Bare brackets in a reason (``x[idx[0]]``, a matrix) carry no verdict: made
-  inert when a response holds them, blamed on nobody. Lines quoting a response among the judge's
-  lines are set aside when the reply cannot be read otherwise, if they hold double brackets (blamed
-  on their holders when verdict-shaped); a final block whose line is a response's own text while
-  the judge's own line disagrees elsewhere is not the judge's (refused). The members blamed are
+  negative advantage. Brackets in a reason without a label (``x[idx[0]]``, a matrix, a ``[[0]]``)
+  claim no member's verdict: made inert when a response explains them, blamed on nobody. Lines
+  quoting a response among the judge's lines are set aside when the reply cannot be read otherwise,
+  if they hold double brackets (blamed on their holders when labelled); a final block whose line
+  is a response's own text while the judge's own line disagrees elsewhere is not the judge's
+  (refused). The members blamed are
   *planters*: each is scored the lowest verdict (status ``ok``, so ``on_failure: exclude`` cannot
   drop the group either), and the others keep the judge's verdicts. Lowering the planter's reward
   never raises its GRPO advantage, and an exact quote lowers only members holding that very text
   (a labelled ``R<k>: [[n]]`` no honest response writes), so a plant cannot place its member better
-  than without it. Two gaps remain: a misquoted plant can, through the fallback, also lower a member
-  writing the same label or number, and an unlabelled ``[[n]]`` quoted in a reason is blamed on
-  every member holding it whole, code such as ``[[0]]`` included. What no response explains is the
-  judge's own doing: the whole group ``invalid``, as before.
+  than without it. One gap remains: a misquoted labelled plant can, through the fallback, also
+  lower a member writing the same label or number. What no response explains is the judge's own
+  doing: the whole group ``invalid``, as before.
 * **The reward rule.** Each member's verdict is on the judge's scale (``min_score`` to
   ``max_score``) and is normalised exactly as a pointwise verdict is (``normalize_to``): the judge
   grades every response on the absolute scale, with its group mates in view; GRPO's advantage then

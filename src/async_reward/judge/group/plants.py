@@ -9,25 +9,27 @@ reward, and with it the group's mean: the planter's GRPO advantage rises. Texts 
 folded (:func:`folded`: look-alike digits and brackets, character references, format characters,
 spacing):
 
-* **A span with a verdict's shape** (a member label before its ``[[``, or a whole verdict
-  ``[[n]]``) is blamed on each member whose text holds the whole span: an exact quote. Code that
-  merely shares its number (a matrix ``[[1, 2]]``, an index ``x[idx[0]]``) is no quote of
-  ``R2: [[1]]``; code holding the whole span is (an unlabelled ``[[0]]`` in a reason is blamed on
-  every member that writes ``[[0]]``).
+* **A span with a member label before its ``[[``** (``R2: [[1]]``, in a reason or disagreeing
+  with the final block elsewhere) is blamed on each member whose text holds the whole span: an
+  exact quote. Code that merely shares its number (a matrix ``[[1, 2]]``, an index ``x[idx[0]]``)
+  is no quote of ``R2: [[1]]``.
 * Only when no member holds it (a judge that misquoted: ``[[10.0]]`` for ``[[10]]``) is it blamed
   on the members that write that label before double brackets, and failing those, on the members
   that open double brackets with that number. Such a rule can match an innocent member as well, and
   all its matches are blamed: refusing the reply instead would fail the whole group, and under
   ``on_failure: exclude`` (or a fallback score) a wrong planter would escape its negative advantage
   entirely, which no misquote should buy it.
-* **Bare brackets** (a lone ``[[`` / ``]]``, or ``[[text]]`` that reads as no verdict) carry no
-  verdict: held by some member's text, the span is made inert and nobody is blamed (a judge citing
-  ``x[idx[0]]`` or a matrix from the code it grades); held by none, it stays and the reader refuses
-  the reply (the judge's own doing).
+* **Brackets in a reason without a label** (a lone ``[[`` / ``]]``, ``[[text]]``, or even a whole
+  ``[[7]]``) claim no member's verdict: the reader takes each line's first ``[[n]]``, after its
+  label. Held by some member's text (or, for a whole ``[[n]]``, some member opens double brackets
+  with n: a misquote), the span is made inert and nobody is blamed (a judge citing ``x[idx[0]]``, a
+  matrix or a ``[[0]]`` from the code it grades: blaming every member holding ``[[0]]`` would hit
+  innocents, and a planter gains nothing from such a span); explained by none, it stays and the
+  reader refuses the reply (the judge's own doing, such as a second verdict on a line).
 
 Lines a judge quotes among or after its own (:func:`without_quoted_lines`) are set aside only when
-they hold double brackets, and blamed on the members holding them only when they have a verdict's
-shape. Attribution only ever turns text inert and marks its writers: it never writes a verdict.
+they hold double brackets, and blamed on the members holding them only when they write a member
+label before them. Attribution only ever turns text inert and marks its writers: it never writes a verdict.
 """
 
 from __future__ import annotations
@@ -130,6 +132,12 @@ class MemberText:
         whole span once both are folded."""
         return span in self.compact
 
+    def explains(self, span: str, number: float | None) -> bool:
+        """Whether an unlabelled ``span`` of a reason (already :func:`_compact`; ``number``: the
+        verdict it reads as, if any) can come from this response: it holds the span, or opens double
+        brackets with that number (a misquote: ``[[10.0]]`` for ``[[10]]``)."""
+        return self.holds(span) or (number is not None and number in self.numbers)
+
 
 def _writers(span: str, label: int | None, number: float | None, writings: Sequence[MemberText]) -> list[int]:
     """The members (1-based) a verdict-shaped ``span`` of the reply (``R<label>: [[number``; already
@@ -149,9 +157,10 @@ def _writers(span: str, label: int | None, number: float | None, writings: Seque
 
 
 def _verdict_shaped(compact: str) -> bool:
-    """Whether ``compact`` (:func:`_compact` text) writes a member label before double brackets or
-    a whole verdict ``[[n]]``: what can claim a member's verdict (bare brackets cannot)."""
-    return _WRITTEN_LABEL.search(compact) is not None or _VERDICT_TOKEN.search(compact) is not None
+    """Whether ``compact`` (:func:`_compact` text) writes a member label before double brackets:
+    what can claim a member's verdict (brackets without a label cannot: the reader's lines start with
+    ``R<k>:``)."""
+    return _WRITTEN_LABEL.search(compact) is not None
 
 
 class _Span(NamedTuple):
@@ -207,8 +216,8 @@ def without_plants(visible: str, writings: Sequence[MemberText]) -> tuple[str, d
                 f"the reply's line for response R{span.label} is a response's own text, and the "
                 f"judge's differs ({written.strip()[:40]})"
             )
-        if span.label is None and span.number is None:  # bare brackets: no verdict to blame on anyone
-            writers, inert = [], any(writing.holds(compact) for writing in writings)
+        if span.label is None:  # in a reason, no label: a verdict for nobody, so blamed on nobody
+            writers, inert = [], any(writing.explains(compact, span.number) for writing in writings)
         else:
             writers = _writers(compact, span.label, span.number, writings)
             inert = bool(writers)
@@ -239,9 +248,10 @@ def without_quoted_lines(visible: str, writings: Sequence[MemberText]) -> tuple[
     """``visible`` with the lines that quote a response (quote marks around them aside) and hold
     double brackets blanked among and after the last ones left, one per member (where the reader
     looks for the judge's lines), and the members blamed with the lines: those holding a blanked
-    line that has a verdict's shape. A line without double brackets is never blanked (it cannot be
-    a planted verdict line: left where the judge's lines should be, the reply stays unreadable, the
-    judge's doing), and a blanked line of bare brackets (a quoted matrix) is blamed on nobody."""
+    line that writes a member label before them. A line without double brackets is never blanked
+    (it cannot be a planted verdict line: left where the judge's lines should be, the reply stays
+    unreadable, the judge's doing), and a blanked line without a label (a quoted matrix) is blamed
+    on nobody."""
     suspects = [writing for writing in writings if writing.brackets]
     text = list(visible)
     quoted: dict[int, list[str]] = {}
