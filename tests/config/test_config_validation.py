@@ -411,6 +411,46 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
     assert secret not in str(info.value)
 
 
+COMPONENT_SECRET = "sk-live-SECRET42-component"
+
+
+@pytest.mark.parametrize(
+    ("manager", "settings", "named"),
+    [
+        (  # the reviewer's line: a remote section (its headers) under a component that reads none
+            "async_naive",
+            {"remote": {"url": "http://svc/score", "headers": {"X-Api-Key": COMPONENT_SECRET}}},
+            "remote",
+        ),
+        ("async_remote", {"judge": {"extra_body": {"api_key": COMPONENT_SECRET}}}, "judge"),
+        (  # a nested composite is a setting of the whole sample, and its components hold sections
+            "async_naive",
+            {
+                "composite": {
+                    "components": [
+                        {
+                            "name": "inner",
+                            "manager": "async_remote",
+                            "async_reward": {"remote": {"headers": {"X-Api-Key": COMPONENT_SECRET}}},
+                        }
+                    ]
+                }
+            },
+            "composite",
+        ),
+    ],
+)
+def test_a_components_refused_section_is_named_never_shown(verl_config_factory, manager, settings, named):
+    """A component's settings are refused by key, never echoed: a section may hold a header's key
+    (as managers.base's refusal of a section the manager does not read promises)."""
+    component = {"name": "rule", "manager": manager, "async_reward": settings}
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, "composite.components", [component])
+    message = str(info.value)
+    assert info.value.key == f"reward.async_reward.composite.components[0].async_reward.{named}", message
+    assert COMPONENT_SECRET not in message and f"{info.value.key}=<hidden>" in message, message
+
+
 @pytest.mark.parametrize("name", ["Authorization", "authorization", "AUTHORIZATION"])
 def test_an_authorization_header_beside_api_key_env_is_refused(verl_config_factory, name):
     # api_key_env's "Bearer <key>" silently replaced the user's header (in any letter case).
