@@ -117,6 +117,19 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
         "structured",
         {"judge.parser": "structured"},
     ),
+    # A structured reply is one JSON object: no position, no second verdict (never read with it).
+    (
+        "judge.verdict_position",
+        "anywhere",
+        "does not apply with judge.parser=structured",
+        {"judge.parser": "structured"},
+    ),
+    (
+        "judge.on_conflict",
+        "min",
+        "does not apply with judge.parser=structured",
+        {"judge.parser": "structured"},
+    ),
     ("judge.cache", "yes", "boolean", {}),
     ("judge.expected_verdict", "yes", "boolean", {}),
     ("judge.criteria", [{"name": "Bad Name", "description": "d"}], "criterion name", {}),
