@@ -60,6 +60,10 @@ def test_a_plain_verl_config_is_left_exactly_as_it_is(mode, capsys) -> None:
         (["reward_model.reward_manager=async_naive"], "reward_model.reward_manager=async_naive"),
         (["trainer.v1.trainer_mode=pipelined"], "trainer.v1.trainer_mode=pipelined"),
         (["trainer.v1.trainer_mode=decoupled"], "trainer.v1.trainer_mode=decoupled"),
+        (  # our mode's name under the legacy trainer: ours to refuse, not verl's to ignore
+            ["trainer.use_v1=false", "trainer.v1.trainer_mode=pipelined"],
+            "trainer.v1.trainer_mode=pipelined",
+        ),
         (["+reward.async_reward.timeout_s=5"], "reward.async_reward"),
         (["+async_reward.pipeline.mini_batch=true"], "async_reward"),
         (["+trainer.v1.pipelined.mini_batch=true"], "trainer.v1.pipelined"),
@@ -83,6 +87,25 @@ def test_a_subclass_of_ours_registered_under_its_own_name_asks_for_async_reward(
     register_manager("plugin_test_subclass")(type("PluginTestSubclass", (AsyncNaiveRewardManager,), {}))
     config = compose_verl_config(["reward.reward_manager.name=plugin_test_subclass"])
     assert asks_for_async_reward(config) == "reward.reward_manager.name=plugin_test_subclass"
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "decoupled"])
+@pytest.mark.parametrize("manager", [["reward.reward_manager.name=llm_judge", JUDGE], []])
+def test_our_mode_under_the_legacy_trainer_is_refused_where_verl_builds_it(mode, manager) -> None:
+    """``trainer.use_v1=false`` runs verl's legacy trainer, which never reads ``trainer.v1.*``: our
+    mode's line would train unpipelined without a word. Refused where verl builds its trainer (the
+    plugin's hook on ``RayPPOTrainer``, which the legacy task runner builds), with one of our managers
+    or verl's own, naming ``trainer.use_v1`` and both ways out."""
+    from async_reward.v1.checks import apply_legacy_and_check
+
+    lines = [*manager, "trainer.use_v1=false", f"trainer.v1.trainer_mode={mode}"]
+    for build in (prepare_where_verl_builds, apply_legacy_and_check):
+        with pytest.raises(ConfigError) as refused:
+            build(compose_verl_config(lines))
+        assert refused.value.key == "trainer.use_v1", refused.value
+        assert f"trainer.v1.trainer_mode={mode}" in str(refused.value)
+        assert "trainer.use_v1=true" in (refused.value.fix or "")
+        assert f"remove trainer.v1.trainer_mode={mode}" in (refused.value.fix or "")
 
 
 # ----------------------------------------------------------------------------- the mode brings its own wiring
