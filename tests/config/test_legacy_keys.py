@@ -298,3 +298,17 @@ def test_a_legacy_reward_model_key_overwriting_its_new_key_is_refused_where_it_m
     with pytest.raises(ConfigError) as late:
         apply_legacy_and_check(compose_verl_config([legacy, new, JUDGE]))
     assert late.value.key == key
+
+
+def test_the_fallback_defaults_of_the_replaced_sections_are_verls():
+    """Where verl's reward.yaml cannot be read, the defaults of the sections its migration replaces
+    whole are ours: they must be the file's, or a key at verl's default would read as set."""
+    from async_reward.config import verl_keys
+
+    from_file = verl_keys._verl_reward_defaults()
+    assert from_file is not verl_keys._REPLACED_SECTION_DEFAULTS  # verl's file was read
+    for section, defaults in verl_keys._REPLACED_SECTION_DEFAULTS.items():
+        assert from_file[section] == defaults, section
+    composed = compose_verl_config([])
+    for section in verl_keys._REPLACED_SECTION_DEFAULTS:  # and the file is what hydra composes
+        assert {k: v for k, v in composed.reward[section].items() if k != "_target_"} == from_file[section]

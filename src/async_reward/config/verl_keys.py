@@ -408,12 +408,25 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
     return applied
 
 
+#: verl 0.9.1's defaults of the sections its migration replaces whole, for a process where verl's
+#: ``reward.yaml`` cannot be found (a verl module stubbed or vendored): without them every key at its
+#: default would read as set. ``tests/config/test_legacy_keys.py`` checks them against the file.
+_REPLACED_SECTION_DEFAULTS: dict[str, Any] = {
+    "custom_reward_function": {"path": None, "name": "compute_score"},
+    "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+}
+
+
 @functools.cache
 def _verl_reward_defaults() -> dict[str, Any]:
     """verl's own defaults of the ``reward`` node (its ``reward/reward.yaml``, without ``_target_``
     keys), read from the installed verl without importing it: a new key at its default was not set
-    (or set to what the legacy key replaces), so the legacy one taking its place loses nothing."""
-    spec = importlib.util.find_spec("verl")
+    (or set to what the legacy key replaces), so the legacy one taking its place loses nothing.
+    :data:`_REPLACED_SECTION_DEFAULTS` where the file cannot be found."""
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):  # ValueError: a verl module in sys.modules without a spec
+        spec = None
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         path = Path(location, "trainer", "config", "reward", "reward.yaml")
@@ -421,8 +434,9 @@ def _verl_reward_defaults() -> dict[str, Any]:
             from omegaconf import OmegaConf
 
             defaults = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-            return _without_targets(defaults) if isinstance(defaults, dict) else {}
-    return {}
+            if isinstance(defaults, dict):
+                return _without_targets(defaults)
+    return _REPLACED_SECTION_DEFAULTS
 
 
 def _without_targets(node: dict[Any, Any]) -> dict[str, Any]:
