@@ -12,8 +12,10 @@ Loud, never silent: verl logs an exception raised by a plugin at DEBUG only, so 
 its own. A failure is logged here at WARNING, in the process where it happened, and this process's
 verl then refuses our names (a trainer mode, a reward manager) naming the cause and the fix, instead
 of verl's bare ``Unknown trainer 'pipelined'`` (:func:`install_guard`). The same guard speaks when
-:data:`OPT_OUT_ENV` turns the plugin off. With ``VERL_USE_EXTERNAL_PLUGINS=none`` verl imports
-nothing of ours, and only verl's own errors can speak.
+:data:`OPT_OUT_ENV` turns the plugin off, and when it holds a value that is neither on nor off
+(``disabled``): nothing is installed then, and verl's lookups of our names say which value and the
+accepted ones. With ``VERL_USE_EXTERNAL_PLUGINS=none`` verl imports nothing of ours, and only
+verl's own errors can speak.
 
 Standard library only at import (and wrapt when a guard is installed): it must load even where the
 package cannot.
@@ -32,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "ACCEPTED_VALUES",
     "ENTRY_POINT",
     "OPT_OUT_ENV",
     "OUR_MANAGER_NAMES",
@@ -40,14 +43,22 @@ __all__ = [
     "install_guard",
     "load",
     "plugin_turned_off",
+    "unrecognised_setting",
 ]
 
 #: The entry point's name (``VERL_USE_EXTERNAL_PLUGINS=async_reward`` loads only ours).
 ENTRY_POINT = "async_reward"
-#: ``ASYNC_REWARD_VERL_PLUGIN=0`` (or ``off``, ``false``, ``no``) keeps the plugin from registering
-#: anything of ours in a process; verl then refuses our names saying so.
+#: ``ASYNC_REWARD_VERL_PLUGIN=0`` (or ``off``, ``false``, ``no``, ``none``) keeps the plugin from
+#: registering anything of ours in a process; verl then refuses our names saying so. Unset, empty,
+#: ``1``, ``on``, ``true`` or ``yes``: on. Any other value is refused (:func:`load`).
 OPT_OUT_ENV = "ASYNC_REWARD_VERL_PLUGIN"
 _OFF_VALUES = frozenset({"0", "off", "false", "no", "none"})
+_ON_VALUES = frozenset({"", "1", "on", "true", "yes"})
+#: The accepted values, as an error message names them.
+ACCEPTED_VALUES = (
+    "unset, 1, on, true or yes (the plugin on), or 0, off, false, no or none (the plugin off), in any "
+    "letter case"
+)
 #: Our ``trainer.v1.trainer_mode`` values (``async_reward.wiring.trainer_modes.OUR_TRAINER_MODULES``).
 OUR_TRAINER_MODES = ("pipelined", "decoupled")
 #: Our managers' registered names (``async_reward.MANAGER_NAMES``).
@@ -77,8 +88,36 @@ def plugin_turned_off(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(OPT_OUT_ENV, "").strip().lower() in _OFF_VALUES
 
 
+def unrecognised_setting(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why :data:`OPT_OUT_ENV` in this environment is neither on nor off (None: it is one of
+    them): ``disabled`` or ``off!`` must not leave the plugin on, nor be guessed to mean off."""
+    value = environ.get(OPT_OUT_ENV, "")
+    if value.strip().lower() in _OFF_VALUES | _ON_VALUES:
+        return None
+    return f"{OPT_OUT_ENV}={value!r} is not a value it accepts ({ACCEPTED_VALUES})"
+
+
 def load() -> None:
-    """What importing this module does: install the plugin, or, turned off or failing, the guard."""
+    """What importing this module does: install the plugin, or, turned off, set to a value it does
+    not accept, or failing, the guard.
+
+    A value of :data:`OPT_OUT_ENV` that is neither on nor off is not raised here: verl imports this
+    module from ``import verl`` and logs what it raises at DEBUG only (and every process imports verl,
+    a plain verl job's too). So nothing of ours is installed, a WARNING names the variable and the
+    accepted values in every process that imports verl, and verl's lookup of any of our names (a
+    reward manager, a trainer mode) raises :class:`NotRegistered` saying the same: a job that uses
+    async-reward stops at start-up, one that does not runs as verl alone would, with the warning."""
+    problem = unrecognised_setting()
+    if problem is not None:
+        fix = f"set {OPT_OUT_ENV} to one of those where verl runs (the driver and the Ray workers)"
+        _logger.warning(
+            "%s: async-reward's verl plugin is not installed in this process, and verl will refuse "
+            "async-reward's reward managers and trainer modes here; %s",
+            problem,
+            fix,
+        )
+        install_guard(problem, fix)
+        return
     if plugin_turned_off():
         install_guard(
             f"async-reward's verl plugin is turned off in this process ({OPT_OUT_ENV}="

@@ -117,6 +117,19 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
         "structured",
         {"judge.parser": "structured"},
     ),
+    # A structured reply is one JSON object: no position, no second verdict (never read with it).
+    (
+        "judge.verdict_position",
+        "anywhere",
+        "does not apply with judge.parser=structured",
+        {"judge.parser": "structured"},
+    ),
+    (
+        "judge.on_conflict",
+        "min",
+        "does not apply with judge.parser=structured",
+        {"judge.parser": "structured"},
+    ),
     ("judge.cache", "yes", "boolean", {}),
     ("judge.expected_verdict", "yes", "boolean", {}),
     ("judge.criteria", [{"name": "Bad Name", "description": "d"}], "criterion name", {}),
@@ -409,6 +422,46 @@ def test_secrets_never_appear_in_errors(verl_config_factory, monkeypatch):
         check_reward(config)
     assert info.value.key == "reward.async_reward.judge.api_key_env"
     assert secret not in str(info.value)
+
+
+COMPONENT_SECRET = "sk-live-SECRET42-component"
+
+
+@pytest.mark.parametrize(
+    ("manager", "settings", "named"),
+    [
+        (  # the reviewer's line: a remote section (its headers) under a component that reads none
+            "async_naive",
+            {"remote": {"url": "http://svc/score", "headers": {"X-Api-Key": COMPONENT_SECRET}}},
+            "remote",
+        ),
+        ("async_remote", {"judge": {"extra_body": {"api_key": COMPONENT_SECRET}}}, "judge"),
+        (  # a nested composite is a setting of the whole sample, and its components hold sections
+            "async_naive",
+            {
+                "composite": {
+                    "components": [
+                        {
+                            "name": "inner",
+                            "manager": "async_remote",
+                            "async_reward": {"remote": {"headers": {"X-Api-Key": COMPONENT_SECRET}}},
+                        }
+                    ]
+                }
+            },
+            "composite",
+        ),
+    ],
+)
+def test_a_components_refused_section_is_named_never_shown(verl_config_factory, manager, settings, named):
+    """A component's settings are refused by key, never echoed: a section may hold a header's key
+    (as managers.base's refusal of a section the manager does not read promises)."""
+    component = {"name": "rule", "manager": manager, "async_reward": settings}
+    with pytest.raises(ConfigError) as info:
+        load(verl_config_factory, "composite.components", [component])
+    message = str(info.value)
+    assert info.value.key == f"reward.async_reward.composite.components[0].async_reward.{named}", message
+    assert COMPONENT_SECRET not in message and f"{info.value.key}=<hidden>" in message, message
 
 
 @pytest.mark.parametrize("name", ["Authorization", "authorization", "AUTHORIZATION"])

@@ -210,3 +210,105 @@ def test_legacy_reward_model_keys_verl_read_already_are_refused_by_the_hook(lega
     with pytest.raises(ConfigError) as error:
         apply_legacy_and_check(config)
     assert new_key in str(error.value) and error.value.key == legacy.split("=")[0]
+
+
+#: A key under a section verl's migration replaces whole, beside any value of the legacy section:
+#: (the lines, the new key refused, the legacy key named with it, the section to write it under).
+DROPPED_BY_THE_MIGRATION = [
+    (  # the URL would become None: verl assigns the legacy sandbox_fusion section in its place
+        ["sandbox_fusion.max_concurrent=32", "reward.sandbox_fusion.url=http://sandbox:8080/run"],
+        "reward.sandbox_fusion.url",
+        "sandbox_fusion.max_concurrent",
+        "reward.sandbox_fusion",
+    ),
+    (  # the function's arguments would disappear with reward.custom_reward_function
+        ["custom_reward_function.path=/tmp/f.py", "+reward.custom_reward_function.reward_kwargs.alpha=0.5"],
+        "reward.custom_reward_function.reward_kwargs.alpha",
+        "custom_reward_function.path",
+        "reward.custom_reward_function",
+    ),
+    (  # the legacy section's name is null: the new name would become null, not kept
+        ["custom_reward_function.path=/tmp/f.py", "reward.custom_reward_function.name=my_fn"],
+        "reward.custom_reward_function.name",
+        "custom_reward_function.path",
+        "reward.custom_reward_function",
+    ),
+    (
+        ["+reward_model.reward_kwargs.max_resp_len=16", "+reward.reward_kwargs.overlong_buffer_cfg.len=4"],
+        "reward.reward_kwargs.overlong_buffer_cfg.len",
+        "reward_model.reward_kwargs.max_resp_len",
+        "reward.reward_kwargs",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "key", "legacy", "section"),
+    DROPPED_BY_THE_MIGRATION,
+    ids=[key for _, key, _, _ in DROPPED_BY_THE_MIGRATION],
+)
+@pytest.mark.parametrize("where", ["setup hook", "prepare_verl_config"])
+def test_a_new_key_the_migration_would_drop_is_refused_naming_both_keys(lines, key, legacy, section, where):
+    """verl's ``migrate_legacy_reward_impl`` assigns a legacy section in place of its new one: a key
+    set only under the new one would be dropped without a word."""
+    config = compose_verl_config([*lines, JUDGE])
+    with pytest.raises(ConfigError) as error:
+        apply_legacy_and_check(config) if where == "setup hook" else prepare_verl_config(config)
+    message = str(error.value)
+    assert error.value.key == key, message
+    assert legacy in message and "replaces the whole" in message, message
+    assert error.value.fix and f"under {section} instead" in error.value.fix
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["sandbox_fusion.max_concurrent=32"],  # the new section at verl's defaults: nothing to lose
+        ["sandbox_fusion.url=http://sb:8080/run", "reward.sandbox_fusion.url=http://sb:8080/run"],  # same
+        ["sandbox_fusion.max_concurrent=32", "reward.sandbox_fusion.max_concurrent=64"],  # verl's default
+        ["custom_reward_function.path=/tmp/f.py", "reward.custom_reward_function.path=/tmp/f.py"],
+        ["reward_model.rollout.name=vllm"],  # verl leaves the new key mandatory (???): not a setting
+    ],
+)
+def test_a_legacy_section_beside_new_keys_it_carries_over_is_migrated(lines):
+    config = compose_verl_config(lines)
+    prepare_verl_config(config)
+    assert "reward_model" not in config and "sandbox_fusion" not in config
+
+
+@pytest.mark.parametrize(
+    ("legacy", "new"),
+    [
+        (
+            "reward_model.rollout.gpu_memory_utilization=0.3",
+            "reward.reward_model.rollout.gpu_memory_utilization=0.7",
+        ),
+        ("reward_model.model.path=/models/a", "reward.reward_model.model_path=/models/b"),
+        ("reward_model.n_gpus_per_node=4", "reward.reward_model.n_gpus_per_node=2"),
+    ],
+)
+def test_a_legacy_reward_model_key_overwriting_its_new_key_is_refused_where_it_migrates(legacy, new):
+    """verl's migration copies these one by one over the new keys; our entry point (which migrates
+    before verl reads them) refuses the pair as it refuses the manager's, the hook refuses the legacy
+    key itself (verl has read it already)."""
+    key = legacy.split("=")[0]
+    with pytest.raises(ConfigError, match="conflicts with") as error:
+        prepare_verl_config(compose_verl_config([legacy, new, JUDGE]))
+    assert error.value.key == key
+    with pytest.raises(ConfigError) as late:
+        apply_legacy_and_check(compose_verl_config([legacy, new, JUDGE]))
+    assert late.value.key == key
+
+
+def test_the_fallback_defaults_of_the_replaced_sections_are_verls():
+    """Where verl's reward.yaml cannot be read, the defaults of the sections its migration replaces
+    whole are ours: they must be the file's, or a key at verl's default would read as set."""
+    from async_reward.config import verl_keys
+
+    from_file = verl_keys._verl_reward_defaults()
+    assert from_file is not verl_keys._REPLACED_SECTION_DEFAULTS  # verl's file was read
+    for section, defaults in verl_keys._REPLACED_SECTION_DEFAULTS.items():
+        assert from_file[section] == defaults, section
+    composed = compose_verl_config([])
+    for section in verl_keys._REPLACED_SECTION_DEFAULTS:  # and the file is what hydra composes
+        assert {k: v for k, v in composed.reward[section].items() if k != "_target_"} == from_file[section]

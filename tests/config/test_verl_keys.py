@@ -208,6 +208,51 @@ def test_a_verl_key_that_is_not_a_number_is_named():
             "reward.sandbox_fusion.url",
             "does not use",
         ),
+        # A function's name or arguments without its path: verl loads no function, so both are ignored.
+        (
+            "llm_judge",
+            [
+                "+reward.async_reward.judge.base_url=http://127.0.0.1:9/v1",
+                "reward.custom_reward_function.name=my_fn",
+            ],
+            None,
+            "reward.custom_reward_function.name",
+            "calls no reward function",
+        ),
+        (
+            "async_remote",
+            [
+                "+reward.async_reward.remote.url=http://127.0.0.1:9/score",
+                "+reward.custom_reward_function.reward_kwargs.alpha=0.5",
+            ],
+            None,
+            "reward.custom_reward_function.reward_kwargs",
+            "calls no reward function",
+        ),
+        (
+            "async_naive",
+            ["reward.custom_reward_function.name=my_fn"],
+            None,
+            "reward.custom_reward_function.name",
+            "without reward.custom_reward_function.path",
+        ),
+        (
+            "async_rate_limited",
+            ["+reward.custom_reward_function.reward_kwargs.alpha=0.5"],
+            None,
+            "reward.custom_reward_function.reward_kwargs",
+            "without reward.custom_reward_function.path",
+        ),
+        (
+            "async_composite",
+            [
+                "+reward.async_reward.composite.components=[{name: rule, manager: async_naive}]",
+                "reward.custom_reward_function.name=my_fn",
+            ],
+            None,
+            "reward.custom_reward_function.name",
+            "without reward.custom_reward_function.path",
+        ),
     ],
 )
 def test_verl_setting_the_manager_cannot_honour_is_refused_by_name(
@@ -218,6 +263,23 @@ def test_verl_setting_the_manager_cannot_honour_is_refused_by_name(
         check_reward(config)
     assert error.value.key == key
     assert words in str(error.value)
+
+
+def test_a_composite_passes_the_jobs_function_to_its_function_components_only(functions):
+    """The job's function (path, name, arguments) is for the composite's function component; its
+    judge component gets the path cleared and the name left (``component_config``), and is not
+    refused for it: the name-without-path rule reads the job's own config."""
+    components = (
+        "[{name: rule, manager: async_naive, score_range: [0, 1]}, "
+        "{name: judge, manager: llm_judge, async_reward: {judge: {base_url: 'http://127.0.0.1:9/v1'}}}]"
+    )
+    config = compose(
+        "async_composite",
+        f"+reward.async_reward.composite.components={components}",
+        "+reward.custom_reward_function.reward_kwargs.weight=2",
+        function=(functions, "echo_kwargs"),
+    )
+    check_reward(config)
 
 
 def test_overlong_penalty_refused_only_when_enabled(functions):

@@ -60,6 +60,10 @@ def test_a_plain_verl_config_is_left_exactly_as_it_is(mode, capsys) -> None:
         (["reward_model.reward_manager=async_naive"], "reward_model.reward_manager=async_naive"),
         (["trainer.v1.trainer_mode=pipelined"], "trainer.v1.trainer_mode=pipelined"),
         (["trainer.v1.trainer_mode=decoupled"], "trainer.v1.trainer_mode=decoupled"),
+        (  # our mode's name under the legacy trainer: ours to refuse, not verl's to ignore
+            ["trainer.use_v1=false", "trainer.v1.trainer_mode=pipelined"],
+            "trainer.v1.trainer_mode=pipelined",
+        ),
         (["+reward.async_reward.timeout_s=5"], "reward.async_reward"),
         (["+async_reward.pipeline.mini_batch=true"], "async_reward"),
         (["+trainer.v1.pipelined.mini_batch=true"], "trainer.v1.pipelined"),
@@ -83,6 +87,25 @@ def test_a_subclass_of_ours_registered_under_its_own_name_asks_for_async_reward(
     register_manager("plugin_test_subclass")(type("PluginTestSubclass", (AsyncNaiveRewardManager,), {}))
     config = compose_verl_config(["reward.reward_manager.name=plugin_test_subclass"])
     assert asks_for_async_reward(config) == "reward.reward_manager.name=plugin_test_subclass"
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "decoupled"])
+@pytest.mark.parametrize("manager", [["reward.reward_manager.name=llm_judge", JUDGE], []])
+def test_our_mode_under_the_legacy_trainer_is_refused_where_verl_builds_it(mode, manager) -> None:
+    """``trainer.use_v1=false`` runs verl's legacy trainer, which never reads ``trainer.v1.*``: our
+    mode's line would train unpipelined without a word. Refused where verl builds its trainer (the
+    plugin's hook on ``RayPPOTrainer``, which the legacy task runner builds), with one of our managers
+    or verl's own, naming ``trainer.use_v1`` and both ways out."""
+    from async_reward.v1.checks import apply_legacy_and_check
+
+    lines = [*manager, "trainer.use_v1=false", f"trainer.v1.trainer_mode={mode}"]
+    for build in (prepare_where_verl_builds, apply_legacy_and_check):
+        with pytest.raises(ConfigError) as refused:
+            build(compose_verl_config(lines))
+        assert refused.value.key == "trainer.use_v1", refused.value
+        assert f"trainer.v1.trainer_mode={mode}" in str(refused.value)
+        assert "trainer.use_v1=true" in (refused.value.fix or "")
+        assert f"remove trainer.v1.trainer_mode={mode}" in (refused.value.fix or "")
 
 
 # ----------------------------------------------------------------------------- the mode brings its own wiring
@@ -257,6 +280,99 @@ def test_import_verl_loads_the_plugin_and_says_when_it_cannot() -> None:
         assert "async_reward.managers.llm_judge is broken in this test" in managers["found"][name], name
         assert "Unknown" not in managers["found"][name]
     assert managers["found"]["naive"] == OURS["naive"] and managers["found"]["sync"] == OURS["sync"]
+
+
+# ----------------------------------------------------------------------------- ASYNC_REWARD_VERL_PLUGIN
+
+
+@pytest.mark.parametrize(
+    ("value", "unrecognised"),
+    [
+        ("", False),
+        ("1", False),
+        (" On ", False),
+        ("yes", False),
+        ("0", False),
+        ("OFF", False),
+        ("none", False),
+        ("disabled", True),
+        ("off!", True),
+        ("2", True),
+    ],
+)
+def test_each_value_of_the_switch_is_on_off_or_refused(value, unrecognised) -> None:
+    import async_reward_verl_plugin as plugin
+
+    problem = plugin.unrecognised_setting({plugin.OPT_OUT_ENV: value})
+    assert (problem is not None) == unrecognised
+    if unrecognised:
+        assert f"ASYNC_REWARD_VERL_PLUGIN={value!r}" in problem and plugin.ACCEPTED_VALUES in problem
+    assert plugin.unrecognised_setting({}) is None  # unset: on
+
+
+def test_an_unrecognised_switch_installs_nothing_and_says_so(monkeypatch, caplog) -> None:
+    """``ASYNC_REWARD_VERL_PLUGIN=disabled`` had left the plugin on. Raising is no refusal here (verl
+    logs a plugin's exception at DEBUG only), so nothing is installed, a WARNING names the variable
+    and the accepted values, and the guard makes verl's lookups of our names say the same."""
+    import async_reward_verl_plugin as plugin
+
+    guarded: list[tuple[str, str]] = []
+    monkeypatch.setenv(plugin.OPT_OUT_ENV, "disabled")
+    monkeypatch.setattr(plugin, "install_guard", lambda cause, fix: guarded.append((cause, fix)))
+    monkeypatch.setattr(plugin, "_import_without_package_init", lambda name: pytest.fail("installed"))
+    with caplog.at_level("WARNING", logger="async_reward"):
+        plugin.load()
+    assert len(guarded) == 1
+    cause, fix = guarded[0]
+    assert "ASYNC_REWARD_VERL_PLUGIN='disabled' is not a value it accepts" in cause
+    assert plugin.ACCEPTED_VALUES in cause and "ASYNC_REWARD_VERL_PLUGIN" in fix
+    assert any("ASYNC_REWARD_VERL_PLUGIN='disabled'" in r.getMessage() for r in caplog.records)
+
+
+#: Each value imports verl in a forked child of one fresh interpreter, as a job's process does.
+UNRECOGNISED_SWITCH_PROBE = """
+import logging, os, sys
+from tests.support.first_import_probe import preload_third_party, report_each_in_a_fork
+
+def probe(value):
+    said = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            said.append(f"{record.levelname} {record.getMessage()}")
+
+    logging.getLogger().addHandler(Collect(level=logging.WARNING))
+    os.environ["ASYNC_REWARD_VERL_PLUGIN"] = value
+    import verl  # loads the plugin
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    found = {}
+    for name, lookup in (("pipelined", get_trainer_cls), ("llm_judge", get_reward_manager_cls),
+                         ("naive", get_reward_manager_cls)):
+        try:
+            found[name] = lookup(name).__qualname__
+        except Exception as error:
+            found[name] = f"{type(error).__name__}: {error}"
+    return {"value": value, "found": found, "said": said}
+
+preload_third_party()
+report_each_in_a_fork(["disabled", "off!"], probe)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(600)
+def test_an_unrecognised_switch_stops_a_job_using_our_names_naming_the_variable() -> None:
+    for report in run_probe(UNRECOGNISED_SWITCH_PROBE):
+        value, found = report["value"], report["found"]
+        for name in ("pipelined", "llm_judge"):
+            assert found[name].startswith("NotRegistered: "), (value, found)
+            assert f"ASYNC_REWARD_VERL_PLUGIN={value!r} is not a value it accepts" in found[name]
+        assert found["naive"] == OURS["naive"]  # verl's own names: verl's
+        assert any(
+            w.startswith("WARNING ") and f"ASYNC_REWARD_VERL_PLUGIN={value!r}" in w for w in report["said"]
+        ), report
 
 
 def test_the_plugins_names_are_ours() -> None:

@@ -36,6 +36,7 @@ from async_reward.config.v1 import (
     uses_reward_replay_buffer,
     v1_integration_problem,
 )
+from async_reward.config.verl_keys import check_function_needs_its_path
 
 __all__ = [
     "EXCLUDE_LOSS_AGG_MODES",
@@ -113,10 +114,26 @@ def check_reward(verl_config: Any) -> None:
     check_config = getattr(manager_cls, "check_config", None) if isinstance(manager_cls, type) else None
     if callable(check_config):
         settings = check_config(verl_config, env=_worker_environment(verl_config))
+        # The job's own function keys, here and not in check_config: async_composite checks each
+        # component's derived config with it, where the path of a non-function component is cleared.
+        check_function_needs_its_path(
+            verl_config,
+            str(select_key(verl_config, "reward.reward_manager.name") or manager_cls.__name__),
+            runs_custom_function=_runs_custom_function(manager_cls),
+        )
         # What the settings turn on, in the job's log at start-up (job-wide admission, the served judge).
         announce = getattr(manager_cls, "announce_settings", None)
         if callable(announce):
             announce(verl_config, settings)
+
+
+def _runs_custom_function(manager_cls: type) -> bool | None:
+    """Whether ``manager_cls`` calls ``reward.custom_reward_function`` (None: unknown, a user's own
+    manager). ``async_composite`` (which reads ``composite``) passes it to its function components."""
+    if getattr(manager_cls, "_reads_composite", False):
+        return True
+    runs = getattr(manager_cls, "runs_custom_function", None)
+    return runs if isinstance(runs, bool) else None
 
 
 def _v1_problem(verl_config: Any) -> str | None:

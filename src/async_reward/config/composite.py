@@ -18,6 +18,7 @@ one service) is checked by ``managers.composite`` at start-up.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,12 +196,15 @@ class CompositeConfig:
     def _check_own_settings(component: ComponentConfig, key: str) -> None:
         for sample_key in SAMPLE_KEYS:
             if sample_key in component.async_reward:
+                value = component.async_reward[sample_key]
                 raise bad_value(
                     f"{key}.async_reward.{sample_key}",
-                    component.async_reward[sample_key],
+                    value,
                     "is a setting of the whole sample, not of one component (a failed component fails "
                     "its sample, which on_failure then handles)",
                     f"set reward.async_reward.{sample_key} instead",
+                    # a nested composite is a section: its components' settings may hold a header
+                    hide=isinstance(value, (Mapping, list, tuple)),
                 )
         if component.function is not None and component.manager not in FUNCTION_MANAGERS:
             raise bad_value(
@@ -230,6 +234,8 @@ class CompositeConfig:
                     f"is read by {reader} only, and this component is {component.manager}: it would be "
                     "ignored",
                     f"remove it, or make the component manager: {reader}",
+                    # a section is never echoed: remote.headers (or a judge's extra_body) may hold a key
+                    hide=True,
                 )
         if component.score_range is not None and component.manager == "llm_judge":
             raise bad_value(

@@ -213,6 +213,27 @@ class JudgeConfig:
                 "is set while judge.parser is 'structured', which sends its own response_format",
                 "remove one of them",
             )
+        if self.parser == "structured":
+            # The reply is one JSON object, read whole: no text follows a verdict, and there is no
+            # second verdict to disagree with (judge.verdict's read_verdict never reads these two).
+            conflicts = [
+                (
+                    "verdict_position",
+                    self.verdict_position != "end",
+                    "the reply is one JSON object, read whole, so no text can follow its verdict",
+                ),
+                (
+                    "on_conflict",
+                    self.on_conflict != "refuse",
+                    "the reply is one JSON object with one score, so no verdicts can disagree",
+                ),
+            ]
+            self._refuse_conflicts(
+                path,
+                conflicts,
+                "judge.parser=structured",
+                "use a text parser (judge.parser=json reads the same object from the reply's text)",
+            )
 
     def validate(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Check every value (not what ``llm_judge`` requires to run: see :meth:`require`)."""

@@ -10,17 +10,28 @@ key and our equivalent: none is ignored (the audit is in ``docs/verl_settings.md
   is an error.
 * :func:`check_verl_settings` refuses, per manager, the verl settings that manager cannot honour
   (a request budget for ``async_naive``, a ``custom_reward_function`` for ``llm_judge``, DAPO's
-  ``reward.reward_kwargs``, ...).
+  ``reward.reward_kwargs``, ...); :func:`check_function_needs_its_path`, a function's ``name`` or
+  ``reward_kwargs`` without its ``path`` (which verl would ignore).
 * :func:`apply_legacy_reward_keys` is verl's ``migrate_legacy_reward_impl`` for the legacy
   ``reward_model.*`` / ``custom_reward_function.*`` / ``sandbox_fusion.*`` keys, with conflicts
-  refused; the setup hook runs it where verl's own entry point never does.
+  refused (a legacy key and its new key set to different values; a key under a section the migration
+  replaces whole, which it would drop); the setup hook runs it where verl's own entry point never does.
+
+Longer than 400 lines: this module is the code of one audit (``docs/verl_settings.md``), every verl
+reward key read with verl's meaning, refused, or migrated as verl migrates it, each against verl's own
+defaults; split, a key's three fates would be read in three places.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig
 
 from async_reward._core.config_rules import bad_value, node_key, plain_container
 from async_reward._core.errors import ConfigError
@@ -32,6 +43,7 @@ __all__ = [
     "VERL_TPM_ESTIMATE_DEFAULT",
     "apply_legacy_reward_keys",
     "apply_verl_reward_keys",
+    "check_function_needs_its_path",
     "check_verl_settings",
 ]
 
@@ -65,6 +77,22 @@ _NEW_DEFAULTS: dict[str, Any] = {
     "reward.custom_reward_function.path": None,
     "reward.custom_reward_function.name": "compute_score",
 }
+#: The sections verl's migration assigns whole (legacy section -> the new one it replaces), each only
+#: when the legacy one holds a value: every key set under the new section that the legacy one does not
+#: hold with the same value would be lost (``reward.sandbox_fusion.url`` beside the legacy
+#: ``sandbox_fusion.max_concurrent``), so it is refused (:func:`_check_replaced_sections`).
+_REPLACED_SECTIONS = (
+    ("custom_reward_function", "reward.custom_reward_function"),
+    ("sandbox_fusion", "reward.sandbox_fusion"),
+    ("reward_model.reward_kwargs", "reward.reward_kwargs"),
+)
+#: Legacy ``reward_model.*`` keys verl's migration copies one by one onto the reward model's new keys
+#: (besides :data:`LEGACY_LATE_KEYS`): the same conflict rule as the paired keys, applied where the
+#: migration runs early (our entry point); where it runs late they are refused anyway.
+_REWARD_MODEL_PAIRS = (
+    *((f"reward_model.{key}", f"reward.reward_model.{key}") for key in LEGACY_LATE_KEYS),
+    ("reward_model.model.path", "reward.reward_model.model_path"),
+)
 
 
 def _is_number(value: Any) -> bool:
@@ -234,6 +262,50 @@ def check_verl_settings(
         )
 
 
+def check_function_needs_its_path(config: Any, manager: str, *, runs_custom_function: bool | None) -> None:
+    """Refuse ``reward.custom_reward_function.name`` away from verl's default (``compute_score``), and
+    a non-empty ``reward.custom_reward_function.reward_kwargs``, where no ``path`` is set: verl loads
+    no function without a path (``get_custom_reward_fn``), so both would be ignored (the function
+    managers then score with verl's default scorer, which takes neither; ``llm_judge`` and
+    ``async_remote`` call no function at all). ``runs_custom_function`` None: a user's manager, which
+    may read the keys itself: not checked.
+
+    Run on the job's own config (``async_reward.config.checks.check_reward``), not from
+    :func:`check_verl_settings`: ``async_composite`` hands each component that calls no function a
+    config with the path cleared and the job's name and ``reward_kwargs`` left, for its function
+    components.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    if runs_custom_function is None:
+        return
+    reward: Any = config.get("reward") if hasattr(config, "get") else None
+    function: Any = reward.get("custom_reward_function") if hasattr(reward, "get") else None
+    if not hasattr(function, "get") or function.get("path"):
+        return
+    name = function.get("name")
+    kwargs = plain_container(function.get("reward_kwargs"), "reward.custom_reward_function.reward_kwargs")
+    key = None
+    if name is not None and name != _NEW_DEFAULTS["reward.custom_reward_function.name"]:
+        key = "reward.custom_reward_function.name"
+    elif kwargs:  # a mapping with a key (or any other non-empty value): arguments for no function
+        key = "reward.custom_reward_function.reward_kwargs"
+    if key is None:
+        return
+    if runs_custom_function:
+        why = (
+            "is set without reward.custom_reward_function.path: verl loads no function without a path, "
+            f"so {manager} scores with verl's default scorer for the data source and it would be ignored"
+        )
+        fix = f"set reward.custom_reward_function.path to the file that defines the function, or remove {key}"
+    else:
+        why = f"is set, and {manager} calls no reward function: it would be ignored"
+        fix = f"remove {key}, or use async_naive / async_rate_limited with a function path"
+    # Not the value: reward_kwargs may hold a key for the service a function would have called.
+    raise ConfigError(f"{key} {why}; {fix}", key=key, fix=fix)
+
+
 def _check_reward_kwargs(kwargs: Any) -> None:
     """``reward.reward_kwargs`` is DAPO's (``overlong_buffer_cfg``, ``max_resp_len``): refused unless
     it asks for nothing (the overlong buffer absent or disabled)."""
@@ -275,7 +347,10 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
 
     Raises:
         ConfigError: a legacy key and its new key both set to different values (the new one away from
-            verl's default), or, when ``late``, a legacy key verl already read.
+            verl's default); a key set under a section the migration replaces whole
+            (``reward.custom_reward_function``, ``reward.sandbox_fusion``, ``reward.reward_kwargs``)
+            that the legacy section does not carry over; or, when ``late``, a legacy key verl already
+            read.
     """
     if not hasattr(config, "get") or config.get("reward_model") is None or config.get("reward") is None:
         return []
@@ -302,6 +377,9 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
                 f"keep only {new} (the legacy reward_model.* keys are deprecated in verl 0.9)",
             )
         applied.append(f"{legacy}={value!r} -> {new}")
+    if not late:
+        _check_reward_model_pairs(config)
+    _check_replaced_sections(config)
     if late:
         for key in LEGACY_LATE_KEYS:
             if _legacy_value(config, f"reward_model.{key}") is not None:
@@ -328,6 +406,137 @@ def apply_legacy_reward_keys(config: Any, *, late: bool) -> list[str]:
     for line in applied:
         say_once(f"legacy {line} (verl's migrate_legacy_reward_impl)")
     return applied
+
+
+#: verl 0.9.1's defaults of the sections its migration replaces whole, for a process where verl's
+#: ``reward.yaml`` cannot be found (a verl module stubbed or vendored): without them every key at its
+#: default would read as set. ``tests/config/test_legacy_keys.py`` checks them against the file.
+_REPLACED_SECTION_DEFAULTS: dict[str, Any] = {
+    "custom_reward_function": {"path": None, "name": "compute_score"},
+    "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+}
+
+
+@functools.cache
+def _verl_reward_defaults() -> dict[str, Any]:
+    """verl's own defaults of the ``reward`` node (its ``reward/reward.yaml``, without ``_target_``
+    keys), read from the installed verl without importing it: a new key at its default was not set
+    (or set to what the legacy key replaces), so the legacy one taking its place loses nothing.
+    :data:`_REPLACED_SECTION_DEFAULTS` where the file cannot be found."""
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):  # ValueError: a verl module in sys.modules without a spec
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location, "trainer", "config", "reward", "reward.yaml")
+        if path.is_file():
+            from omegaconf import OmegaConf
+
+            defaults = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            if isinstance(defaults, dict):
+                return _without_targets(defaults)
+    return _REPLACED_SECTION_DEFAULTS
+
+
+def _without_targets(node: dict[Any, Any]) -> dict[str, Any]:
+    return {
+        str(k): _without_targets(v) if isinstance(v, dict) else v for k, v in node.items() if k != "_target_"
+    }
+
+
+def _leaves(node: Any, prefix: str) -> dict[str, Any]:
+    """``{dotted key: value}`` of every value under ``node`` (an empty mapping is no value)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    leaves: dict[str, Any] = {}
+    for key, value in node.items():
+        if key != "_target_":
+            leaves.update(_leaves(value, f"{prefix}.{key}"))
+    return leaves
+
+
+def _verl_default(new_key: str) -> Any:
+    """verl's default of ``reward.<...>`` (None where verl has none: the key is one a user added)."""
+    return node_key(_verl_reward_defaults(), new_key.removeprefix("reward."))
+
+
+def _check_replaced_sections(config: Any) -> None:
+    """Refuse a key set under a section verl's migration replaces whole (:data:`_REPLACED_SECTIONS`)
+    that the legacy section does not carry over with the same value: verl's
+    ``migrate_legacy_reward_impl`` assigns the legacy section in its place, so the key would be
+    dropped without a word (``reward.sandbox_fusion.url`` becoming None; the function's
+    ``reward_kwargs`` gone). A key at verl's default is not a setting.
+
+    Raises:
+        ConfigError: naming the new key, the legacy key that replaces its section, and the fix.
+    """
+    for legacy_path, new_path in _REPLACED_SECTIONS:
+        legacy = _legacy_value(config, legacy_path)
+        legacy_leaves = _leaves(legacy, legacy_path) if legacy is not None else {}
+        set_legacy = [key for key, value in legacy_leaves.items() if value is not None]
+        if not set_legacy:
+            continue  # verl leaves the new section as it is
+        new = _legacy_value(config, new_path)
+        for key, value in _leaves(new, new_path).items() if new is not None else ():
+            if value is None or value == _verl_default(key):
+                continue
+            if legacy_leaves.get(legacy_path + key.removeprefix(new_path)) == value:
+                continue  # the legacy section carries the same value over
+            fix = (
+                f"write every {legacy_path}.* key under {new_path} instead (e.g. {set_legacy[0]} as "
+                f"{new_path}{set_legacy[0].removeprefix(legacy_path)}) and remove the legacy ones"
+            )
+            raise ConfigError(
+                f"{key} is set, and so is the legacy {set_legacy[0]}: verl's migrate_legacy_reward_impl "
+                f"replaces the whole {new_path} section with the legacy {legacy_path} section, so {key} "
+                f"would be dropped; {fix}",
+                key=key,
+                fix=fix,
+            )
+
+
+def _check_reward_model_pairs(config: Any) -> None:
+    """The legacy reward-model keys verl's migration copies one by one (:data:`_REWARD_MODEL_PAIRS`,
+    ``reward_model.rollout.*``): set with their new key away from verl's default, to another value,
+    the new one would be overwritten; refused as the paired keys are."""
+    rollout = _legacy_value(config, "reward_model.rollout")
+    pairs = [
+        *_REWARD_MODEL_PAIRS,
+        *(
+            (f"reward_model.rollout.{key}", f"reward.reward_model.rollout.{key}")
+            for key in (rollout if isinstance(rollout, Mapping) else {})
+        ),
+    ]
+    for legacy, new in pairs:
+        value = _legacy_value(config, legacy)
+        if value is None:
+            continue
+        current = _resolved_or_missing(config, new)
+        if current is _MISSING or current is None or current == value or current == _verl_default(new):
+            continue
+        raise bad_value(
+            legacy,
+            value,
+            f"conflicts with {new}={current!r} (the legacy key and its replacement set the same setting)",
+            f"keep only {new} (the legacy reward_model.* keys are deprecated in verl 0.9)",
+        )
+
+
+#: A key verl leaves mandatory (``???``, e.g. ``reward.reward_model.rollout.name``) and nobody set.
+_MISSING = object()
+
+
+def _resolved_or_missing(config: Any, key: str) -> Any:
+    """The value at ``key`` as :func:`_legacy_value` reads it, or :data:`_MISSING` for a mandatory
+    value left unset (``???``), which is no setting."""
+    from omegaconf import OmegaConf
+
+    parent, _, last = key.rpartition(".")
+    node = node_key(config, parent)
+    if isinstance(node, DictConfig) and OmegaConf.is_missing(node, last):
+        return _MISSING
+    return _legacy_value(config, key)
 
 
 def _has_other_legacy_values(config: Any) -> bool:

@@ -125,9 +125,14 @@ def check_trainer_mode_settings(verl_config: Any) -> None:
     ``reward_backlog``, ``staleness_from``, ... would be accepted and do nothing. An empty node is
     not a setting.
 
+    ``trainer.v1.trainer_mode`` naming one of our modes under ``trainer.use_v1=false`` is refused too:
+    verl's legacy trainer never reads ``trainer.v1.*``, so the job would train unpipelined without
+    a word.
+
     Raises:
         ConfigError: naming the first key set, the trainer that would ignore it, and the fix.
     """
+    _check_our_mode_has_its_trainer(verl_config)
     for mode, path, is_mode in _OUR_TRAINER_MODES:
         node = plain_container(select_key(verl_config, path), path)
         if not isinstance(node, Mapping) or not node or is_mode(verl_config):
@@ -145,6 +150,24 @@ def check_trainer_mode_settings(verl_config: Any) -> None:
             key=f"{path}.{keys[0]}",
             fix=fix,
         )
+
+
+def _check_our_mode_has_its_trainer(verl_config: Any) -> None:
+    """Refuse ``trainer.v1.trainer_mode=pipelined`` (or ``decoupled``) with ``trainer.use_v1=false``:
+    our modes are modes of verl's v1 trainer, and verl's legacy trainer ignores the line."""
+    mode = select_key(verl_config, "trainer.v1.trainer_mode")
+    if select_key(verl_config, "trainer.use_v1") or mode not in {m for m, _, _ in _OUR_TRAINER_MODES}:
+        return
+    fix = (
+        f"set trainer.use_v1=true to train with async-reward's {mode} mode (a mode of verl's v1 "
+        f"trainer), or remove trainer.v1.trainer_mode={mode} to train with the legacy trainer"
+    )
+    raise ConfigError(
+        f"trainer.use_v1=false with trainer.v1.trainer_mode={mode}: verl's legacy trainer is training, "
+        f"which never reads trainer.v1.*, so the {mode} mode would be silently ignored; {fix}",
+        key="trainer.use_v1",
+        fix=fix,
+    )
 
 
 def _check_untrained_batches_can_be_regenerated(verl_config: Any) -> None:

@@ -106,12 +106,13 @@ def asks_for_async_reward(config: Any) -> str | None:
     """The setting by which ``config`` asks for async-reward (``key=value`` or the key), or None for a
     plain verl config, which every hook of ours then leaves alone.
 
-    Asking: ``trainer.v1.trainer_mode`` one of ours under v1; a node only we read (:data:`OUR_KEYS`);
+    Asking: ``trainer.v1.trainer_mode`` one of ours (under ``trainer.use_v1=false`` too, where the
+    start-up checks refuse it: verl's legacy trainer would ignore it); a node only we read (:data:`OUR_KEYS`);
     a reward manager of ours (``reward.reward_manager.name`` with ``source: register``, or the legacy
     ``reward_model.reward_manager``), a subclass of ours registered under its own name included; or
     one of our classes named as verl's agent-loop manager or custom sampler."""
     mode = _select(config, "trainer.v1.trainer_mode")
-    if _select(config, "trainer.use_v1") and mode in OUR_TRAINER_MODULES:
+    if isinstance(mode, str) and mode in OUR_TRAINER_MODULES:
         return f"trainer.v1.trainer_mode={mode}"
     for key in OUR_KEYS:
         if _select(config, key) is not None:
