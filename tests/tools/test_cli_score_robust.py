@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import signal
 import textwrap
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,11 @@ FUNCTIONS = textwrap.dedent(
 
     async def outage(data_source, solution_str, ground_truth, extra_info=None):
         raise ConnectionError("judge down")
+
+    async def down_for_b(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "b":
+            raise ConnectionError("judge down again")
+        return 1.0
     """
 )
 
@@ -194,3 +201,96 @@ def test_function_name_without_function_path_is_refused(tmp_path, capsys, manage
         main([*argv, "--function-name", "no_such_function"])
     assert exc.value.code == 2
     assert "--function-name" in capsys.readouterr().err and not (tmp_path / "out.jsonl").exists()
+
+
+def test_retry_failed_stopped_before_a_later_line_of_a_rescored_id_keeps_that_line(tmp_path, capsys):
+    """Review item 2: old rows were put back per key, so once line 1 (id a) was rescored, line 4 (id a
+    again) lost its old row although the run stopped (at b) before reaching it."""
+    rows = [
+        {"id": "a", "response": "a1"},
+        {"id": "b", "response": "b"},
+        {"id": "c", "response": "c"},
+        {"id": "a", "response": "a2"},
+    ]
+    code, out = score(tmp_path, rows, "--function-name", "outage")
+    assert code == 0
+    assert {r["input_line"]: r["status"] for r in read_output(out)} == {
+        1: "error",
+        2: "error",
+        3: "error",
+        4: "invalid",
+    }
+    old_line_4 = next(line for line in out.read_text().splitlines() if json.loads(line)["input_line"] == 4)
+    stop_at_b = ["--function-name", "down_for_b", "--concurrency", "1"]
+    stop_at_b += ["--set", "on_failure=raise", "retry.max_attempts=1"]
+    assert score(tmp_path, rows, "--retry-failed", *stop_at_b)[0] == 1
+    after = read_output(out)
+    assert sorted(r["input_line"] for r in after) == [1, 2, 3, 4]  # every line exactly once
+    by_line = {r["input_line"]: r for r in after}
+    assert by_line[1]["status"] == "ok"  # rescored before the stop
+    assert by_line[2]["status"] == by_line[3]["status"] == "error"  # old rows, put back
+    assert old_line_4 in out.read_text().splitlines()  # never reached: its old row, as it was
+    capsys.readouterr()
+    assert score(tmp_path, rows, "--retry-failed")[0] == 0  # the judge is back
+    final = {r["input_line"]: r for r in read_output(out)}
+    assert len(read_output(out)) == 4 and sorted(final) == [1, 2, 3, 4]
+    assert [final[line]["status"] for line in (1, 2, 3)] == ["ok", "ok", "ok"]
+    assert final[4]["failure_reason"] == "duplicate id (first on line 1)"
+
+
+class _ServiceNamingItsId(BaseHTTPRequestHandler):
+    """A reward service whose reply carries its own ``id`` (and fields named like an output row's)."""
+
+    calls = 0
+
+    def do_POST(self) -> None:  # http.server's name for it
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).calls += 1
+        body = {"score": 1.0, "id": "svc-123", "input_line": 99, "prompt": "the service's", "user_id": "u"}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: Any) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def service_naming_its_id() -> Iterator[str]:
+    _ServiceNamingItsId.calls = 0
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ServiceNamingItsId)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/score"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5)
+
+
+def test_an_extra_named_like_the_id_or_an_input_field_never_replaces_it(
+    tmp_path, capsys, service_naming_its_id
+):
+    """Review item 1: async_remote's reply {"score": 1, "id": "svc-123"} replaced the row's id, so a
+    rerun did not find id "a" and scored and wrote the row again."""
+    rows = [{"id": "a", "prompt": "q", "response": "4"}, {"prompt": "q", "response": "5"}]  # line 2: no id
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    argv = ["score", "--input", str(src), "--output", str(out), "--manager", "async_remote", "--no-progress"]
+    argv += ["--set", f"remote.url={service_naming_its_id}", "retry.max_attempts=1"]
+    assert main(argv) == 0
+    assert _ServiceNamingItsId.calls == 2
+    by_line = {r["input_line"]: r for r in read_output(out)}
+    assert sorted(by_line) == [1, 2]  # input_line is the row's own, not the service's 99
+    first, second = by_line[1], by_line[2]
+    assert first["id"] == "a" and first["prompt"] == "q" and first["status"] == "ok"
+    assert first["user_input_line"] == 99 and first["user_prompt"] == "the service's"
+    assert "id" not in second  # a row keyed by its line number gets no id from an extra either
+    for row in (first, second):
+        assert {row["user_id"], row["user_user_id"]} == {"svc-123", "u"}  # prefixed until free
+    capsys.readouterr()
+    assert main(argv) == 0  # the rerun finds both rows: nothing scored or written again
+    assert _ServiceNamingItsId.calls == 2 and len(read_output(out)) == 2
+    assert "scored 0 rows" in capsys.readouterr().out

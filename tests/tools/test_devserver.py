@@ -551,6 +551,28 @@ async def test_admin_config_rejects_unknown_keys_and_applies_known_ones(
     assert (await chat_content(session, server.url, chat_body("\\boxed{42}"))).endswith("Score: 10")
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"retry_after_s": NaN}',  # every 429 would then fail: its Retry-After is math.ceil of it
+        '{"retry_after_s": Infinity}',
+        '{"latency_ms": [0, Infinity]}',  # a request would sleep for ever, holding its slot
+        '{"latency_ms": [NaN, 1]}',
+        '{"repeat_penalty": Infinity}',
+    ],
+)
+async def test_admin_config_refuses_non_finite_timings(
+    server: DevServer, session: aiohttp.ClientSession, body: str
+) -> None:
+    """JSON's NaN and Infinity parse (Python's json reads them): the config must refuse them itself."""
+    before = server.config
+    headers = {"Content-Type": "application/json"}
+    async with session.post(server.url + "/admin/config", data=body, headers=headers) as resp:
+        assert resp.status == 400
+        assert "finite" in (await resp.json())["error"]["message"]
+    assert server.config == before
+
+
 async def test_admin_stats_and_reset(server: DevServer, session: aiohttp.ClientSession) -> None:
     before = time.time()
     body = chat_body("\\boxed{42}", extra=" @@fault:500:1@@")

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -84,6 +85,17 @@ def _fault(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"RATE must be a number, got {rate!r}") from None
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535: checked here, since the socket layer answers 70000 with OverflowError."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {port}")
+    return port
+
+
 def _seed(text: str) -> int | None:
     if text.lower() == "none":
         return None
@@ -106,7 +118,10 @@ def _add_serve_parser(subparsers: Any) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument(
-        "--port", type=int, default=8000, help="port to listen on, 0 picks a free one (default: %(default)s)"
+        "--port",
+        type=_port,
+        default=8000,
+        help="port to listen on, 0 picks a free one (default: %(default)s)",
     )
     serve.add_argument(
         "--latency-ms",
@@ -122,8 +137,9 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--overflow",
         choices=("queue", "reject"),
-        default=defaults.overflow,
-        help="over capacity: wait FIFO for a slot, or answer 429 at once (default: %(default)s)",
+        default=None,  # None: not given, so that one given without --capacity is refused, not ignored
+        help="with --capacity, over it: wait FIFO for a slot, or answer 429 at once "
+        f"(default: {defaults.overflow})",
     )
     serve.add_argument(
         "--retry-after",
@@ -168,9 +184,9 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--think-style",
         choices=THINK_STYLES,
-        default=defaults.think_style,
-        help="that thinking as a <think> block opening the reply (inline), without <think> (prefilled), "
-        "or in the message's reasoning_content (separate) (default: %(default)s)",
+        default=None,  # None: not given, so that one given without --think is refused, not ignored
+        help="with --think, that thinking as a <think> block opening the reply (inline), without <think> "
+        f"(prefilled), or in the message's reasoning_content (separate) (default: {defaults.think_style})",
     )
     serve.add_argument(
         "--echo-response",
@@ -211,23 +227,84 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.set_defaults(handler=_run_serve, subparser=serve)
 
 
+#: What an environment variable's name looks like (POSIX): anything else given to --api-key-env is
+#: most likely the key itself, which must then not be repeated in the error.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _api_key(env_name: str | None) -> str | None:
+    """The key ``--api-key-env`` names, read from the environment; None without the flag.
+
+    The argument is never echoed, even when it is a valid name: a user who typed the key itself (or
+    ``--api-key KEY``, which argparse expands to ``--api-key-env KEY``) would see it in the error, and
+    so would a terminal log or CI output.
+    """
+    if env_name is None:
+        return None
+    if not _ENV_NAME.fullmatch(env_name):
+        raise _UsageError(
+            "--api-key-env takes the name of an environment variable (letters, digits and '_', not "
+            "starting with a digit), not the key: the value given is not one (and is not shown, in "
+            "case it is the key); export the key, e.g. DEVSERVER_KEY=..., and pass "
+            "--api-key-env DEVSERVER_KEY"
+        )
+    api_key = os.environ.get(env_name)
+    if not api_key:
+        raise _UsageError(
+            "--api-key-env: the environment variable it names is not set or empty in this process "
+            "(its name is not shown, in case it is the key itself); export it first"
+        )
+    return api_key
+
+
+def _refuse_ignored_serve_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag that would do nothing with the others given: it must not be silently ignored."""
+    if args.think_style is not None and not args.think:
+        raise _UsageError("--think-style only applies with --think: add --think, or drop --think-style")
+    if args.unescaped_json and args.verdict_format != "json":
+        raise _UsageError(
+            "--unescaped-json only applies with --verdict-format json: add it, or drop --unescaped-json"
+        )
+    if args.overflow is not None and args.capacity is None:
+        raise _UsageError(
+            f"--overflow {args.overflow} only applies with --capacity N (there is no overflow without "
+            "a capacity): add --capacity, or drop --overflow"
+        )
+    rates: dict[str, float] = {}
+    for kind, rate in args.fault:
+        if kind in rates:
+            raise _UsageError(
+                f"--fault {kind} is given twice ({kind}={rates[kind]:g} and {kind}={rate:g}): "
+                "give each fault kind once"
+            )
+        rates[kind] = rate
+
+
+#: The serve flag behind each config field ``DevServerConfig.validate`` names first in its message.
+_SERVE_FLAGS = {
+    "latency_ms": "--latency-ms",
+    "capacity": "--capacity",
+    "retry_after_s": "--retry-after",
+    "fault": "--fault",
+    "fixed_verdict": "--fixed-verdict",
+}
+
+
 def _serve_config(args: argparse.Namespace) -> DevServerConfig:
-    api_key = None
-    if args.api_key_env is not None:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise _UsageError(f"--api-key-env: environment variable {args.api_key_env} is not set or empty")
+    """The server's config from the flags, validated (``_run_serve`` first refuses flags that would do
+    nothing: see :func:`_refuse_ignored_serve_flags`)."""
+    defaults = DevServerConfig()
     config = DevServerConfig(
         latency_ms=tuple(args.latency_ms),
         capacity=args.capacity,
-        overflow=args.overflow,
+        overflow=args.overflow or defaults.overflow,
         retry_after_s=args.retry_after,
         fault_rates=dict(args.fault),
         seed=args.seed,
-        api_key=api_key,
+        api_key=_api_key(args.api_key_env),
         verdict_format=args.verdict_format,
         think=args.think,
-        think_style=args.think_style,
+        think_style=args.think_style or defaults.think_style,
         echo_response=args.echo_response,
         judge_style=args.judge_style,
         fixed_verdict=args.fixed_verdict,
@@ -238,11 +315,14 @@ def _serve_config(args: argparse.Namespace) -> DevServerConfig:
     try:
         config.validate()
     except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        field_name = str(exc).split(" ", 1)[0]
+        flag = _SERVE_FLAGS.get(field_name)
+        raise _UsageError(f"{flag}: {exc}" if flag else str(exc)) from None
     return config
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    _refuse_ignored_serve_flags(args)
     config = _serve_config(args)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_forever(config, args.host, args.port))
@@ -257,11 +337,18 @@ async def _serve_forever(config: DevServerConfig, host: str, port: int) -> None:
     # SIGTERM (a supervisor, or a test's terminate()) stops as cleanly as Ctrl-C does.
     with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows event loops
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with DevServer(config, host, port) as server:
+    server = DevServer(config, host, port)
+    try:
+        await server.start()
+    except OSError as exc:  # the port taken or not ours to bind, an unknown host: a bad argument
+        raise _UsageError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    try:
         print(f"async-reward devserver listening on {server.url}", flush=True)
         print(f"  OpenAI base_url: {server.url}/v1   reward service: {server.url}/score", flush=True)
         print(f"  {config!r}", flush=True)  # repr leaves the API key out
         await stop.wait()
+    finally:
+        await server.stop()
 
 
 # -- bench ----------------------------------------------------------------------------------------
@@ -308,7 +395,12 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _override(text: str) -> str:
     key, sep, _value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. judge.base_url=http://...), got {text!r}")
+        # Not echoed: a value meant to follow a key (a header's API key) may be all there is.
+        raise argparse.ArgumentTypeError(
+            "expected KEY=VALUE (e.g. judge.base_url=http://...); got an item "
+            + ("without a key before '='" if sep else "without '='")
+            + " (not shown, in case it holds a secret)"
+        )
     return text
 
 
@@ -333,7 +425,8 @@ def _add_score_parser(subparsers: Any) -> None:
             "extra_info?, uid?}; 'response' is required text. A row's id is its --id-field value, or "
             "its line number when it has none. Output rows: the input's fields plus input_line, "
             "score, status (ok/timeout/error/invalid), attempts, latency_s, failure_reason and the "
-            "manager's extras, in completion order. A failed row scores fallback_score and says why; "
+            "manager's extras (one named like an input field, the id field or those is written as "
+            "user_<name>), in completion order. A failed row scores fallback_score and says why; "
             "a line that is not a valid row is recorded as status invalid. Rerunning the same "
             "command resumes: ids already in --output are skipped, and a last line cut short by a "
             "crash is removed first. Ctrl-C or SIGTERM stops the run at once and keeps every scored "
@@ -403,12 +496,31 @@ def _add_score_parser(subparsers: Any) -> None:
     score.set_defaults(handler=_run_score, subparser=score)
 
 
-def _score_job(args: argparse.Namespace) -> Any:
-    from async_reward.config import ConfigError
-    from async_reward.tools.offline_score import ScoreJob, load_settings
+def _check_output(output: Path, retry_failed: bool) -> None:
+    """Refuse an output the run could not write, before the manager is built (seconds, verl): a
+    missing directory or a directory in the output's place would otherwise end the run in a traceback.
+    Its folder must be writable to create it, and always with ``--retry-failed``, which writes its new
+    output next to it and moves it over."""
+    folder = output.parent
+    if not folder.is_dir():
+        raise _UsageError(f"--output {output}: its directory {folder} does not exist (create it first)")
+    if output.exists() and not output.is_file():
+        raise _UsageError(f"--output {output} is not a file")
+    if output.exists() and not os.access(output, os.R_OK | os.W_OK):
+        raise _UsageError(f"--output {output} is not readable and writable (permissions)")
+    if (retry_failed or not output.exists()) and not os.access(folder, os.W_OK | os.X_OK):
+        raise _UsageError(f"--output {output}: its directory {folder} is not writable (permissions)")
 
+
+def _score_job(args: argparse.Namespace) -> Any:
+    """The run the arguments ask for; a bad argument is a ``_UsageError``. The arguments are checked
+    before the first ``import async_reward...`` here, which runs the package's ``__init__`` (verl,
+    torch, Ray: seconds), so that a mistyped path is answered at once."""
     if not args.input.is_file():
         raise _UsageError(f"--input {args.input} is not a file")
+    if not os.access(args.input, os.R_OK):
+        raise _UsageError(f"--input {args.input} is not readable (permissions)")
+    _check_output(args.output, args.retry_failed)
     if args.output.exists() and args.output.resolve() == args.input.resolve():
         raise _UsageError("--output must differ from --input")
     if args.id_field in RESULT_FIELDS:
@@ -423,6 +535,9 @@ def _score_job(args: argparse.Namespace) -> Any:
     elif args.function_name is not None:
         # Without a path the manager would score with verl's default compute_score (or no function).
         raise _UsageError("--function-name names a function in --function-path: give --function-path too")
+    from async_reward.config import ConfigError
+    from async_reward.tools.offline_score import ScoreJob, load_settings
+
     try:
         settings = load_settings(args.config, args.overrides)
     except ConfigError as exc:
@@ -442,11 +557,11 @@ def _score_job(args: argparse.Namespace) -> Any:
 
 
 def _run_score(args: argparse.Namespace) -> int:
+    job = _score_job(args)  # first: it answers a bad argument before the package's heavy imports
     from async_reward.config import ConfigError
     from async_reward.managers.base import RewardScoringError
     from async_reward.tools.offline_score import OutputFileError, ScoreProgress, score_file
 
-    job = _score_job(args)
     progress = ScoreProgress()
     try:
         score_file(job, progress, notify=lambda message: print(message, file=sys.stderr, flush=True))

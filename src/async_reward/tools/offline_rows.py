@@ -10,9 +10,11 @@ Each non-blank input line is one sample whose texts are already decoded::
 so rows without ids are only resumable while the input file is unchanged.
 
 Every input line gets exactly one output line: the input's fields, then ``input_line``, ``score``,
-``status``, ``attempts``, ``latency_s``, ``failure_reason`` and the manager's extras (these replace
-input fields of the same name). A line that is not a JSON object with a string ``response`` is
-recorded as ``invalid`` with the reason (and the raw line as ``input_text``), never dropped; so is a
+``status``, ``attempts``, ``latency_s``, ``failure_reason`` and the manager's extras. An extra never
+replaces an input field, the id field or one of those: it is written as ``user_<name>`` instead
+(``user_user_<name>`` if that is taken too), so a rerun finds every row by its own id. A line that
+is not a JSON object with a string ``response`` is recorded as ``invalid`` with the reason (and the
+raw line as ``input_text``), never dropped; so is a
 line that could not be written back as JSON: a lone surrogate escape (``"\\ud800"``), ``NaN`` or
 ``Infinity``, or nesting deeper than :data:`MAX_DEPTH`. A later line with an id already seen is
 recorded as ``invalid`` (``duplicate id (first on line N)``), written only after the first line's row,
@@ -25,6 +27,10 @@ temporary file next to it (the ``ok`` rows first, then each row as it is scored,
 the run did not reach) and moved over the output in one ``os.replace``, so every row is in the
 output exactly once, whether the run finishes, stops on ``on_failure: raise`` or is interrupted; a
 hard kill leaves the old output as it was (and the temporary file, rewritten by the next run).
+
+Longer than 400 lines: the row format both ways (input rows in, scored rows out) and the two readers
+of an output (resume, ``--retry-failed``), which share how a row is keyed; apart, each half would
+need the other's private helpers.
 """
 
 from __future__ import annotations
@@ -36,17 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from async_reward._core.result import RewardSample, Status
+from async_reward._core.result import USER_KEY_PREFIX, RewardSample, Status
 
 __all__ = [
     "MAX_DEPTH",
     "RESULT_FIELDS",
     "DoneRows",
     "InputRow",
+    "OldRow",
     "OutputFileError",
     "PreviousOutput",
     "count_rows",
     "duplicate_reason",
+    "extra_field_name",
     "invalid_row",
     "iter_input_rows",
     "load_done_keys",
@@ -284,6 +292,28 @@ def load_done_keys(path: Path, id_field: str) -> DoneRows:
     return done
 
 
+@dataclass(frozen=True)
+class OldRow:
+    """A row of the output ``--retry-failed`` scores again: its raw line and what it stands for."""
+
+    key: str
+    input_line: int
+    duplicate: bool
+    """A ``duplicate id`` row: it stands for its own input line only, not for the id."""
+    raw: bytes
+
+    def replaced_by(self, written_keys: set[str], written_lines: set[tuple[str, int]]) -> bool:
+        """Whether the retry wrote the row that replaces this one: the id's own row for the id's row
+        (wherever the id now is in the input), the same (key, input line) for a duplicate's row.
+
+        Why per line for a duplicate: a run stopped after rescoring an id's first line but before
+        reaching a later line of the same id must keep that line's old row, or the line is lost.
+        """
+        if self.duplicate:
+            return (self.key, self.input_line) in written_lines
+        return self.key in written_keys
+
+
 @dataclass
 class PreviousOutput:
     """An output file read for ``--retry-failed``: its rows split by status, the file untouched."""
@@ -295,9 +325,10 @@ class PreviousOutput:
     """Keys of the ``ok`` rows (skipped when scoring)."""
     ok_duplicates: set[tuple[str, int]]
     """(key, input line) of the ``duplicate id`` rows kept in ``ok_lines`` (skipped when scoring)."""
-    failed: dict[str, list[bytes]]
-    """Key -> raw lines of the rows whose status is not ``ok`` and whose key has no ``ok`` row: scored
-    again (all lines of a key, its duplicates' too, are replaced by the rows the new run writes for it)."""
+    failed: dict[str, list[OldRow]]
+    """Key -> the rows whose status is not ``ok`` and whose key has no ``ok`` row, in file order: scored
+    again. Each is replaced only by the new row standing for the same thing (:meth:`OldRow.replaced_by`);
+    one the run did not reach is put back as it was."""
     truncated_tail: bool
     """A last line cut short by a crash was left out."""
 
@@ -331,7 +362,8 @@ def read_previous_output(path: Path, id_field: str) -> PreviousOutput:
             if _is_duplicate(row, id_field):
                 previous.ok_duplicates.add((key, row["input_line"]))
         else:
-            previous.failed.setdefault(key, []).append(raw)
+            old = OldRow(key, row["input_line"], _is_duplicate(row, id_field), raw)
+            previous.failed.setdefault(key, []).append(old)
     return previous
 
 
@@ -340,16 +372,36 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def scored_row(item: InputRow, verl_result: dict[str, Any]) -> dict[str, Any]:
+def extra_field_name(name: str, taken: set[str] | dict[str, Any]) -> str:
+    """The output field an extra called ``name`` is written under: ``name`` itself, or ``user_<name>``
+    (the prefix repeated until free) when ``taken`` (the row's input fields, the id field and
+    :data:`RESULT_FIELDS`, then the extras already placed) holds it.
+
+    Why: resuming keys a row by its ``id_field`` and ``input_line``, so an extra replacing either
+    (``async_remote`` turns every key of the service's reply, an ``id`` too, into an extra) would make
+    the rerun miss the row and score and write it again; and a row must keep the input it was scored
+    on. Same prefix as the managers' own renaming (``async_reward._core.result.extras_key_for``).
+    """
+    while name in taken:
+        name = USER_KEY_PREFIX + name
+    return name
+
+
+def scored_row(item: InputRow, verl_result: dict[str, Any], id_field: str) -> dict[str, Any]:
     """The output row of a scored input row, from the manager's verl result (``reward_score`` and
-    ``reward_extra_info``); non-finite numbers become null."""
+    ``reward_extra_info``); non-finite numbers become null. An extra never replaces an input field,
+    the id field (even one the input row lacks) or a result field: see :func:`extra_field_name`."""
     extra = dict(verl_result["reward_extra_info"])
     row: dict[str, Any] = dict(item.fields or {})
     row["input_line"] = item.line
     row["score"] = _finite(float(verl_result["reward_score"]))
     for name in RESULT_FIELDS[2:]:
         row[name] = extra.pop(name)
-    row.update({k: _finite(v) for k, v in extra.items()})
+    taken = {*row, id_field}
+    for name, value in extra.items():
+        field_name = extra_field_name(str(name), taken)
+        taken.add(field_name)
+        row[field_name] = _finite(value)
     return row
 
 

@@ -170,19 +170,62 @@ def load_settings(config_path: str | Path | None, overrides: list[str]) -> dict[
     if config_path is not None:
         try:
             base = OmegaConf.load(config_path)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ConfigError(f"cannot read --config {config_path}: {reason}") from None
         except Exception as exc:
-            raise ConfigError(f"cannot read --config {config_path}: {exc}") from None
+            raise ConfigError(f"cannot read --config {config_path}: {_error_kind(exc)}") from None
         if not isinstance(base, DictConfig):
             raise ConfigError(f"--config {config_path} must hold the async_reward mapping, not a list")
+    dotlist: list[Any] = []
+    for override in overrides:  # one by one, so that an error names the key it is about
+        key = override.partition("=")[0]
+        try:
+            dotlist.append(OmegaConf.from_dotlist([override]))
+        except Exception as exc:
+            raise ConfigError(f"--set {key}: {_error_kind(exc, position=False)}") from None
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(base, *dotlist)
         container = OmegaConf.to_container(merged, resolve=True)
-    except Exception as exc:  # omegaconf's grammar and interpolation errors
-        raise ConfigError(f"bad --config or --set value: {exc}") from None
+    except Exception as exc:  # a value that does not fit its place, an interpolation that does not resolve
+        full_key = getattr(exc, "full_key", None)
+        where = f" at key {full_key}" if full_key else ""
+        raise ConfigError(f"bad --config or --set value{where}: {_error_kind(exc)}") from None
     assert isinstance(container, dict)  # merged onto a mapping
     raw = {str(key): value for key, value in container.items()}
     parse_config(AsyncRewardConfig, raw).validate()  # ConfigError names the valid keys
     return raw
+
+
+def _error_kind(exc: Exception, position: bool = True) -> str:
+    """What went wrong in a YAML or omegaconf error, without its text: the text quotes the value (a YAML
+    error shows the line with a caret, an omegaconf grammar error the fragment it stopped at), and a
+    value may be a secret (``--set remote.headers.X-Api-Key=...``). With ``position``, a YAML error
+    says where (a file's line and column; not for a ``--set`` value, where it tells nothing)."""
+    import yaml
+    from omegaconf.errors import GrammarParseError, InterpolationKeyError, InterpolationResolutionError
+
+    kind = type(exc).__name__
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None and position else ""
+        return (
+            f"not valid YAML{at} ({kind}: an unbalanced quote, bracket or brace, or a ': ' in an "
+            "unquoted value?); the text is not shown, in case it holds a secret"
+        )
+    if isinstance(exc, GrammarParseError):
+        return (
+            f"not valid omegaconf syntax ({kind}: an unclosed '${{'? a literal '${{' is written '\\${{'); "
+            "the value is not shown, in case it holds a secret"
+        )
+    if isinstance(exc, InterpolationKeyError):
+        return f"an interpolation ${{...}} names a key that does not exist ({kind}); the value is not shown"
+    if isinstance(exc, InterpolationResolutionError):
+        return (
+            f"an interpolation ${{...}} cannot be resolved ({kind}: ${{oc.env:VAR}} with VAR unset?); "
+            "the value is not shown"
+        )
+    return f"{kind}; the value is not shown, in case it holds a secret"
 
 
 def _build_manager(job: ScoreJob) -> AsyncRewardManager:
@@ -234,9 +277,15 @@ def score_file(
 
     Raises:
         ConfigError: the manager cannot be built from ``job``.
-        OutputFileError: the output file has a damaged line before its last.
+        OutputFileError: the output file has a damaged line before its last, or cannot be a file (its
+            directory does not exist, or a directory is in its place).
         RewardScoringError: a row failed under ``on_failure: raise`` (rows written so far are kept).
     """
+    # Before the manager is built (seconds), not by open() after it: the command line checks this too.
+    if not job.output_path.parent.is_dir():
+        raise OutputFileError(f"{job.output_path}: its directory {job.output_path.parent} does not exist")
+    if job.output_path.exists() and not job.output_path.is_file():
+        raise OutputFileError(f"{job.output_path} is not a file")
     if job.retry_failed:
         previous = read_previous_output(job.output_path, job.id_field)
         progress.already_done, progress.retried = len(previous.ok_keys), len(previous.failed)
@@ -354,6 +403,7 @@ async def _score_rows(
     fallback_score = manager.settings.fallback_score
     first_line: dict[str, int] = {}  # key -> line of its first row in the input
     written_keys: set[str] = set()  # keys whose own row (the first line's) this run wrote
+    written_lines: set[tuple[str, int]] = set()  # (key, input line) of every row this run wrote
     held: dict[str, list[InputRow]] = {}  # key -> its duplicates, waiting for the key's own row
     in_flight: set[asyncio.Task[None]] = set()
     bar = progress_bar(progress.total_rows, unit="row", enabled=job.progress, desc="scoring")
@@ -364,7 +414,7 @@ async def _score_rows(
             kept.writelines(previous.ok_lines)
     output = open(target, "ab")  # noqa: SIM115 (closed in the finally below)
 
-    def write(row: dict[str, Any]) -> None:
+    def write(row: dict[str, Any], key: str) -> None:
         text = json.dumps(row, ensure_ascii=False, default=str) + "\n"
         try:
             data = text.encode("utf-8")
@@ -373,6 +423,7 @@ async def _score_rows(
         # One write and a flush per row: a crash loses no finished row and cuts at most the last line.
         output.write(data)
         output.flush()
+        written_lines.add((key, row["input_line"]))
         progress.written += 1
         progress.by_status[row["status"]] += 1
         add_cost(progress.cost, row)
@@ -381,14 +432,14 @@ async def _score_rows(
 
     def emit(row: dict[str, Any], key: str) -> None:
         """The row of the key's first input line, then the duplicates that waited for it."""
-        write(row)
+        write(row, key)
         written_keys.add(key)
         for duplicate in held.pop(key, []):
-            write(invalid_row(duplicate, fallback_score))
+            write(invalid_row(duplicate, fallback_score), key)
 
     async def score_and_emit(item: InputRow) -> None:
         assert item.sample is not None
-        emit(scored_row(item, await manager.score_decoded(item.sample)), item.key)
+        emit(scored_row(item, await manager.score_decoded(item.sample), job.id_field), item.key)
 
     async def wait_for_one() -> None:
         finished, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -415,7 +466,7 @@ async def _score_rows(
                 if first != item.line:
                     item.sample, item.error = None, duplicate_reason(job.id_field, first)
                     if item.key in done or item.key in written_keys:
-                        write(invalid_row(item, fallback_score))
+                        write(invalid_row(item, fallback_score), item.key)
                     else:
                         held.setdefault(item.key, []).append(item)
                     continue
@@ -438,12 +489,14 @@ async def _score_rows(
                 pending.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
             if previous is not None:
-                # Failed rows this run did not score again stay as they were: every row once.
+                # Failed rows this run did not replace stay as they were: every row once. Per row, not
+                # per key: an id's later lines the run did not reach keep theirs (OldRow.replaced_by).
                 output.flush()
                 with open(target, "ab") as rest:
-                    for key, raws in previous.failed.items():
-                        if key not in written_keys:
-                            rest.writelines(raws)
+                    for old_rows in previous.failed.values():
+                        for old in old_rows:
+                            if not old.replaced_by(written_keys, written_lines):
+                                rest.write(old.raw)
             output.close()
             if previous is not None:
                 os.replace(target, job.output_path)

@@ -161,15 +161,19 @@ class DevServerConfig:
     def validate(self) -> None:
         """Raise ValueError on a bad value; called on start-up and on every runtime change."""
         lo, hi = self.latency_ms
-        if not 0 <= lo <= hi:
-            raise ValueError(f"latency_ms must be (lo, hi) with 0 <= lo <= hi, got {self.latency_ms}")
+        # Finite, as every timing: an infinite latency holds its capacity slot for ever, and a NaN or
+        # infinite Retry-After makes every 429 fail (its header is math.ceil of it). JSON NaN parses.
+        if not (_is_finite_number(lo) and _is_finite_number(hi) and 0 <= lo <= hi):
+            raise ValueError(
+                f"latency_ms must be (lo, hi) finite numbers with 0 <= lo <= hi, got {self.latency_ms}"
+            )
         capacity = self.capacity
         if capacity is not None and (type(capacity) is not int or capacity < 1):  # bool is not a capacity
             raise ValueError(f"capacity must be an integer >= 1 or None, got {self.capacity!r}")
         if self.overflow not in ("queue", "reject"):
             raise ValueError(f"overflow must be 'queue' or 'reject', got {self.overflow!r}")
-        if self.retry_after_s < 0:
-            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+        if not (_is_finite_number(self.retry_after_s) and self.retry_after_s >= 0):
+            raise ValueError(f"retry_after_s must be a finite number >= 0, got {self.retry_after_s}")
         unknown = sorted(set(self.fault_rates) - set(FAULT_KINDS))
         if unknown:
             raise ValueError(f"unknown fault kinds {unknown}; valid kinds: {list(FAULT_KINDS)}")
@@ -195,8 +199,8 @@ class DevServerConfig:
             )
         if not 0.0 <= self.logprobs_space_share <= 0.5:
             raise ValueError(f"logprobs_space_share must be in [0, 0.5], got {self.logprobs_space_share!r}")
-        if not self.repeat_penalty > 0.0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        if not (_is_finite_number(self.repeat_penalty) and self.repeat_penalty > 0.0):
+            raise ValueError(f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty!r}")
         _validate_distribution(self.verdict_distribution)
         if not isinstance(self.logprobs_end_token, str):
             raise ValueError(f"logprobs_end_token must be a string, got {self.logprobs_end_token!r}")
@@ -215,6 +219,11 @@ class DevServerConfig:
                 f"structured_output must be one of {list(STRUCTURED_OUTPUT_MODES)}, "
                 f"got {self.structured_output!r}"
             )
+
+
+def _is_finite_number(value: Any) -> bool:
+    """An int or float that is neither NaN nor infinite (a bool is not a number here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _validate_distribution(distribution: dict[int, float] | None) -> None:
