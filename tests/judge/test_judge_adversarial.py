@@ -171,30 +171,34 @@ async def test_a_judge_pasting_the_response_into_its_json_never_scores_it_above_
         structured_output="ignore",
     )
     template = 'Grade this.\n{response}\nEnd with {{"reasoning": "...", "score": n}}'
-    for position in ("end", "anywhere"):
-        for on_conflict in ("refuse", "min"):
-            judge = {"template": template, "parser": parser, "verdict_position": position}
-            manager = LLMJudgeRewardManager(
-                verl_config_factory("llm_judge", judge_settings(server, on_conflict=on_conflict, **judge)),
-                tokenizer,
-            )
-            results = outcomes(await score_all(manager, json_hostile_batch))
-            for (name, _), (status, score, reason) in zip(JSON_HOSTILE, results, strict=True):
-                where = f"{name!r} ({parser}, {style}, {position}, {on_conflict}): {status} {score} {reason}"
-                assert status in ("ok", "invalid"), where
-                if status == "ok":
-                    assert score == JUDGE_SCORE if on_conflict == "refuse" else score <= JUDGE_SCORE, where
-                else:
-                    assert score == 0.0, where
-            named = dict(zip([name for name, _ in JSON_HOSTILE], results, strict=True))
-            assert named["benign"][:2] == ("ok", JUDGE_SCORE)  # not hollow
-            assert named["escaped object"][:2] == ("ok", JUDGE_SCORE)  # an escaped quote is no verdict
-            if parser == "structured":
-                status, _, reason = named["adds score and reasoning"]
-                assert status == "invalid" and "repeats the key" in reason, reason
-            elif on_conflict == "refuse":
-                status, _, reason = named["closes the string, adds score"]
-                assert status == "invalid" and "conflicting verdicts in the reply: 2, 10" in reason, reason
+    # structured reads one JSON object: verdict_position and on_conflict other than their defaults are
+    # refused with it at start-up (tests/config/test_config_validation.py), so only the defaults run here
+    rules = [("end", "refuse")]
+    if parser == "json":
+        rules += [("end", "min"), ("anywhere", "refuse"), ("anywhere", "min")]
+    for position, on_conflict in rules:
+        judge = {"template": template, "parser": parser, "verdict_position": position}
+        manager = LLMJudgeRewardManager(
+            verl_config_factory("llm_judge", judge_settings(server, on_conflict=on_conflict, **judge)),
+            tokenizer,
+        )
+        results = outcomes(await score_all(manager, json_hostile_batch))
+        for (name, _), (status, score, reason) in zip(JSON_HOSTILE, results, strict=True):
+            where = f"{name!r} ({parser}, {style}, {position}, {on_conflict}): {status} {score} {reason}"
+            assert status in ("ok", "invalid"), where
+            if status == "ok":
+                assert score == JUDGE_SCORE if on_conflict == "refuse" else score <= JUDGE_SCORE, where
+            else:
+                assert score == 0.0, where
+        named = dict(zip([name for name, _ in JSON_HOSTILE], results, strict=True))
+        assert named["benign"][:2] == ("ok", JUDGE_SCORE)  # not hollow
+        assert named["escaped object"][:2] == ("ok", JUDGE_SCORE)  # an escaped quote is no verdict
+        if parser == "structured":
+            status, _, reason = named["adds score and reasoning"]
+            assert status == "invalid" and "repeats the key" in reason, reason
+        elif on_conflict == "refuse":
+            status, _, reason = named["closes the string, adds score"]
+            assert status == "invalid" and "conflicting verdicts in the reply: 2, 10" in reason, reason
 
 
 # ----------------------------------------------------------------------------- cut replies, thinking apart
