@@ -29,9 +29,9 @@ name, to show the verdict failing a pipeline that overlaps nothing (``benchmark.
 machine load.
 
 With no options it runs the README's performance table (``scenarios.DEFAULT_STRATEGIES`` over every
-regime, 12 steps: about 11 minutes on 2 cores); every other strategy on request. It says loudly when
-the machine is too busy for its figures: other work before the start, figures run on saturated CPUs
-or on CPUs that ran slower than in the run's median figure (``host_speed``).
+regime, 12 steps, time scale 0.02: about 20 minutes on 2 cores); every other strategy on request. It
+says loudly when the machine is too busy for its figures: other work before the start, figures run on
+saturated CPUs or on CPUs that ran slower than in the run's median figure (``host_speed``).
 
 Outputs: a table per regime on stdout, ``<out>/pipeline_speedup.json`` with the raw numbers and
 ``<out>/timeline_<regime>_<strategy>.png``.

@@ -226,7 +226,7 @@ def test_the_default_run_is_the_readme_performance_table():
     assert (cfg.steps, cfg.repeats, cfg.time_scale, cfg.seed, cfg.prompts, cfg.capacity) == (
         12,
         1,
-        0.01,
+        0.02,
         0,
         128,
         32,
