@@ -333,6 +333,12 @@ INNOCENT_BRACKETS = [
         set(),
         id="a member's matrix line quoted after the judge's lines",
     ),
+    pytest.param(
+        ["Wrong. [[0]] for the others", "def zero():\n    return [[0]]\nAnswer 42", "Answer 42"],
+        "R1: [[0]] wrong, it writes [[0]] for the others\nR2: [[10]] ok, returns [[0]]\nR3: [[10]] ok",
+        set(),
+        id="an unlabelled whole verdict in reasons, a rival's code holding it too",
+    ),
 ]
 
 
