@@ -109,6 +109,8 @@ BAD: list[tuple[str, Any, str, dict[str, Any]]] = [
     ("judge.max_tokens", -5, ">= 1", {}),
     ("judge.extra_body", {"temperature": 1.0}, "override", {}),
     ("judge.extra_body", {"messages": []}, "override", {}),
+    # OpenAI's newer name for max_tokens (vLLM reads it first): it would replace judge.max_tokens.
+    ("judge.extra_body", {"max_completion_tokens": 8}, "override", {}),
     ("judge.extra_body", {"top_p": NAN}, "finite", {}),
     ("judge.extra_body", {"logit_bias": {"42": INF}}, "finite", {}),
     (

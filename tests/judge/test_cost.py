@@ -331,3 +331,65 @@ def test_one_rule_reads_every_count_and_names_what_it_refuses(usage, expected, p
     as_floats = {key: float(value) if isinstance(value, int) else value for key, value in extras.items()}
     assert cost_metrics([as_floats])["reward/cost/tokens"] == expected[2]
     assert cost_metrics([as_floats])["reward/cost/usage_errors"] == (1 if problem else 0)
+
+
+#: ``Verdict: [[7]]`` written with certainty, but the verdict's alternative ``8`` carries a log-probability
+#: past float's range (a JSON integer of 401 digits).
+_OVERFLOWING = [
+    {"token": text, "logprob": 0.0, "bytes": list(text.encode()), "top_logprobs": []}
+    for text in ("Verdict", ":", " ", "[[")
+] + [
+    {
+        "token": "7",
+        "logprob": 0.0,
+        "bytes": list(b"7"),
+        "top_logprobs": [{"token": "8", "logprob": -(10**400), "bytes": list(b"8")}],
+    },
+    {"token": "]]", "logprob": 0.0, "bytes": list(b"]]"), "top_logprobs": []},
+]
+
+
+async def test_a_logprob_past_floats_range_keeps_the_plain_verdict_and_the_replys_tokens(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """A weighted verdict whose server sends a log-probability Python cannot hold as a float: it raised
+    OverflowError out of the weighing (status ``error``, the 940 tokens of the reply missing from the
+    cost; review of 2026-11-30). Now malformed logprobs like any other: the plain verdict, said why."""
+    usage = {"prompt_tokens": 900, "completion_tokens": 40, "total_tokens": 940}
+    async with standin_judge(content="Verdict: [[7]]", usage=usage, logprobs=_OVERFLOWING) as judge:
+        settings = {"judge": {"base_url": judge.url + "/v1", "expected_verdict": True, **PRICES}}
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        (info,) = infos(
+            await score_rows(manager, batch_factory, [{"prompt": "q", "response": "r", "ground_truth": "5"}])
+        )
+    assert info["status"] == "ok", info["failure_reason"]
+    assert info["judge_verdict"] == 7.0 and info["judge_weighted"] == 0.0
+    assert info["judge_weighting"].startswith("plain: malformed logprobs: token 4, alternative 0: logprob -1")
+    assert info["judge_weighting"].endswith("is out of range")
+    assert info["judge_tokens"] == 940 and info["judge_cost"] == pytest.approx((900 * 3.0 + 40 * 15.0) / 1e6)
+
+
+async def test_a_reply_that_breaks_reading_is_an_error_that_keeps_its_tokens(
+    verl_config_factory, tokenizer, batch_factory, monkeypatch
+):
+    """Whatever a reply does to the reading that no rule foresaw (a bug, a value past what Python
+    reads), the sample is ``error`` naming it, never a silent score, and the call's tokens stay booked:
+    the judge was paid whatever the reply said."""
+    from async_reward.managers import llm_judge
+
+    def breaks(*_: Any, **__: Any) -> float:
+        raise RuntimeError("a reading no rule foresaw")
+
+    monkeypatch.setattr(llm_judge, "read_reply_verdict", breaks)
+    async with standin_judge() as judge:
+        settings = {"judge": {"base_url": judge.url + "/v1", **PRICES}}
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        (info,) = infos(
+            await score_rows(manager, batch_factory, [{"prompt": "q", "response": "r", "ground_truth": "5"}])
+        )
+    assert info["status"] == "error"
+    assert info["failure_reason"] == (
+        "the judge's reply could not be read: RuntimeError: a reading no rule foresaw"
+    )
+    assert info["judge_tokens"] == 12 and info["attempts"] == 1
+    assert extras_metrics([info])["reward/cost/tokens"] == 12

@@ -298,6 +298,23 @@ def _malformed(where: str, key: str, value: Any) -> list[dict[str, Any]]:
         ("token", "token", None, "token 0: no text"),
         ("alternative", "logprob", None, "token 0, alternative 0: logprob null"),
         ("alternative", "logprob", 0.5, "token 0, alternative 0: logprob 0.5 is above 0"),
+        # A JSON integer past float's range raised OverflowError out of the weighing: status error, the
+        # reply's tokens lost from the cost (review of 2026-11-30).
+        (
+            "token",
+            "logprob",
+            -(10**400),
+            "token 0: logprob -100000000000000000000000000000000000... is out of range",
+        ),
+        (
+            "alternative",
+            "logprob",
+            -(10**400),
+            "token 0, alternative 0: logprob -100000000000000000000000000000000000... is out of range",
+        ),
+        # The server sampled the token, so probability 0 is not what it sampled from: a -inf there
+        # dropped the written verdict from the candidates and weighed only the unsampled ones.
+        ("token", "logprob", -math.inf, "token 0: the sampled token has logprob -inf"),
     ],
 )
 def test_malformed_logprobs_keep_the_plain_verdict_and_say_what_was_malformed(where, key, value, what):

@@ -57,9 +57,10 @@ def llama_cpp_validation_error(response_format: Any) -> str | None:
 
 @dataclass
 class StandinJudge:
-    """The scripted judge: every chat completion answers ``content`` with ``usage`` as given (None:
-    no usage block); with ``llama_cpp`` a ``response_format`` llama-cpp-python refuses gets its 500,
-    and ``fail_with``, when set, answers every request with that (status, message) instead."""
+    """The scripted judge: every chat completion answers ``content`` with ``usage`` and ``logprobs``
+    as given (None: no usage block); with ``llama_cpp`` a ``response_format`` llama-cpp-python
+    refuses gets its 500, and ``fail_with``, when set, answers every request with that (status,
+    message) instead."""
 
     content: str = "The response is right.\nRating: [[7]]"
     usage: Any = field(
@@ -67,6 +68,8 @@ class StandinJudge:
     )
     llama_cpp: bool = False
     fail_with: tuple[int, str] | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    """The reply's ``logprobs.content`` entries as given (None: no ``logprobs``)."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
@@ -92,6 +95,8 @@ class StandinJudge:
                 }
             ],
         }
+        if self.logprobs is not None:
+            reply["choices"][0]["logprobs"] = {"content": self.logprobs}
         if self.usage is not None:
             reply["usage"] = self.usage
         # json.dumps writes floats as given (100.0 stays 100.0) and NaN as NaN, as Python servers do.

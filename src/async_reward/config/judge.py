@@ -34,7 +34,9 @@ from async_reward.judge.rubric.criteria import Criterion
 __all__ = ["MAX_TOP_LOGPROBS", "JudgeConfig", "scale_top_logprobs"]
 
 #: Request fields the judge config sets itself; ``judge.extra_body`` may not override them.
-_JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "stream", "n")
+#: ``max_completion_tokens`` is the OpenAI API's newer name for ``max_tokens`` (vLLM reads it first):
+#: set in ``extra_body`` it would replace ``judge.max_tokens``, which the prompt-room checks read.
+_JUDGE_OWN_FIELDS = ("model", "messages", "temperature", "max_tokens", "max_completion_tokens", "stream", "n")
 #: Most alternatives a token OpenAI's API and vLLM list (``top_logprobs`` above it is refused, HTTP 400).
 MAX_TOP_LOGPROBS = 20
 

@@ -208,11 +208,17 @@ def _logprob(entry: Mapping[str, Any]) -> float | str:
     as 0: a log-softmax (``x - max - log(sum(exp(x - max)))``) gives none, so a server that sends one
     reports something other than the distribution the rule reads."""
     value = entry.get("logprob")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"logprob {_shown(value)}"
-    if value > 0.0:
-        return f"logprob {_shown(float(value))} is above 0"
-    return float(value)  # -inf allowed: probability 0
+    try:  # a JSON integer past float's range (-10**400) overflows here, never later in the weighing
+        number = float(value)
+    except OverflowError:
+        return f"logprob {_shown(value)} is out of range"
+    if math.isnan(number):
+        return f"logprob {_shown(value)}"
+    if number > 0.0:
+        return f"logprob {_shown(number)} is above 0"
+    return number  # -inf allowed for an alternative: probability 0 (not for a sampled token)
 
 
 def _alternatives(entry: Mapping[str, Any], where: str) -> list[tuple[bytes, float]] | str:
@@ -252,6 +258,8 @@ def _reply_token(entry: Any, index: int) -> ReplyToken | str:
     if isinstance(read, str):
         return read
     data, logprob = read
+    if logprob == -math.inf:  # the server sampled it, so it cannot have had probability 0
+        return f"{where}: the sampled token has logprob -inf"
     listed = _alternatives(entry, where)
     if isinstance(listed, str):
         return listed

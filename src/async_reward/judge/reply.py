@@ -9,7 +9,7 @@ from typing import Any
 from async_reward._core.http import MalformedResponseError
 from async_reward.judge.verdict import VerdictError
 
-__all__ = ["JudgeReply", "judge_reply"]
+__all__ = ["JudgeReply", "judge_reply", "unread_reply"]
 
 # finish_reason of a reply that ended normally: "stop"; text-generation-inference before 2.2.1
 # (huggingface/text-generation-inference#2344) named the same end "eos_token" or "stop_sequence".
@@ -63,3 +63,10 @@ def judge_reply(reply: Any) -> JudgeReply:
         raise MalformedResponseError("judge reply content is not text")
     apart = any(isinstance(message.get(key), str) for key in _REASONING_FIELDS)
     return JudgeReply(content=content, reasoning_apart=apart)
+
+
+def unread_reply(exc: Exception) -> str:
+    """The ``error`` reason for a reply that broke reading in a way no rule foresaw (a bug here, or a
+    server's value past what Python reads): named with the exception, never a silent score; the caller
+    keeps the reply's tokens in the sample's cost, since the call was paid whatever it said."""
+    return f"the judge's reply could not be read: {type(exc).__name__}: {exc}"[:500]

@@ -66,7 +66,7 @@ from async_reward.judge.prompts import (
     resolve_parser,
     resolve_template,
 )
-from async_reward.judge.reply import JudgeReply, judge_reply
+from async_reward.judge.reply import JudgeReply, judge_reply, unread_reply
 from async_reward.judge.rubric.scoring import criteria_extra_defaults, score_criteria
 from async_reward.judge.span_weighting import refuse_too_many, weigh_places
 from async_reward.judge.verdict import (
@@ -404,6 +404,10 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         except (MalformedResponseError, VerdictError) as exc:
             return RewardResult.failure(
                 Status.INVALID, str(exc), attempts=attempts, extras={**spent, "judge_shared": False}
+            )
+        except Exception as exc:  # a reply no rule foresaw: still error with its reason, its tokens kept
+            return RewardResult.failure(
+                Status.ERROR, unread_reply(exc), attempts=attempts, extras={**spent, "judge_shared": False}
             )
         return RewardResult(
             score=score,

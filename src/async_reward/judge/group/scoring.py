@@ -43,7 +43,7 @@ from async_reward._core.result import RewardResult, RewardSample, Status
 from async_reward.judge.cost import spent_extras, unspent_extras
 from async_reward.judge.group.judging import GroupReading, group_messages, read_group, shown_order
 from async_reward.judge.prompts import block, normalize_score
-from async_reward.judge.reply import judge_reply
+from async_reward.judge.reply import judge_reply, unread_reply
 from async_reward.judge.rubric.criteria import CriteriaError
 from async_reward.judge.rubric.scoring import CriteriaJudge
 from async_reward.judge.verdict import VerdictError, strip_think
@@ -288,6 +288,8 @@ class GroupRendezvous:
             reading = read_group(visible, shown, min_score=judge.min_score, max_score=judge.max_score)
         except (MalformedResponseError, VerdictError, CriteriaError) as exc:
             return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
+        except Exception as exc:  # a reply no rule foresaw: still error with its reason, its tokens kept
+            return RewardResult.failure(Status.ERROR, unread_reply(exc), attempts=attempts, extras=spent)
         group.reading = reading
         return RewardResult(score=0.0, attempts=attempts, extras=spent)
 

@@ -23,7 +23,7 @@ from async_reward.config import JudgeConfig
 from async_reward.judge.cost import JudgePricing, spent_extras
 from async_reward.judge.expected import say_if_not_favourite
 from async_reward.judge.prompts import JudgeTemplate, block, normalize_score
-from async_reward.judge.reply import judge_reply
+from async_reward.judge.reply import judge_reply, unread_reply
 from async_reward.judge.rubric.criteria import (
     CriteriaError,
     Criterion,
@@ -179,6 +179,8 @@ async def _grade(
             )
     except (MalformedResponseError, VerdictError, CriteriaError) as exc:
         return RewardResult.failure(Status.INVALID, str(exc), attempts=attempts, extras=spent)
+    except Exception as exc:  # a reply no rule foresaw: still error with its reason, its tokens kept
+        return RewardResult.failure(Status.ERROR, unread_reply(exc), attempts=attempts, extras=spent)
     extras: dict[str, Any] = dict(spent)
     for name, verdict in named:
         extras[f"judge_criterion_{name}"] = verdict.value
