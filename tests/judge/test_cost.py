@@ -112,6 +112,20 @@ def test_usage_a_server_gets_wrong_never_makes_a_negative_or_made_up_cost(usage,
     assert extras["judge_cost"] == (expected[0] + expected[1]) / 1e6
 
 
+def test_tokens_reported_only_as_a_total_are_said_where_prices_are_set():
+    """A server that reports ``total_tokens`` alone (or more than its split): the money can price
+    only the split tokens, so the sample says so instead of a silently low ``judge_cost``."""
+    extras = spent_extras({"total_tokens": 1_000_000}, JudgePricing(3.0, 15.0))
+    assert (extras["judge_tokens"], extras["judge_cost"]) == (1_000_000, 0.0)
+    assert extras["judge_usage_error"] == (
+        "usage.total_tokens 1000000 exceeds prompt + completion (0): judge_cost prices the split tokens only"
+    )
+    assert extras_metrics([extras])["reward/cost/usage_errors"] == 1
+    assert spent_extras({"total_tokens": 12}, None)["judge_usage_error"] == ""  # no money to get wrong
+    split = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert spent_extras(split, JudgePricing(3.0, 15.0))["judge_usage_error"] == ""
+
+
 def test_cost_metrics_read_the_arrays_verl_stacks_extras_into():
     """verl hands extras back as numpy scalars (and floats where a column mixed types)."""
     rows = [

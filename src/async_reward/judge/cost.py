@@ -172,12 +172,22 @@ def spent_extras(usage: Any, pricing: JudgePricing | None) -> dict[str, Any]:
     total = counts["total_tokens"] if counts["total_tokens"] is not None else prompt + completion
     for problem in problems:
         _say_once(problem.split(" ", 1)[0], problem)
+    said = "; ".join(problems) + ("; counted 0" if problems else "")
+    if pricing is not None and total > prompt + completion and not problems:
+        # e.g. a server that reports total_tokens alone: the money would read low, unseen
+        said = (
+            f"usage.total_tokens {total} exceeds prompt + completion ({prompt + completion}): "
+            "judge_cost prices the split tokens only"
+        )
+        if "unpriced" not in _said:
+            _said.add("unpriced")
+            logger.warning("the judge server's reply reports %s", said)
     extras: dict[str, Any] = {
         "judge_prompt_tokens": prompt,
         "judge_completion_tokens": completion,
         "judge_tokens": total,
         "judge_cache_hit": False,
-        "judge_usage_error": "; ".join(problems) + ("; counted 0" if problems else ""),
+        "judge_usage_error": said,
     }
     if pricing is not None:
         extras["judge_cost"] = pricing.cost(prompt, completion)
