@@ -37,6 +37,7 @@ from async_reward._core.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
     DeadlineExceeded,
+    EventLoopBlocked,
     LeftRunningCalls,
     UserCodeError,
     as_user_code_error,
@@ -365,10 +366,11 @@ class AsyncRewardManager(RewardManagerBase):
                         left_running=admitted.left_running,
                     )
                 except DeadlineExceeded as exc:  # the sample's reason names the limit and its key
-                    raise DeadlineExceeded(f"{exc} (timeout_s)", exc.timeout_s) from None
+                    # Same class (EventLoopBlocked stays itself, so it is not retried).
+                    raise type(exc)(f"{exc} (timeout_s)", exc.timeout_s) from None
 
         def is_transient(exc: BaseException) -> bool:
-            if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned)):
+            if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned, EventLoopBlocked)):
                 return False
             if isinstance(exc, TimeoutError) and not retry_timeouts:
                 return False
