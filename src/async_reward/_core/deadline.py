@@ -30,7 +30,6 @@ __all__ = [
     "DeadlineAbandoned",
     "DeadlineExceeded",
     "DoublingWarning",
-    "EventLoopBlocked",
     "LeftRunning",
     "LeftRunningCalls",
     "UserCodeError",
@@ -67,13 +66,6 @@ class DeadlineExceeded(TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0])
-
-
-class EventLoopBlocked(DeadlineExceeded):
-    """The call ended after its deadline because the event loop was blocked (a sync call such as
-    ``time.sleep`` in async code), so no timer could fire on time (status ``timeout``, not retried:
-    another attempt of a scorer that blocks the loop blocks it again, stalling every call of the
-    worker each time, not only its own)."""
 
 
 class DeadlineAbandoned(TimeoutError):
@@ -147,8 +139,8 @@ async def run_with_deadline(
     admission: :class:`LeftRunningCalls`) until it really ends.
 
     Raises:
-        DeadlineExceeded: the deadline passed (the task stopped or finished during the grace).
-        EventLoopBlocked: the task ended only after the deadline (a ``DeadlineExceeded``).
+        DeadlineExceeded: the deadline passed (the task stopped, finished during the grace, or
+            ended only after the deadline).
         DeadlineAbandoned: the deadline passed and the task ignored its cancellation.
     """
     loop = asyncio.get_running_loop()
@@ -312,12 +304,12 @@ def _outcome_on_time(task: asyncio.Future[_T], elapsed_s: float, timeout_s: floa
     timeout, not a score.
 
     Raises:
-        EventLoopBlocked: ``elapsed_s`` is past ``timeout_s``.
+        DeadlineExceeded: ``elapsed_s`` is past ``timeout_s``.
     """
     if elapsed_s <= timeout_s:
         return task.result()
     _retrieve(task)
-    raise EventLoopBlocked(
+    raise DeadlineExceeded(
         f"{what} ended {elapsed_s:.3g} s after it began, past its deadline of {timeout_s:g} s: the "
         "event loop was blocked (a blocking call, e.g. time.sleep, in async code), so its result is "
         "not used",

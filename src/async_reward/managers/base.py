@@ -37,7 +37,6 @@ from async_reward._core.deadline import (
     AdmissionTimeout,
     DeadlineAbandoned,
     DeadlineExceeded,
-    EventLoopBlocked,
     LeftRunningCalls,
     UserCodeError,
     as_user_code_error,
@@ -366,11 +365,10 @@ class AsyncRewardManager(RewardManagerBase):
                         left_running=admitted.left_running,
                     )
                 except DeadlineExceeded as exc:  # the sample's reason names the limit and its key
-                    # Same class (EventLoopBlocked stays itself, so it is not retried).
-                    raise type(exc)(f"{exc} (timeout_s)", exc.timeout_s) from None
+                    raise DeadlineExceeded(f"{exc} (timeout_s)", exc.timeout_s) from None
 
         def is_transient(exc: BaseException) -> bool:
-            if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned, EventLoopBlocked)):
+            if isinstance(exc, (AdmissionTimeout, DeadlineAbandoned)):
                 return False
             if isinstance(exc, TimeoutError) and not retry_timeouts:
                 return False
