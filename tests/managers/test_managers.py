@@ -664,6 +664,76 @@ async def test_a_crashed_process_pool_is_rebuilt(tmp_path, verl_config_factory, 
     assert healthy["reward_extra_info"]["status"] == "ok"
 
 
+CRASHES_ITS_POOL = """
+import os, time
+
+MARKS = {marks!r}
+
+
+def runs(name):  # a file per sample, a line per run of its call
+    with open(os.path.join(MARKS, name), "a+") as marks:
+        marks.write("run\\n")
+        marks.seek(0)
+        return marks.read().count("run")
+
+
+def seen(name):
+    return os.path.exists(os.path.join(MARKS, name))
+
+
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    first = runs(ground_truth) == 1
+    until = time.monotonic() + 60
+    if ground_truth.startswith("crash"):  # once every good call runs in the pool too: all in flight
+        while not all(seen(good) for good in ("0.25", "0.5", "0.75")) and time.monotonic() < until:
+            time.sleep(0.01)
+        os._exit(1)  # stands for a segfault or an OOM kill on a hostile response
+    while first and ground_truth != "1.0" and time.monotonic() < until:  # in the pool when it breaks
+        time.sleep(0.01)
+    return float(ground_truth)
+"""
+
+
+async def test_a_process_crash_fails_only_the_sample_that_caused_it(
+    tmp_path, verl_config_factory, tokenizer, batch_factory
+):
+    """One response that killed its scorer process failed every sample in flight in the pool
+    (``BrokenProcessPool``, status error), good answers included: a policy could pull its group
+    mates down. Now each call the broken pool failed runs again alone, once: only the two that kill
+    their process again fail, the others get their own score, and the pool serves later calls."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    path = write_module(tmp_path, CRASHES_ITS_POOL.format(marks=str(marks)), "crashes.py")
+    settings = {"executor": "process", "executor_workers": 5, "retry": dict(FAST_RETRY), "timeout_s": 60}
+    config = verl_config_factory(
+        "async_naive", settings, custom_reward_function={"path": path, "name": "score"}
+    )
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tokenizer)
+    truths = ["0.25", "crash-1", "0.5", "crash-2", "0.75"]
+    try:
+        outputs = await asyncio.wait_for(
+            score_rows(manager, batch_factory, [{"response": "x", "ground_truth": t} for t in truths]), 120
+        )
+        [later] = await asyncio.wait_for(
+            score_rows(manager, batch_factory, [{"response": "x", "ground_truth": "1.0"}]), 60
+        )
+    finally:
+        manager.function_pool.shutdown(wait=True)
+    infos = [o["reward_extra_info"] for o in outputs]
+    assert [i["status"] for i in infos] == ["ok", "error", "ok", "error", "ok"], infos
+    assert [float(o["reward_score"]) for o in outputs] == [0.25, 0.0, 0.5, 0.0, 0.75]
+    for crashed in (infos[1], infos[3]):
+        assert "process died while scoring this sample" in crashed["failure_reason"], crashed
+        assert crashed["attempts"] == 1  # not retried: it would kill a process again
+    # Bounded work: each call ran in the pool and once more alone; the crashes were not retried.
+    runs = {t: (marks / t).read_text().count("run") for t in truths}
+    assert runs == dict.fromkeys(truths, 2), runs
+    assert (later["reward_extra_info"]["status"], float(later["reward_score"])) == ("ok", 1.0)
+    assert (marks / "1.0").read_text().count("run") == 1
+
+
 SLOW_SYNC = """
 import threading, time
 

@@ -1,8 +1,9 @@
 """Retries of transient failures on tenacity, honouring a server's Retry-After up to a cap.
 
 Only failures that may go away by themselves are retried: connection errors, timeouts, and HTTP 408,
-409, 429 and 5xx. Anything else (a 400, a malformed reply, a bug) is raised at once, since trying
-again would only spend budget. Cancellation is never retried nor swallowed.
+409, 429 and 5xx. Anything else (a 400, a malformed reply, a bug, a scorer that killed its process)
+is raised at once, since trying again would only spend budget. Cancellation is never retried nor
+swallowed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import BrokenExecutor
 from typing import NoReturn, Protocol, TypeVar
 
 import aiohttp
@@ -76,6 +78,10 @@ def default_is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, TransientError):
         return True
+    if isinstance(exc, BrokenExecutor):
+        # A scorer process that died (the function pool already reran the call alone once): another
+        # attempt would kill a process again, and in a shared pool fail every call in flight with it.
+        return False
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return False  # a certificate that fails verification will fail the same way next time
     if isinstance(exc, (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):

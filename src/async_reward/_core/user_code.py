@@ -1,5 +1,10 @@
 """A user's sync reward function: resolved so it can run in a thread or a process, and run there with
-a deadline that measures the call, not the wait for a free thread."""
+a deadline that measures the call, not the wait for a free thread.
+
+Longer than 400 lines: resolving the function (picklable for a process) and the pool that runs it
+are one path a sync function takes; the pool's share is mostly what a call does at its edges (a
+deadline passed, a cancelled sample, a process that died), each next to the state it touches.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from async_reward._core.limits import FifoSlots
 __all__ = [
     "ExternFunction",
     "FunctionPool",
+    "ScorerProcessDied",
     "check_reward_function",
     "default_pool_size",
     "load_user_object",
@@ -32,6 +38,16 @@ _FUNCTION_KEY = "reward.custom_reward_function"
 _EXECUTOR_KEY = "reward.async_reward.executor"
 
 logger = logging.getLogger(__name__)
+
+
+#: The priority of a call run again after its pool broke: before every call not yet started (it had
+#: its worker already; a rerun queued behind new calls could time out waiting, a good sample lost).
+_RERUN_FIRST = float("-inf")
+
+
+class ScorerProcessDied(BrokenProcessPool):
+    """The reward function killed its process on this sample: it died in the shared pool and again
+    when the call ran alone (status ``error``, not retried: it would die again)."""
 
 
 class ExternFunction:
@@ -214,23 +230,61 @@ class FunctionPool:
         that may never return fails its waiters instead of queueing them forever, while a pool that
         is merely busy with healthy calls never turns a waiting sample into a timeout.
 
+        A process that dies (a crash, ``os._exit``, an OOM kill) breaks its whole pool: every call in
+        flight there fails with ``BrokenProcessPool``, and which one killed it is unknown. So each of
+        them is run again, once, alone in a new process of its own (ahead of calls not yet started,
+        with a new ``timeout_s``): the call that kills its process again is the one that did, and only
+        its sample fails; the others get their own result. The next call gets a new shared pool.
+
         Raises:
             AdmissionTimeout: no worker came free in time (status ``timeout``).
             TimeoutError: the call passed ``timeout_s`` (its worker stays busy until it returns).
             CancelledError: the caller was cancelled; a function still running keeps its worker until
                 it returns, and counts as overdue if that is after ``timeout_s``.
-            BrokenProcessPool: a scorer crashed its process; the next call gets a new pool.
+            ScorerProcessDied: the call killed its process when it ran alone (status ``error``).
         """
-        await self._take_worker(timeout_s, wait_s)
+        try:
+            return await self._run(fn, kwargs, timeout_s, wait_s, alone=False)
+        except BrokenProcessPool:
+            if self.kind != "process":
+                raise
+        try:
+            return await self._run(fn, kwargs, timeout_s, wait_s, alone=True)
+        except BrokenProcessPool as exc:
+            raise ScorerProcessDied(
+                "the reward function's process died while scoring this sample (a crash, os._exit, a "
+                "signal such as an OOM kill), also when it was run again alone in a process of its "
+                f"own; the other calls in flight were run again and keep their results ({exc})"
+            ) from None
+
+    async def _run(
+        self,
+        fn: Callable[..., Any],
+        kwargs: dict[str, Any],
+        timeout_s: float,
+        wait_s: float | None,
+        *,
+        alone: bool,
+    ) -> Any:
+        """One run of the call: on the shared pool, or (``alone``) in a new one-process pool that ends
+        with the call, so that a process death there is this call's alone."""
+        await self._take_worker(timeout_s, wait_s, priority=_RERUN_FIRST if alone else 0.0)
         loop = asyncio.get_running_loop()
         try:
-            future: Future[Any] = self._get_executor().submit(_call_kwargs, fn, kwargs)
+            executor = ProcessPoolExecutor(max_workers=1) if alone else self._get_executor()
+        except BaseException:
+            self._slots.release()
+            raise
+        try:
+            future: Future[Any] = executor.submit(_call_kwargs, fn, kwargs)
         except BaseException as exc:
             self._slots.release()
-            if isinstance(exc, BrokenProcessPool):
-                self._executor = None
+            if alone:
+                executor.shutdown(wait=False)
+            elif isinstance(exc, BrokenProcessPool):  # broken by another call's process, not seen yet
+                self._drop_broken(executor)
             raise
-        call = _Call(future)
+        call = _Call(future, executor if alone else None)
 
         def returned(_done: Future[Any]) -> None:  # in the worker thread (or the pool's manager thread)
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to hand it to
@@ -249,9 +303,8 @@ class FunctionPool:
             self._mark_overdue(call, timeout_s)
             raise
         except BrokenProcessPool:
-            # A scorer crashed its process; the pool refuses all later work. Build a new one for
-            # the next call (executor=process exists for exactly such unstable scorers).
-            self._executor = None
+            if not alone:
+                self._drop_broken(executor)
             raise
         except asyncio.CancelledError:
             # The sample was cancelled (a batch stopped) while its function runs: the thread cannot be
@@ -260,6 +313,19 @@ class FunctionPool:
             if not future.done():
                 call.timer = loop.call_at(deadline, self._mark_overdue, call, timeout_s)
             raise
+
+    def _drop_broken(self, executor: Executor) -> None:
+        """Forget the shared pool ``executor`` that a dead process broke, so the next call builds a new
+        one; only once, by the first call that sees it (a later one must not drop the new pool)."""
+        if self._executor is not executor:
+            return
+        self._executor = None
+        executor.shutdown(wait=False)
+        logger.warning(
+            "a process of the reward function's pool died (a crash, os._exit, an OOM kill), failing every "
+            "call in flight there; each is run again alone in a process of its own, and only a call that "
+            "kills its process again fails (status error)"
+        )
 
     def _mark_overdue(self, call: _Call, timeout_s: float) -> None:
         """Count ``call`` as overdue (once) if its function has not returned yet."""
@@ -271,6 +337,9 @@ class FunctionPool:
 
     def _returned(self, call: _Call) -> None:
         call.returned = True
+        if call.own_executor is not None:
+            # Here on the loop: the done callback runs in the pool's own manager thread.
+            call.own_executor.shutdown(wait=False)
         if call.timer is not None:
             call.timer.cancel()
         if call.overdue:
@@ -278,9 +347,9 @@ class FunctionPool:
             self._warning.settled(self.overdue)
         self._slots.release()
 
-    async def _take_worker(self, round_s: float, wait_s: float | None) -> None:
-        """Acquire a worker: in rounds of ``round_s``, failing after a round in which calls stuck
-        past their deadline held workers, or once ``wait_s`` (if any) has passed."""
+    async def _take_worker(self, round_s: float, wait_s: float | None, priority: float = 0.0) -> None:
+        """Acquire a worker (``priority``: lower first): in rounds of ``round_s``, failing after a round
+        in which calls stuck past their deadline held workers, or once ``wait_s`` (if any) has passed."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         give_up_at = None if wait_s is None else began + wait_s
@@ -288,7 +357,7 @@ class FunctionPool:
             limit = round_s if give_up_at is None else min(round_s, max(0.0, give_up_at - loop.time()))
             try:
                 async with asyncio.timeout(limit):
-                    await self._slots.acquire()
+                    await self._slots.acquire(priority)
                 return
             except TimeoutError:
                 out_of_time = give_up_at is not None and loop.time() >= give_up_at
@@ -341,13 +410,14 @@ class FunctionPool:
 
 class _Call:
     """One call handed to a pool worker: whether it is counted overdue, whether its function has
-    returned (its worker released), and the timer that marks it overdue at its deadline when its
-    sample was cancelled first."""
+    returned (its worker released), the timer that marks it overdue at its deadline when its
+    sample was cancelled first, and the one-process pool it ran alone in (shut down when it returns)."""
 
-    __slots__ = ("future", "overdue", "returned", "timer")
+    __slots__ = ("future", "overdue", "own_executor", "returned", "timer")
 
-    def __init__(self, future: Future[Any]) -> None:
+    def __init__(self, future: Future[Any], own_executor: Executor | None = None) -> None:
         self.future = future
+        self.own_executor = own_executor
         self.overdue = False
         self.returned = False
         self.timer: asyncio.TimerHandle | None = None
