@@ -715,6 +715,21 @@ class Agent:
 
 class NoScore:
     pass
+
+class Scaled:
+    def __init__(self, scale=1.0):
+        self.scale = scale
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return self.scale
+
+class Needs(Scaled):
+    def __init__(self, threshold, *, scale=1.0):
+        self.threshold, self.scale = threshold, scale
+
+class TakesAny(Scaled):
+    def __init__(self, **options):
+        self.options = options
 """
 
 
@@ -737,6 +752,21 @@ class NoScore:
         ),
         ("async_stateful", {}, {"name": "NoScore"}, "reward.custom_reward_function.name", "no compute_score"),
         ("async_stateful", {}, {"name": "score_fn"}, "reward.custom_reward_function.name", "not a class"),
+        # init_kwargs the constructor cannot take: each reward worker died with a bare TypeError.
+        (
+            "async_stateful",
+            {"stateful": {"init_kwargs": {"scal": 2.0}}},
+            {"name": "Scaled"},
+            "reward.async_reward.stateful.init_kwargs.scal",
+            "is not a parameter of Scaled(scale=1.0)",
+        ),
+        (
+            "async_stateful",
+            {"stateful": {"init_kwargs": {"scale": 2.0}}},
+            {"name": "Needs"},
+            "reward.async_reward.stateful.init_kwargs.threshold",
+            "required by Needs(threshold, *, scale=1.0)",
+        ),
         (
             "async_naive",
             {},
@@ -777,6 +807,36 @@ def test_good_user_code_passes_the_driver_checks(tmp_path, verl_config_factory):
         prepare_verl_config(
             verl_config_factory(manager, {}, custom_reward_function={"path": str(path), "name": name})
         )
+    for name, init_kwargs in (
+        ("Scaled", {}),
+        ("Scaled", {"scale": 2.0}),
+        ("Needs", {"threshold": 0.5}),
+        ("TakesAny", {"anything": 1, "at_all": "x"}),  # **options takes every key
+    ):
+        settings = {"stateful": {"init_kwargs": init_kwargs}}
+        prepare_verl_config(
+            verl_config_factory(
+                "async_stateful", settings, custom_reward_function={"path": str(path), "name": name}
+            )
+        )
+
+
+def test_a_misspelled_init_kwarg_is_refused_naming_the_key_the_signature_and_the_fix(
+    tmp_path, verl_config_factory
+):
+    path = tmp_path / "user_code.py"
+    path.write_text(USER_CODE)
+    settings = {"stateful": {"init_kwargs": {"scal": 2.0}}}
+    config = verl_config_factory(
+        "async_stateful", settings, custom_reward_function={"path": str(path), "name": "Scaled"}
+    )
+    with pytest.raises(ConfigError) as info:
+        check_reward(config)
+    message = str(info.value)
+    assert "reward.async_reward.stateful.init_kwargs.scal=2.0" in message, message
+    assert "Scaled(scale=1.0)" in message and str(path) in message, message
+    assert info.value.fix is not None and "rename it to 'scale'" in info.value.fix
+    assert info.value.fix in message
 
 
 def test_verl_reward_num_workers_is_checked(verl_config_factory):

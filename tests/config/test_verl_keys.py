@@ -64,20 +64,30 @@ def compose(manager: str, *extra: str, function: tuple[str, str] | None = None) 
 
 # ------------------------------------------------------------------ honoured: verl's rate_limited keys
 @pytest.mark.parametrize(
-    ("verl_key", "value", "ours"),
+    ("verl_key", "value", "ours", "others"),
     [
-        ("max_concurrent", 2, ("limits", "max_concurrency")),
-        ("max_rpm", 60, ("limits", "requests_per_minute")),
-        ("max_tpm", 100000, ("limits", "tokens_per_minute")),
-        ("estimated_tokens_per_request", 300, ("limits", "estimated_tokens_per_request")),
-        ("timeout", 0.5, ("timeout_s",)),
+        ("max_concurrent", 2, ("limits", "max_concurrency"), ()),
+        ("max_rpm", 60, ("limits", "requests_per_minute"), ()),
+        ("max_tpm", 100000, ("limits", "tokens_per_minute"), ()),
+        # An estimate counts against a token budget only (without one it is refused, below).
+        (
+            "estimated_tokens_per_request",
+            300,
+            ("limits", "estimated_tokens_per_request"),
+            ("+reward.async_reward.limits.tokens_per_minute=100000",),
+        ),
+        ("timeout", 0.5, ("timeout_s",), ()),
     ],
 )
-def test_verl_rate_limited_key_sets_ours_and_says_so(verl_key, value, ours, functions, capsys, monkeypatch):
+def test_verl_rate_limited_key_sets_ours_and_says_so(
+    verl_key, value, ours, others, functions, capsys, monkeypatch
+):
     from async_reward._core import start_lines
 
     monkeypatch.setattr(start_lines, "_SAID", set())  # printed once per process: this test's line
-    config = compose("async_rate_limited", f"+reward.{verl_key}={value}", function=(functions, "instant"))
+    config = compose(
+        "async_rate_limited", f"+reward.{verl_key}={value}", *others, function=(functions, "instant")
+    )
     check_reward(config)  # the driver's start-up check accepts it
     settings: Any = load_config(config)
     load_config(config)
@@ -117,6 +127,107 @@ def test_verl_key_and_ours_with_different_values_is_an_error(
         check_reward(config)
     assert error.value.key == f"reward.{verl_key}"
     assert f"reward.async_reward.{ours}" in str(error.value)
+
+
+#: A token estimate where no token budget reads it: (manager, overrides, the key named, words).
+ESTIMATE_WITHOUT_A_BUDGET = [
+    (
+        "async_naive",
+        ["+reward.async_reward.limits.estimated_tokens_per_request=5000"],
+        "reward.async_reward.limits.estimated_tokens_per_request",
+        "async_naive has no token budget",
+    ),
+    (
+        "async_rate_limited",
+        ["+reward.async_reward.limits.estimated_tokens_per_request=5000"],
+        "reward.async_reward.limits.estimated_tokens_per_request",
+        "tokens_per_minute, which is not set",
+    ),
+    (  # a request budget is no token budget
+        "async_rate_limited",
+        [
+            "+reward.async_reward.limits.requests_per_minute=60",
+            "+reward.async_reward.limits.estimated_tokens_per_request=5000",
+        ],
+        "reward.async_reward.limits.estimated_tokens_per_request",
+        "tokens_per_minute, which is not set",
+    ),
+    (  # verl's own key, named as the user wrote it (verl's rate_limited ignored it without max_tpm too)
+        "async_rate_limited",
+        ["+reward.estimated_tokens_per_request=300"],
+        "reward.estimated_tokens_per_request",
+        "tokens_per_minute, which is not set",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("manager", "extra", "key", "words"),
+    ESTIMATE_WITHOUT_A_BUDGET,
+    ids=["naive", "rate_limited", "rate_limited_rpm_only", "rate_limited_verls_key"],
+)
+def test_a_token_estimate_without_a_token_budget_is_refused_not_ignored(
+    manager, extra, key, words, functions
+):
+    """``limits.estimated_tokens_per_request`` is what a call is charged against ``tokens_per_minute``:
+    without that budget the managers rebuilt or kept limits that never read it, and it was accepted."""
+    config = compose(manager, *extra, function=(functions, "instant"))
+    with pytest.raises(ConfigError) as error:
+        check_reward(config)
+    assert error.value.key == key
+    message = str(error.value)
+    assert words in message and "would be ignored" in message, message
+    assert error.value.fix is not None and "tokens_per_minute" in error.value.fix
+    assert error.value.fix.startswith("remove it") and error.value.fix in message
+
+
+@pytest.mark.parametrize(
+    "budget",
+    ["+reward.async_reward.limits.tokens_per_minute=100000", "+reward.max_tpm=100000"],
+    ids=["ours", "verls"],
+)
+def test_a_token_estimate_with_a_token_budget_is_honoured(budget, functions):
+    for estimate in (
+        "+reward.async_reward.limits.estimated_tokens_per_request=300",
+        "+reward.estimated_tokens_per_request=300",
+    ):
+        config = compose("async_rate_limited", budget, estimate, function=(functions, "instant"))
+        check_reward(config)
+        assert load_config(config).limits.estimated_tokens_per_request == 300
+
+
+JUDGE_WITH_A_BUDGET = (
+    "{name: judge, manager: llm_judge, async_reward: {judge: {base_url: 'http://127.0.0.1:9/v1'}, "
+    "limits: {tokens_per_minute: 100000, estimated_tokens_per_request: 300}}}"
+)
+
+
+def test_a_composite_passes_a_components_token_estimate_to_its_budget():
+    """A judge component with its own budget and estimate: valid, and the estimate reaches it."""
+    config = compose(
+        "async_composite",
+        f"+reward.async_reward.composite.components=[{JUDGE_WITH_A_BUDGET}]",
+    )
+    check_reward(config)
+
+
+def test_a_composite_refuses_a_shared_token_estimate_that_a_component_without_budgets_inherits(functions):
+    """At ``reward.async_reward.limits`` every component inherits it, ``async_naive`` included, which
+    has no budget to charge it against."""
+    components = f"[{{name: rule, manager: async_naive, score_range: [0, 1]}}, {JUDGE_WITH_A_BUDGET}]"
+    config = compose(
+        "async_composite",
+        f"+reward.async_reward.composite.components={components}",
+        "+reward.async_reward.limits.estimated_tokens_per_request=300",
+        function=(functions, "instant"),
+    )
+    with pytest.raises(ConfigError) as error:
+        check_reward(config)
+    assert error.value.key == "reward.async_reward.limits.estimated_tokens_per_request"
+    assert "component 'rule' (async_naive)" in str(error.value), str(error.value)
+    assert (
+        error.value.fix is not None and "components that have a tokens_per_minute budget" in error.value.fix
+    )
 
 
 def test_a_verl_key_that_is_not_a_number_is_named():

@@ -919,6 +919,70 @@ async def test_init_kwargs_reach_the_class_as_configured_on_the_worker_and_the_d
     assert rm_scores.sum(dim=1).tolist() == [0.75, 0.75]
 
 
+CONSTRUCTOR_CHECKS = """
+class Scaled:
+    def __init__(self, scale=1.0):
+        if scale < 0:
+            raise ValueError("scale must be >= 0")
+        self.scale = scale
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return self.scale
+
+class Unreadable(Scaled):
+    __signature__ = "not a signature"  # inspect.signature raises TypeError: no start-up check
+"""
+
+
+def test_init_kwargs_the_class_cannot_take_are_named_where_a_worker_builds_the_manager(
+    tmp_path, verl_config_factory, tokenizer
+):
+    """A reward worker builds the manager from a config the driver may never have checked (verl's own
+    trainer): a misspelled key was a bare ``TypeError`` naming no setting, in every worker."""
+    from async_reward._core.postprocess import load_user_instance
+
+    path = write_module(tmp_path, CONSTRUCTOR_CHECKS, "constructor_checks.py")
+    function = {"path": path, "name": "Scaled"}
+    key = "reward.async_reward.stateful.init_kwargs"
+    misspelled = verl_config_factory(
+        "async_stateful", {"stateful": {"init_kwargs": {"scal": 2.0}}}, custom_reward_function=function
+    )
+    with pytest.raises(ConfigError) as info:
+        AsyncStatefulRewardManager(misspelled, tokenizer)
+    assert info.value.key == f"{key}.scal" and "Scaled(scale=1.0)" in str(info.value), str(info.value)
+    # A value the constructor itself refuses: named for init_kwargs, the class's error kept as the cause.
+    load_user_instance.cache_clear()
+    refused = verl_config_factory(
+        "async_stateful", {"stateful": {"init_kwargs": {"scale": -1.0}}}, custom_reward_function=function
+    )
+    with pytest.raises(ConfigError) as info:
+        AsyncStatefulRewardManager(refused, tokenizer)
+    assert info.value.key == key, str(info.value)
+    assert "ValueError: scale must be >= 0" in str(info.value) and "['scale']" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_class_whose_signature_cannot_be_read_is_named_when_it_is_built(
+    tmp_path, verl_config_factory, tokenizer
+):
+    """No start-up check is possible without a signature (documented); the constructor's own error
+    still names ``stateful.init_kwargs`` rather than arriving bare."""
+    from async_reward._core.postprocess import load_user_instance
+
+    path = write_module(tmp_path, CONSTRUCTOR_CHECKS, "unreadable_signature.py")
+    config = verl_config_factory(
+        "async_stateful",
+        {"stateful": {"init_kwargs": {"scal": 2.0}}},
+        custom_reward_function={"path": path, "name": "Unreadable"},
+    )
+    AsyncStatefulRewardManager.check_config(config)  # the driver cannot tell
+    load_user_instance.cache_clear()
+    with pytest.raises(ConfigError) as info:
+        AsyncStatefulRewardManager(config, tokenizer)
+    assert info.value.key == "reward.async_reward.stateful.init_kwargs"
+    assert "TypeError" in str(info.value) and "scal" in str(info.value), str(info.value)
+
+
 def test_remote_headers_stay_out_of_reprs(verl_config_factory, tokenizer):
     settings = {"remote": {"url": "http://127.0.0.1:9/score", "headers": {"X-API-Key": "sk-hidden-456"}}}
     manager = AsyncRemoteRewardManager(verl_config_factory("async_remote", settings), tokenizer)

@@ -58,7 +58,14 @@ def passes_as_literal(value: Any) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def load_user_instance(spec: tuple[str, str, str]) -> Any:
-    """Load and instantiate the user class named by ``spec``, once per process."""
+    """Load and instantiate the user class named by ``spec``, once per process.
+
+    Raises:
+        ConfigError: the constructor raised, named as ``reward.async_reward.stateful.init_kwargs``
+            (:func:`~async_reward._core.user_class.construct`): this runs in every reward worker and
+            on verl's driver, where a bare ``TypeError`` named no setting.
+    """
+    from async_reward._core.user_class import INIT_KWARGS_KEY, construct
     from async_reward._core.user_code import load_user_object
 
     path, name, literal = spec
@@ -67,7 +74,7 @@ def load_user_instance(spec: tuple[str, str, str]) -> Any:
         raise TypeError(
             f"custom_reward_function.name={name!r} in {path} must name a class for async_stateful"
         )
-    return cls(**ast.literal_eval(literal))
+    return construct(cls, name, path, ast.literal_eval(literal), INIT_KWARGS_KEY)
 
 
 def postprocess_group(instance: Any, scores: Sequence[float], failed: Sequence[bool]) -> list[Any]:

@@ -45,7 +45,9 @@ class LimitsConfig:
     estimated_tokens_per_request: int = field(
         default=512, metadata=at_least(0, "write the typical tokens of one request (0 reserves none)")
     )
-    """Tokens reserved from the TPM budget before a call; corrected by the usage the response reports."""
+    """Tokens reserved from the TPM budget before a call; corrected by the usage the response reports.
+    Applies only with ``tokens_per_minute``: set without it (or under a manager with no budgets, such
+    as ``async_naive``) it is refused at start-up, not ignored (``verl_keys.check_verl_settings``)."""
 
     def validate(self, num_workers: int, path: str = f"{CONFIG_PATH}.limits") -> None:
         """Check every value, and that each of ``num_workers`` processes gets a usable share (with

@@ -214,6 +214,7 @@ def check_verl_settings(
                     f"is a budget, and {manager} has none (only a concurrency cap)",
                     "use reward.reward_manager.name=async_rate_limited, which honours it",
                 )
+    _check_token_estimate(reward, manager, uses_rate_budgets)
     _check_reward_kwargs(reward.get("reward_kwargs"))
     function = reward.get("custom_reward_function")
     path = node_key(function, "path")
@@ -304,6 +305,42 @@ def check_function_needs_its_path(config: Any, manager: str, *, runs_custom_func
         fix = f"remove {key}, or use async_naive / async_rate_limited with a function path"
     # Not the value: reward_kwargs may hold a key for the service a function would have called.
     raise ConfigError(f"{key} {why}; {fix}", key=key, fix=fix)
+
+
+def _check_token_estimate(reward: Any, manager: str, uses_rate_budgets: bool) -> None:
+    """Refuse ``limits.estimated_tokens_per_request`` (ours, or verl's
+    ``reward.estimated_tokens_per_request``) where no token budget is used: it is what a call is
+    charged against ``tokens_per_minute`` and means nothing else, so without that budget (a manager
+    with no budgets, or ``async_rate_limited`` with ``tokens_per_minute`` unset) it was silently
+    ignored. verl's ``max_tpm`` counts as the budget (:func:`apply_verl_reward_keys` maps it onto
+    ``tokens_per_minute``); verl's own key is named as the user wrote it (for a manager without
+    budgets it is refused already, with the other :data:`_BUDGET_KEYS`)."""
+    ours = node_key(reward, "async_reward.limits.estimated_tokens_per_request")
+    verls = reward.get("estimated_tokens_per_request")
+    if ours is None and verls is None:
+        return
+    if ours is not None:
+        key, value = f"{_OURS}.limits.estimated_tokens_per_request", ours
+    else:
+        key, value = "reward.estimated_tokens_per_request", verls
+    if not uses_rate_budgets:
+        raise bad_value(
+            key,
+            value,
+            f"is what a call is charged against limits.tokens_per_minute, and {manager} has no token "
+            "budget (only a concurrency cap): it would be ignored",
+            "remove it, or use reward.reward_manager.name=async_rate_limited with "
+            f"{_OURS}.limits.tokens_per_minute set",
+        )
+    budget = node_key(reward, "async_reward.limits.tokens_per_minute")
+    if budget is None and reward.get("max_tpm") is None:
+        raise bad_value(
+            key,
+            value,
+            f"is what a call is charged against limits.tokens_per_minute, which is not set, so {manager} "
+            "has no token budget to estimate against: it would be ignored",
+            f"remove it, or set {_OURS}.limits.tokens_per_minute",
+        )
 
 
 def _check_reward_kwargs(kwargs: Any) -> None:

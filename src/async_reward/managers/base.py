@@ -157,6 +157,8 @@ class AsyncRewardManager(RewardManagerBase):
         self.settings: AsyncRewardConfig = type(self).check_settings(config)
         limits = self.settings.limits
         if not self.uses_rate_budgets:
+            # Its budgets and token estimate were refused at start-up if set (check_verl_settings):
+            # what is dropped here is defaults only.
             limits = type(limits)(max_concurrency=limits.max_concurrency, admission=limits.admission)
         self.admission: Admission | JobAdmission = self._make_admission(limits, reward_router_address)
         self.reward_router_address = reward_router_address

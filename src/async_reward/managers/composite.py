@@ -278,8 +278,9 @@ class AsyncCompositeRewardManager(AsyncRewardManager):
         for index, component in enumerate(composite.components):
             with _naming_the_component(index, component):
                 _check_component_keys(index, component)
-                loaded.append(load_config(component_config(config, component)))
-                _check_component_fits(component, loaded[index])
+                derived = component_config(config, component)
+                loaded.append(load_config(derived))
+                _check_component_fits(component, loaded[index], derived)
         # Before the components' own checks: a judge's own fallback check knows its range only, not
         # its weight or the rest of the sum, and this one's refusal names the composite's bound.
         _check_fallback(settings, loaded)
@@ -680,11 +681,23 @@ def _lowest_term(
     return min(term, weight * component.score_if_skipped) if may_skip else term
 
 
-def _check_component_fits(component: ComponentConfig, settings: AsyncRewardConfig) -> None:
+def _check_component_fits(component: ComponentConfig, settings: AsyncRewardConfig, derived: Any) -> None:
     """Refuse what a component's manager supports alone but not inside a composite (before its own
     checks, which would refuse it for a reason that does not matter here, or give a fix that is
-    wrong inside a composite)."""
+    wrong inside a composite). ``derived``: the config the component's manager is built from, which
+    tells a key set from its default."""
     if not _CLASSES[component.manager].uses_rate_budgets:
+        estimate = node_key(derived, f"{CONFIG_PATH}.limits.estimated_tokens_per_request")
+        if estimate is not None:
+            raise bad_value(
+                f"{CONFIG_PATH}.limits.estimated_tokens_per_request",
+                estimate,
+                f"is what a call is charged against limits.tokens_per_minute, and {component.manager} "
+                "has no token budget (only a concurrency cap): it would be ignored",
+                "remove it here: set it only in the async_reward.limits of the components that have a "
+                "tokens_per_minute budget (llm_judge, async_remote, async_rate_limited), not at "
+                "reward.async_reward.limits, which every component inherits",
+            )
         for name in ("requests_per_minute", "tokens_per_minute"):
             value = getattr(settings.limits, name)
             if value is not None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from async_reward._core.config_rules import bad_value, missing_value
 from async_reward._core.postprocess import load_user_instance, make_postprocess_spec
 from async_reward._core.result import RewardResult, RewardSample
+from async_reward._core.user_class import check_init_kwargs
 from async_reward._core.user_code import user_object
 from async_reward.config import CONFIG_PATH, AsyncRewardConfig
 from async_reward.config.v1 import AGENT_LOOP_MANAGER, v1_integration_problem
@@ -62,7 +63,8 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
 
     @classmethod
     def check_user_code(cls, config: Any, settings: AsyncRewardConfig) -> None:
-        """The class loads and has ``compute_score``; ``executor`` is not ``process``."""
+        """The class loads, has ``compute_score`` and takes ``stateful.init_kwargs``; ``executor`` is not
+        ``process``."""
         cls._user_class(config, settings)
 
     @staticmethod
@@ -70,8 +72,10 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
         """``(path, name, class)`` of the user's class, loaded once per process.
 
         Raises:
-            ConfigError: naming the key: no path, no class, a class without ``compute_score``, or
-                ``executor: process`` (the instance lives in this process).
+            ConfigError: naming the key: no path, no class, a class without ``compute_score``,
+                ``executor: process`` (the instance lives in this process), or ``stateful.init_kwargs``
+                that its constructor cannot take (:func:`~async_reward._core.user_class.check_init_kwargs`:
+                a key that is not a parameter, a required parameter not set).
         """
         if settings.executor == "process":
             raise bad_value(
@@ -99,6 +103,11 @@ class AsyncStatefulRewardManager(AsyncRewardManager):
                 f"in {path} has no compute_score method",
                 "define compute_score(data_source, solution_str, ground_truth, extra_info) on the class",
             )
+        # Here, not only where the instance is made: a misspelled argument otherwise passed the
+        # driver's check and failed in every reward worker with a TypeError that named no key.
+        check_init_kwargs(
+            cls, name, path, settings.stateful.init_kwargs, f"{CONFIG_PATH}.stateful.init_kwargs"
+        )
         return path, name, cls
 
     def postprocess_spec(self) -> tuple[str, ...] | None:
