@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -77,6 +79,13 @@ async def server() -> AsyncIterator[Server]:
     async def redirect_loop(request: web.Request) -> web.Response:
         raise web.HTTPTemporaryRedirect(location=request.path)
 
+    async def raw(request: web.Request) -> web.Response:
+        # Sends back the request's "reply" as the body, byte for byte, with its "status".
+        sent = await request.json()
+        return web.Response(
+            status=sent.get("status", 200), text=sent["reply"], content_type="application/json"
+        )
+
     app = web.Application()
     for path, handler in [
         ("/echo", echo),
@@ -88,6 +97,7 @@ async def server() -> AsyncIterator[Server]:
         ("/drop", drop),
         ("/flaky", flaky),
         ("/loop", redirect_loop),
+        ("/raw", raw),
         ("/echo_headers", echo_headers),
         ("/gzip_bomb", gzip_bomb),
     ]:
@@ -235,6 +245,83 @@ async def test_a_2xx_reply_echoing_secrets_comes_back_redacted(server: Server, c
     for secret in (SECRET, HEADER_SECRET, QUERY_SECRET):
         assert secret not in text
     assert body["debug"]["headers"]["Authorization"].endswith("[redacted]")
+
+
+@pytest.mark.parametrize(
+    ("reply", "key"),
+    [
+        ('{"score": 0.0, "feedback": "", "score": 1.0}', "score"),  # text spliced into the JSON
+        ('{"score": 0.5, "debug": {"a": 1, "a": 2}}', "a"),
+        ('{"choices": [{"message": {"content": "[[1]]", "content": "[[9]]"}}]}', "content"),
+    ],
+)
+async def test_a_key_repeated_in_one_object_at_any_depth_is_malformed_naming_it(
+    server: Server, reply: str, key: str
+) -> None:
+    # json.loads keeps the last of the values: the injected score would have counted.
+    with pytest.raises(MalformedResponseError) as info:
+        await post_json(f"{server.url}/raw", {"reply": reply}, headers=AUTH, timeout_s=5)
+    assert f"repeats the key {key!r} in one object" in str(info.value)
+    assert not default_is_transient(info.value)
+
+
+async def test_a_repeated_key_is_named_without_the_secret_it_holds(server: Server) -> None:
+    reply = json.dumps({SECRET: 1}).replace("}", f", {json.dumps(SECRET)}: 2}}")
+    with pytest.raises(MalformedResponseError, match=r"repeats the key '\[redacted\]'") as info:
+        await post_json(f"{server.url}/raw", {"reply": reply}, headers=AUTH, timeout_s=5)
+    assert_no_secret(info.value)
+
+
+async def test_the_same_key_in_different_objects_and_non_finite_constants_are_read(server: Server) -> None:
+    reply = '{"score": 0.5, "a": {"score": 1}, "b": [{"score": 2}], "nan": NaN, "inf": -Infinity}'
+    body, _ = await post_json(f"{server.url}/raw", {"reply": reply}, timeout_s=5)
+    assert body["a"] == {"score": 1} and body["b"] == [{"score": 2}]
+    assert math.isnan(body["nan"]) and body["inf"] == -math.inf  # each reader refuses them where it must
+
+
+KEY_WITH_SLASHES = "sk-live/SECRETKEY+0123456789/abc"
+
+
+def _spellings_of_bearer() -> dict[str, str]:
+    """An error body echoing ``Authorization: Bearer <KEY_WITH_SLASHES>`` as servers spell it."""
+    bearer = f"Bearer {KEY_WITH_SLASHES}"
+    partly_escaped = "\\u0042earer \\u0073" + KEY_WITH_SLASHES[1:]  # \u escapes of some characters
+    return {
+        "json, / as \\/": json.dumps({"error": f"invalid token: {bearer}"}).replace("/", "\\/"),
+        "json, \\u escapes": '{"error": "invalid token: ' + partly_escaped + '"}',
+        "json, all \\u": '{"error": "invalid token: ' + "".join(f"\\u{ord(c):04x}" for c in bearer) + '"}',
+        "text, / as \\/": "invalid token: " + bearer.replace("/", "\\/"),
+        "text, \\u escapes": "invalid token: " + partly_escaped,
+        "text cut short, \\/": "invalid token: " + bearer.replace("/", "\\/") + " " + "x" * 20000,
+        "url-encoded": "invalid token: " + quote(KEY_WITH_SLASHES, safe=""),
+        "url-encoded, / kept": "invalid token: " + quote(KEY_WITH_SLASHES),
+    }
+
+
+@pytest.mark.parametrize("spelling", list(_spellings_of_bearer()))
+async def test_a_key_echoed_escaped_in_an_error_body_is_redacted(server: Server, spelling: str) -> None:
+    reply = _spellings_of_bearer()[spelling]
+    headers = {"Authorization": f"Bearer {KEY_WITH_SLASHES}"}
+    with pytest.raises(HTTPStatusError) as info:
+        await post_json(f"{server.url}/raw", {"reply": reply, "status": 401}, headers=headers, timeout_s=5)
+    error = info.value
+    assert "invalid token: [redacted]" in error.body_excerpt and "[redacted]" in error.body_head
+    for text in (str(error), repr(error), error.body_head):
+        assert "SECRETKEY" not in text and b"SECRETKEY".hex() not in text
+
+
+async def test_short_secrets_are_redacted_and_plain_short_query_values_kept(server: Server) -> None:
+    # A header value and a URL password whatever their length, a query value under a secret's name
+    # (token) too; a plain query value (mode=fast) is a setting and stays readable.
+    host = server.url.removeprefix("http://")
+    url = f"http://user:pw7@{host}/echo_headers?token=Tk5&mode=fast"
+    body, _ = await post_json(url, {}, headers={"X-Api-Key": "Zq7#k2P"}, timeout_s=5)
+    text = json.dumps(body)
+    assert body["debug"]["headers"]["X-Api-Key"] == "[redacted]"
+    assert body["debug"]["headers"]["Authorization"] == "[redacted]"  # Basic base64(user:pw7)
+    assert body["debug"]["url"].endswith("/echo_headers?token=[redacted]&mode=fast")
+    for secret in ("Zq7#k2P", "pw7", "Tk5"):
+        assert secret not in text
 
 
 async def test_a_reply_that_inflates_past_the_cap_is_refused_naming_it(server: Server) -> None:

@@ -577,6 +577,29 @@ def test_prepare_verl_config_refuses_before_anything_starts(
     assert ray.is_initialized() == started  # nothing was started to find out
 
 
+@pytest.mark.parametrize("section", ["remote", "judge"])
+@pytest.mark.parametrize("control", ["\r", "\n", "\x1b"])
+def test_an_api_key_with_a_control_character_is_refused_at_start_up(
+    verl_config_factory, monkeypatch, section, control
+):
+    # A key read from an env file with its line break: aiohttp refuses the header, failing every
+    # sample with a "header injection" ValueError; refused before anything starts, the key unshown.
+    key = "sk-CTRL-SECRET-0123456789"
+    monkeypatch.setenv("CTRL_KEY_FOR_TEST", key + control)
+    manager, url_key, url = {
+        "remote": ("async_remote", "url", "http://x/s"),
+        "judge": ("llm_judge", "base_url", "http://x/v1"),
+    }[section]
+    config = verl_config_factory(manager, {section: {url_key: url, "api_key_env": "CTRL_KEY_FOR_TEST"}})
+    with pytest.raises(ConfigError) as info:
+        prepare_verl_config(config)
+    assert info.value.key == f"reward.async_reward.{section}.api_key_env"
+    assert "has a control character (CR, LF, ...)" in str(info.value)
+    assert "SECRET" not in str(info.value) and "CTRL_KEY_FOR_TEST" not in str(info.value)
+    monkeypatch.setenv("CTRL_KEY_FOR_TEST", key + "\t")  # a TAB is allowed in a header
+    prepare_verl_config(config)
+
+
 #: (settings, the reward floor the message names, where it comes from): llm_judge + on_failure fallback.
 JUDGE_FALLBACK_BAD = [
     ({"judge": {"normalize_to": [-1, 1]}}, "-1", "judge.normalize_to[0]"),  # the default fallback, 0.0

@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from async_reward._core.http import MAX_REPLY_BYTES
+from async_reward.config.judge import JudgeConfig
 from async_reward.managers import AsyncRemoteRewardManager, LLMJudgeRewardManager
 from tests.managers.test_managers import FAST_RETRY, score_rows
 from tests.support.hostile_service import Origin, collect, echo_headers, gzip_bomb, redirect, serve
@@ -119,3 +122,107 @@ async def test_a_gzip_bomb_is_invalid_naming_the_cap(
     manager = remote_manager(verl_config_factory, tokenizer, f"{hostile.url}/gzip_bomb?bytes={4 << 20}")
     [output] = await score_rows(manager, batch_factory, rows)
     assert (output["reward_extra_info"]["status"], float(output["reward_score"])) == ("ok", 0.5)
+
+
+@dataclass
+class ScriptedOrigin(Origin):
+    replies: list[tuple[int, str]] = field(default_factory=list)
+    """What ``/reply`` answers, in turn: (status, body); ``{auth}`` in a body is the request's
+    Authorization header, ``{auth_escaped}`` the same with each ``/`` written ``\\/``."""
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[ScriptedOrigin]:
+    """A service whose ``/reply`` answers ``origin.replies`` in turn (status, body), the last one for
+    good; a judge's ``/v1/chat/completions`` too."""
+    origin = ScriptedOrigin()
+
+    async def reply(request: web.Request) -> web.Response:
+        origin.hits["reply"] += 1
+        status, body = origin.replies[min(origin.hits["reply"], len(origin.replies)) - 1]
+        auth = request.headers.get("Authorization", "")
+        text = body.replace("{auth}", auth).replace("{auth_escaped}", auth.replace("/", "\\/"))
+        return web.Response(status=status, text=text, content_type="application/json")
+
+    async with serve(origin, [("/reply", reply), ("/v1/chat/completions", reply)]):
+        yield origin
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        # A service that pastes the response into its JSON can be made to send a second score.
+        ('{"score": 0.0, "feedback": "", "score": 1.0}', "repeats the key 'score' in one object"),
+        ('{"score": true}', "score is a JSON boolean, not a number"),
+    ],
+)
+async def test_a_reply_whose_score_is_not_one_number_is_invalid(
+    scripted, verl_config_factory, tokenizer, batch_factory, monkeypatch, reply, reason
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    scripted.replies = [(200, reply)]
+    manager = remote_manager(verl_config_factory, tokenizer, f"{scripted.url}/reply")
+    [output] = await score_rows(manager, batch_factory, [{"response": "x"}])
+    info = output["reward_extra_info"]
+    assert (info["status"], float(output["reward_score"]), info["attempts"]) == ("invalid", 0.0, 1)
+    assert reason in info["failure_reason"]
+
+
+async def test_a_non_object_reply_after_retries_reports_every_attempt(
+    scripted, verl_config_factory, tokenizer, batch_factory, monkeypatch
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    scripted.replies = [(503, "busy"), (503, "busy"), (200, "[0.9]")]
+    manager = remote_manager(verl_config_factory, tokenizer, f"{scripted.url}/reply")
+    [output] = await score_rows(manager, batch_factory, [{"response": "x"}])
+    info = output["reward_extra_info"]
+    assert (info["status"], info["attempts"], scripted.hits["reply"]) == ("invalid", 3, 3)
+    assert info["failure_reason"] == "reward service replied with list, not an object"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"error": "invalid token: {auth_escaped}"}',  # "\\/" for "/", as PHP's json_encode writes it
+        '{"error": "invalid token: \\u0042earer \\u0073k-live/SECRET+0123456789/abc"}',
+    ],
+)
+async def test_a_key_echoed_in_an_error_body_in_any_spelling_stays_out_of_the_reason(
+    scripted, verl_config_factory, tokenizer, batch_factory, monkeypatch, caplog, body
+):
+    monkeypatch.setenv(KEY_ENV, "sk-live/SECRET+0123456789/abc")
+    caplog.set_level(logging.DEBUG)
+    scripted.replies = [(401, body)]
+    manager = remote_manager(verl_config_factory, tokenizer, f"{scripted.url}/reply")
+    [output] = await score_rows(manager, batch_factory, [{"response": "x"}])
+    info = output["reward_extra_info"]
+    assert info["status"] == "error" and "invalid token: [redacted]" in info["failure_reason"]
+    assert "SECRET" not in str(info) + caplog.text
+
+
+async def test_a_judge_reply_with_two_contents_is_invalid(
+    scripted, verl_config_factory, tokenizer, batch_factory, monkeypatch
+):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    message = '{"role": "assistant", "content": "[[0]]", "content": "[[10]]"}'
+    scripted.replies = [(200, '{"choices": [{"index": 0, "message": ' + message + "}]}")]
+    settings = {"judge": {"base_url": scripted.url + "/v1", "api_key_env": KEY_ENV}, "retry": FAST_RETRY}
+    manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+    [output] = await score_rows(manager, batch_factory, [{"response": "4", "ground_truth": "4"}])
+    info = output["reward_extra_info"]
+    assert (info["status"], float(output["reward_score"]), scripted.hits["reply"]) == ("invalid", 0.0, 1)
+    assert "repeats the key 'content' in one object" in info["failure_reason"]
+
+
+def test_url_credentials_and_query_tokens_stay_out_of_reprs(verl_config_factory, tokenizer):
+    url = "http://usr:PW-SECRET-1@127.0.0.1:9/score?api_key=Q-SECRET-2"
+    manager = AsyncRemoteRewardManager(
+        verl_config_factory("async_remote", {"remote": {"url": url}}), tokenizer
+    )
+    shown = "http://<hidden>@127.0.0.1:9/score?<hidden>"
+    assert repr(manager) == f"AsyncRemoteRewardManager(url={shown!r})"
+    assert repr(manager.remote) == f"RemoteConfig(url={shown!r}, api_key_env=None)"
+    assert "SECRET" not in repr(manager.settings)
+    judge = JudgeConfig(base_url="http://usr:PW-SECRET-1@127.0.0.1:9/v1?key=Q-SECRET-2")
+    assert repr(judge).startswith("JudgeConfig(base_url='http://<hidden>@127.0.0.1:9/v1?<hidden>', ")
+    assert "SECRET" not in repr(judge) and "model='judge'" in repr(judge)

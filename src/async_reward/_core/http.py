@@ -3,8 +3,12 @@
 
 Request headers may carry an API key, so no exception raised here quotes them: messages name the
 URL without its query string or user info, and a reply that echoes a secret back (a header value,
-the URL's password or a query value) has it redacted, from the excerpt of a failed reply and from
-every string of a parsed one, so that it reaches no reason, extras or metric.
+the URL's password or a query value), in any spelling, has it redacted, from the excerpt of a failed
+reply and from every string of a parsed one, so that it reaches no reason, extras or metric
+(``async_reward._core.http_secrets``).
+
+A JSON object that repeats a key is malformed: which value counts would be the parser's choice, and
+a reply built by pasting text into JSON could carry a second ``score``.
 
 Redirects are not followed: aiohttp would send our headers (the key included) to wherever the
 ``Location`` points, and a 307 / 308 would send the sample with its ground truth there too, and the
@@ -22,13 +26,13 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import aiohttp
-from yarl import URL
+
+from async_reward._core.http_secrets import excerpt, redact, redact_tree, redact_url, secrets_of
 
 __all__ = [
     "MAX_REPLY_BYTES",
@@ -45,8 +49,6 @@ __all__ = [
 _EXCERPT_CHARS = 200
 _HEAD_CHARS = 2000
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
-_PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "content-type", "user-agent"})
-"""Request headers that never hold a secret; every other header's value is redacted from replies."""
 
 #: The most bytes of one 2xx reply body read, counted after decompression; a larger reply is
 #: :class:`ReplyTooLargeError` (status ``invalid``). A constant, not a setting: it is a bound on what
@@ -124,7 +126,8 @@ class HTTPStatusError(Exception):
 
 
 class MalformedResponseError(ValueError):
-    """A 2xx reply whose body is not JSON. Not retried: upstream reports it as status ``invalid``."""
+    """A 2xx reply whose body is not JSON, or not JSON that reads one way (a key repeated in an
+    object). Not retried: upstream reports it as status ``invalid``."""
 
 
 class ReplyTooLargeError(MalformedResponseError):
@@ -148,13 +151,13 @@ async def post_json(
     Raises:
         HTTPStatusError: a non-2xx status, with ``retry_after_s`` read from the reply's headers; a
             3xx (never followed) says where it pointed and that ``url_key`` should name that place.
-        MalformedResponseError: a 2xx reply whose body is not JSON, or (:class:`ReplyTooLargeError`)
-            is larger than :data:`MAX_REPLY_BYTES`.
+        MalformedResponseError: a 2xx reply whose body is not JSON, repeats a key in one of its
+            objects, or (:class:`ReplyTooLargeError`) is larger than :data:`MAX_REPLY_BYTES`.
         TimeoutError: ``timeout_s`` passed (asyncio.TimeoutError is the same class on 3.11+).
         aiohttp.ClientConnectionError: the connection failed or dropped.
     """
-    safe_url = _redact_url(url)
-    secrets = _secrets_of(url, headers)
+    safe_url = redact_url(url)
+    secrets = secrets_of(url, headers)
     extra: dict[str, Any] = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
     try:
         async with get_session().post(
@@ -170,8 +173,8 @@ async def post_json(
     except aiohttp.ClientResponseError as exc:
         # Raised by aiohttp itself (an unparsable reply). Its request_info holds our request headers
         # and shows in repr(), so replace it with our own error.
-        excerpt = _redact(f"{type(exc).__name__}: {exc.message}", secrets)
-        raise HTTPStatusError(exc.status, safe_url, None, excerpt) from None
+        message = redact(f"{type(exc).__name__}: {exc.message}", secrets)
+        raise HTTPStatusError(exc.status, safe_url, None, message) from None
     if 300 <= status < 400:
         raise HTTPStatusError(status, safe_url, None, _redirect_refused(response_headers, secrets, url_key))
     if not 200 <= status < 300:
@@ -179,8 +182,8 @@ async def post_json(
             status,
             safe_url,
             parse_retry_after(response_headers, status),
-            _excerpt(body, secrets),
-            _excerpt(body, secrets, _HEAD_CHARS),
+            excerpt(body, secrets, _EXCERPT_CHARS),
+            excerpt(body, secrets, _HEAD_CHARS),
         )
     if not complete:
         raise ReplyTooLargeError(
@@ -188,12 +191,20 @@ async def post_json(
             "the cap on a reply body (async_reward._core.http.MAX_REPLY_BYTES); not read further"
         )
     try:
-        parsed = json.loads(body)
+        # NaN and Infinity are read as Python reads them: each reader refuses a non-finite number
+        # where it needs a finite one (a score, a logprob).
+        parsed = json.loads(body, object_pairs_hook=_unique_keys)
+    except _RepeatedKeyError as exc:
+        key = redact(exc.key, secrets)[:60]
+        raise MalformedResponseError(
+            f"HTTP {status} from {safe_url}: the JSON reply repeats the key {key!r} in one object "
+            "(which of its values counts is ambiguous)"
+        ) from None
     except ValueError:  # JSONDecodeError and UnicodeDecodeError both derive from it
         raise MalformedResponseError(
-            f"HTTP {status} from {safe_url} is not JSON: {_excerpt(body, secrets)!r}"
+            f"HTTP {status} from {safe_url} is not JSON: {excerpt(body, secrets, _EXCERPT_CHARS)!r}"
         ) from None
-    return _redact_tree(parsed, secrets), response_headers
+    return redact_tree(parsed, secrets), response_headers
 
 
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
@@ -214,74 +225,32 @@ def _redirect_refused(headers: Mapping[str, str], secrets: Iterable[str], url_ke
     """The reason of a refused redirect: where it pointed, without user info, query or any secret."""
     location = headers.get("Location")
     try:
-        where = f"to {_redact(_redact_url(location), secrets)[:120]}" if location else "without a Location"
+        where = f"to {redact(redact_url(location), secrets)[:120]}" if location else "without a Location"
     except ValueError:  # a Location urlsplit cannot read (a broken IPv6 host)
         where = "to an unreadable Location"
     return f"redirect {where} not followed (set {url_key} to the final URL)"
 
 
-def _secrets_of(url: str, headers: Mapping[str, str] | None) -> list[str]:
-    """What a reply must not echo back: every header value but the plain ones, and the URL's
-    password (also as the ``Basic`` credentials aiohttp sends for it) and query values."""
-    secrets = [value for name, value in (headers or {}).items() if name.lower() not in _PLAIN_HEADERS]
-    try:
-        credentials = aiohttp.BasicAuth.from_url(URL(url))
-        query = parse_qsl(urlsplit(url).query)
-    except ValueError:  # aiohttp refuses such a URL itself, before anything is sent
-        return secrets
-    if credentials is not None:
-        secrets += [credentials.password, credentials.encode()]
-    return secrets + [value for _name, value in query]
+class _RepeatedKeyError(ValueError):
+    """A JSON object of a reply names a key twice (raised while parsing; ``key`` is that key)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
 
-def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
-    """Parsed JSON with ``secrets`` redacted from every string in it, keys included, at any depth
-    (in place). A loop over a stack, not recursion: ``json.loads`` accepts nesting close to the
-    recursion limit, which a recursive walk started further down the stack would pass."""
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        return _redact(value, secrets)
-    stack: list[Any] = [value] if isinstance(value, (list, dict)) else []
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            pairs = list(node.items())
-            node.clear()
-            node.update((_redact(key, secrets), _redacted_item(item, secrets, stack)) for key, item in pairs)
-        else:
-            node[:] = [_redacted_item(item, secrets, stack) for item in node]
-    return value
-
-
-def _redacted_item(item: Any, secrets: Sequence[str], stack: list[Any]) -> Any:
-    """A string redacted; a list or dict put on ``stack``, to be redacted in place in its turn."""
-    if isinstance(item, str):
-        return _redact(item, secrets)
-    if isinstance(item, (list, dict)):
-        stack.append(item)
-    return item
-
-
-def _redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]  # drop user:password@
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _excerpt(body: bytes, secrets: Iterable[str], chars: int = _EXCERPT_CHARS) -> str:
-    # Decode more than we keep, so a secret straddling the cut is still found and redacted.
-    text = body[: chars * 8].decode("utf-8", errors="replace")
-    return _redact(text, secrets)[:chars]
-
-
-def _redact(text: str, secrets: Iterable[str]) -> str:
-    for value in secrets:
-        # The whole header value, and its last word (the token of "Bearer <token>").
-        for secret in {value, value.rsplit(" ", 1)[-1]}:
-            if len(secret) >= 8:
-                text = text.replace(secret, "[redacted]")
-    return text
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused if it repeats a key: ``json.loads`` would keep the last value, so a
+    service that splices a response's text into its JSON (``"feedback": "<text>"``) could be made
+    to send ``{"score": 0.0, "feedback": "", "score": 1.0}`` and have the injected score count."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _RepeatedKeyError(key)
+            seen.add(key)
+    return obj
 
 
 #: Headers read for a server's "try again in ...", first found wins (names are case-insensitive):

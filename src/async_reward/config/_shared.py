@@ -1,8 +1,9 @@
-"""What the config sections share: where they live in the verl config, and the checks of a URL
-and of an API key's environment variable."""
+"""What the config sections share: where they live in the verl config, the checks of a URL and of an
+API key's environment variable, and a repr that shows a URL without its credentials."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
@@ -15,6 +16,7 @@ from async_reward._core.config_rules import (
     rule,
 )
 from async_reward._core.errors import ConfigError
+from async_reward._core.http_secrets import shown_url
 from async_reward._core.redaction import HIDDEN
 from async_reward._core.start_lines import say_once
 
@@ -24,6 +26,9 @@ __all__ = ["CONFIG_PATH", "warn_deprecated_key"]
 CONFIG_PATH = "reward.async_reward"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL_FIX = "write an http:// or https:// URL with a host"
+#: What HTTP forbids in a header name or value (RFC 9110 5.5; TAB is allowed): aiohttp's own rule,
+#: by which it refuses the request, failing every sample. CR and LF would split the header.
+_FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _is_url(value: str) -> bool:
@@ -61,8 +66,24 @@ def _env_name(fix: str) -> dict[str, Any]:
 
 
 def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) -> None:
+    """Refuse ``key`` (an ``api_key_env``) unless the variable it names is set, and to a value that
+    can go in a header. Neither the name nor the value is shown."""
     environment = os.environ if env is None else env
-    if var_name is None or environment.get(var_name):
+    if var_name is None:
+        return
+    value = environment.get(var_name)
+    if value and _FORBIDDEN_HEADER_CHARS.search(value):
+        # A key read with its line ending (the CR of a CRLF file, an env file, a secret store):
+        # aiohttp refuses the header as an injection, failing every sample, so refuse it here.
+        short_key = key.removeprefix(CONFIG_PATH + ".")
+        fix = "remove the line breaks and other control characters from the key (a trailing newline?)"
+        raise ConfigError(
+            f"{key}={HIDDEN}: the key in the variable named in {short_key} has a control character "
+            f"(CR, LF, ...), which HTTP forbids in a header: every request would be refused; {fix}",
+            key=key,
+            fix=fix,
+        )
+    if value:
         return
     # Never printed: what sits where the variable's name belongs is too often the key itself.
     holder = next((name for name, value in environment.items() if value and value == var_name), None)
@@ -82,6 +103,20 @@ def _require_env(var_name: str | None, key: str, env: Mapping[str, str] | None) 
         key=key,
         fix=fix,
     )
+
+
+def _repr_hiding_url_secrets(config: Any, url_fields: tuple[str, ...]) -> str:
+    """The dataclass repr of ``config`` with each of ``url_fields`` shown by
+    :func:`~async_reward._core.http_secrets.shown_url` (``user:password@`` and query as ``<hidden>``):
+    a repr lands in logs and tracebacks, and a URL may carry a password or an ``?api_key=``."""
+    shown = []
+    for item in dataclasses.fields(config):
+        if item.repr:
+            value = getattr(config, item.name)
+            if item.name in url_fields and isinstance(value, str):
+                value = shown_url(value)
+            shown.append(f"{item.name}={value!r}")
+    return f"{type(config).__name__}({', '.join(shown)})"
 
 
 def warn_deprecated_key(key: str, replaced_by: str, fix: str) -> None:

@@ -26,6 +26,7 @@ from async_reward.config._shared import (
     _env_name,
     _is_url,
     _refuse_url_credentials_beside,
+    _repr_hiding_url_secrets,
     _require_env,
 )
 from async_reward.judge.cost import JudgePricing
@@ -168,6 +169,10 @@ class JudgeConfig:
         # read the template's format would make every sample invalid.
         self._validate_verdict_rules()
         self._validate_prices()
+
+    def __repr__(self) -> str:
+        """The fields, with :attr:`base_url`'s ``user:password@`` and query shown as ``<hidden>``."""
+        return _repr_hiding_url_secrets(self, ("base_url",))
 
     def _validate_prices(self, path: str = f"{CONFIG_PATH}.judge") -> None:
         """Both prices or neither: one price alone would count the other kind of token as free."""

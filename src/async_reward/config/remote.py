@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -13,19 +12,17 @@ from async_reward._core.config_rules import (
     validate_fields,
 )
 from async_reward.config._shared import (
+    _FORBIDDEN_HEADER_CHARS,
     _URL_FIX,
     CONFIG_PATH,
     _env_name,
     _is_url,
     _refuse_url_credentials_beside,
+    _repr_hiding_url_secrets,
     _require_env,
 )
 
 __all__ = ["RemoteConfig"]
-
-#: What HTTP forbids in a header name or value (RFC 9110 5.5; TAB is allowed): aiohttp's own rule,
-#: by which it refuses the request, failing every sample. CR and LF would split the header.
-_FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass
@@ -44,6 +41,10 @@ class RemoteConfig:
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     """Extra HTTP headers (string values without control characters). Kept out of reprs and errors,
     and redacted from what the service echoes back, but put secrets in ``api_key_env``, not here."""
+
+    def __repr__(self) -> str:
+        """The fields, with :attr:`url`'s ``user:password@`` and query shown as ``<hidden>``."""
+        return _repr_hiding_url_secrets(self, ("url",))
 
     def validate(self, path: str = f"{CONFIG_PATH}.remote") -> None:
         """Check every value (not what ``async_remote`` requires to run: see :meth:`require`). Header

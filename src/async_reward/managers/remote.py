@@ -1,13 +1,19 @@
 """``async_remote``: a user's HTTP reward service. Each sample is POSTed as JSON; the reply's
 ``score`` is the reward and its other keys become extras. Redirects are not followed and a reply is
-read up to a cap (``async_reward._core.http``)."""
+read up to a cap (``async_reward._core.http``).
+
+A reply's ``score`` must be a JSON number: ``true`` is refused, though a user function may return a
+bool (``normalize_user_result``). A Python function's ``True`` is its author's choice; a service's
+``true`` is what any JSON writer makes of a flag or a pass/fail field sent in the wrong place, and a
+wrong key or type must show as ``invalid``, not train as a perfect score."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, ClassVar
 
-from async_reward._core.http import MalformedResponseError, post_json
+from async_reward._core.http import post_json
+from async_reward._core.http_secrets import shown_url
 from async_reward._core.result import RewardResult, RewardSample, Status, normalize_user_result
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.managers.registry import register_manager
@@ -62,7 +68,8 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
             self._headers["Authorization"] = f"Bearer {os.environ[self.remote.api_key_env]}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self.remote.url!r})"
+        # The URL's user:password@ and query (?api_key=...) are credentials: shown as <hidden>.
+        return f"{type(self).__name__}(url={shown_url(self.remote.url)!r})"
 
     async def score(self, sample: RewardSample) -> RewardResult:
         payload = sample_payload(sample)
@@ -74,8 +81,14 @@ class AsyncRemoteRewardManager(AsyncRewardManager):
             return body
 
         body, attempts = await self.call_with_policy(attempt, priority=sample.admission_priority)
+        # Failures returned, not raised, from here on: raised, they would count one attempt, not
+        # the `attempts` the policy made.
         if not isinstance(body, dict):
-            raise MalformedResponseError(f"reward service replied with {type(body).__name__}, not an object")
+            reason = f"reward service replied with {type(body).__name__}, not an object"
+            return RewardResult.failure(Status.INVALID, reason, attempts=attempts)
+        if isinstance(body.get("score"), bool):
+            reason = "score is a JSON boolean, not a number"
+            return RewardResult.failure(Status.INVALID, reason, attempts=attempts)
         result = normalize_user_result(body)
         if result.status is Status.OK:
             # Safe to keep: post_json redacted any secret of the request (the bearer key, a header,
