@@ -310,14 +310,16 @@ async def test_a_key_echoed_escaped_in_an_error_body_is_redacted(server: Server,
         assert "SECRETKEY" not in text and b"SECRETKEY".hex() not in text
 
 
-async def test_short_secrets_are_redacted_and_plain_short_query_values_kept(server: Server) -> None:
-    # A header value and a URL password whatever their length, a query value under a secret's name
-    # (token) too; a plain query value (mode=fast) is a setting and stays readable.
+async def test_short_secrets_are_redacted_and_plain_short_values_kept(server: Server) -> None:
+    # A URL password whatever its length, a header or query value under a secret's name (X-Api-Key,
+    # token) too; a plain short value (X-Region: eu, mode=fast) is a setting and stays readable, so the
+    # reply's "neutral" is not garbled into "n[redacted]tral".
     host = server.url.removeprefix("http://")
     url = f"http://user:pw7@{host}/echo_headers?token=Tk5&mode=fast"
-    body, _ = await post_json(url, {}, headers={"X-Api-Key": "Zq7#k2P"}, timeout_s=5)
+    body, _ = await post_json(url, {}, headers={"X-Api-Key": "Zq7#k2P", "X-Region": "eu"}, timeout_s=5)
     text = json.dumps(body)
     assert body["debug"]["headers"]["X-Api-Key"] == "[redacted]"
+    assert body["debug"]["headers"]["X-Region"] == "eu"
     assert body["debug"]["headers"]["Authorization"] == "[redacted]"  # Basic base64(user:pw7)
     assert body["debug"]["url"].endswith("/echo_headers?token=[redacted]&mode=fast")
     for secret in ("Zq7#k2P", "pw7", "Tk5"):

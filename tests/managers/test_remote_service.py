@@ -19,6 +19,7 @@ from async_reward.config.judge import JudgeConfig
 from async_reward.managers import AsyncRemoteRewardManager, LLMJudgeRewardManager
 from tests.managers.test_managers import FAST_RETRY, score_rows
 from tests.support.hostile_service import Origin, collect, echo_headers, gzip_bomb, redirect, serve
+from tests.support.openai_standin import standin_judge
 
 KEY = "sk-BEARERSECRET-0123456789"
 HEADER_SECRET = "hdr-SECRET-abcdefghijk"
@@ -226,3 +227,25 @@ def test_url_credentials_and_query_tokens_stay_out_of_reprs(verl_config_factory,
     judge = JudgeConfig(base_url="http://usr:PW-SECRET-1@127.0.0.1:9/v1?key=Q-SECRET-2")
     assert repr(judge).startswith("JudgeConfig(base_url='http://<hidden>@127.0.0.1:9/v1?<hidden>', ")
     assert "SECRET" not in repr(judge) and "model='judge'" in repr(judge)
+    judge_manager = LLMJudgeRewardManager(
+        verl_config_factory("llm_judge", {"judge": {"base_url": judge.base_url}}), tokenizer
+    )
+    assert repr(judge_manager) == (
+        "LLMJudgeRewardManager(url='http://<hidden>@127.0.0.1:9/v1/chat/completions?<hidden>', model='judge')"
+    )
+
+
+async def test_a_judge_base_url_with_a_query_keeps_it_after_the_endpoint(
+    verl_config_factory, tokenizer, batch_factory
+):
+    """``judge.base_url`` with a query (Azure OpenAI's ``?api-version=``): the endpoint's path goes
+    before it. ``/chat/completions`` was appended after the query: the request went to ``/v1`` with a
+    query of ``...=2024-02-01/chat/completions``, a 404 for every sample."""
+    async with standin_judge() as judge:
+        settings = {"judge": {"base_url": judge.url + "/v1/?api-version=2024-02-01"}}
+        manager = LLMJudgeRewardManager(verl_config_factory("llm_judge", settings), tokenizer)
+        rows = [{"prompt": "q", "response": "r", "ground_truth": "5"}]
+        (output,) = await score_rows(manager, batch_factory, rows)
+    assert output["reward_extra_info"]["status"] == "ok", output["reward_extra_info"]["failure_reason"]
+    assert manager.url == judge.url + "/v1/chat/completions?api-version=2024-02-01"
+    assert len(judge.bodies) == 1

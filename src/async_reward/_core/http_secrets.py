@@ -28,11 +28,11 @@ REDACTED = "[redacted]"
 _PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "content-type", "user-agent"})
 """Request headers that never hold a secret; every other header's value is redacted from replies."""
 _MIN_PLAIN_SECRET = 8
-"""The shortest value of a query parameter with a plain name (``?k=1&mode=fast``) taken for a secret,
-and the shortest last word of a plain header's value (``X-Client: my app``): such a value is a
-setting, not a token, and replacing ``1`` or ``app`` in every string of the reply would garble it. A
-parameter or header whose name reads as a secret's (``api_key``, ``token``, ``Authorization``) has
-its value redacted whatever its length, as a whole header value and the URL's password are."""
+"""The shortest value (or last word) of a header or query parameter with a plain name (``X-Region:
+eu``, ``?mode=fast``) taken for a secret: such a value is a setting, not a token, and replacing ``eu``
+in every string of the reply would garble it. A parameter or header whose name reads as a secret's
+(``api_key``, ``token``, ``Authorization``) has its value redacted whatever its length, as the URL's
+password is."""
 
 # A JSON escape: a surrogate pair, one \uXXXX (not a lone surrogate, which no str can hold), or \" \\ \/
 # \b \f \n \r \t.
@@ -47,17 +47,18 @@ def secrets_of(url: str, headers: Mapping[str, str] | None) -> list[str]:
     """What a reply must not show, in every spelling searched for, longest first (so that a shorter
     secret inside a longer one cannot leave the longer one's ends in view).
 
-    Whatever their length (a short key is a key still): every header value but the plain ones, and
-    the URL's password (also as the ``Basic`` credentials aiohttp sends for it). A header value's last
-    word (the token of ``Bearer <token>``) and the URL's query values: those under a secret-looking
-    name always, the others from :data:`_MIN_PLAIN_SECRET` characters."""
+    Whatever their length (a short key is a key still): the URL's password (also as the ``Basic``
+    credentials aiohttp sends for it), and a header's value and its last word (the token of ``Bearer
+    <token>``) or a query value under a secret-looking name (``X-Api-Key``, ``Authorization``,
+    ``?token=``). Under any other name (``X-Region: eu``, ``?mode=fast``), from
+    :data:`_MIN_PLAIN_SECRET` characters: a short one is a setting."""
     found: set[str] = set()
     for name, value in (headers or {}).items():
-        if name.lower() not in _PLAIN_HEADERS:
-            found.add(value)
-            token = value.rsplit(" ", 1)[-1]
-            if is_secret_name(name) or len(token) >= _MIN_PLAIN_SECRET:  # not "app" of "X-Client: my app"
-                found.add(token)
+        if name.lower() in _PLAIN_HEADERS:
+            continue
+        for part in (value, value.rsplit(" ", 1)[-1]):  # the whole value, and a Bearer's token
+            if is_secret_name(name) or len(part) >= _MIN_PLAIN_SECRET:  # not "eu" of "X-Region: eu"
+                found.add(part)
     try:
         credentials = aiohttp.BasicAuth.from_url(URL(url))
         query = parse_qsl(urlsplit(url).query)

@@ -31,10 +31,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 from async_reward._core.config_rules import select_key
 from async_reward._core.errors import ConfigError
 from async_reward._core.http import HTTPStatusError, MalformedResponseError, post_json
+from async_reward._core.http_secrets import shown_url
 from async_reward._core.limits import Priority, TokenReservation
 from async_reward._core.result import RewardResult, RewardSample, Status
 from async_reward.config import AsyncRewardConfig
@@ -83,6 +85,7 @@ __all__ = [
     "JudgeReply",
     "LLMJudgeRewardManager",
     "StructuredOutputUnsupported",
+    "chat_completions_url",
     "judge_reply",
     "read_reply_verdict",
     "weigh_reply_verdict",
@@ -185,7 +188,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
                 self.prompt_budget = PromptBudget(context, self.judge.max_tokens)
         else:
             self.judge.require()
-            self.url = self.judge.base_url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
+            self.url = chat_completions_url(self.judge.base_url)  # type: ignore[arg-type]
         # The one format the judge is told to use (``auto`` made concrete) is the only one read.
         parser = resolve_parser(self.judge.template, self.judge.parser)
         self.template = resolve_template(self.judge.template, parser)
@@ -274,7 +277,7 @@ class LLMJudgeRewardManager(AsyncRewardManager):
         return f"http://{self.reward_router_address}/v1/chat/completions"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self.url!r}, model={self.judge.model!r})"
+        return f"{type(self).__name__}(url={shown_url(self.url)!r}, model={self.judge.model!r})"
 
     async def score(self, sample: RewardSample) -> RewardResult:
         if self.group is not None:
@@ -518,3 +521,11 @@ def weigh_reply_verdict(
     if weighing.lowest is None or weighing.written_wins():
         return weighing.reason
     return weighing.lowest
+
+
+def chat_completions_url(base_url: str) -> str:
+    """The chat-completions endpoint under ``base_url`` (``.../v1``): the path gets
+    ``/chat/completions``, a query stays after it (``...?api-version=...``, as Azure OpenAI's URLs
+    carry one), so it is not appended past the query, where the request would go to a broken URL."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
