@@ -174,9 +174,11 @@ def test_extras_metrics_count_statuses_and_average_numeric_extras():
 
 
 def test_status_metrics_without_latencies_and_without_exclusion():
-    metrics = status_metrics({"ok": 2}, [math.nan], retries=0)
-    assert math.isnan(metrics["reward/latency_p95"])
+    """No latency known (none reported, or none finite): 0, as the decoupled mode's timings, never NaN."""
+    metrics = status_metrics({"ok": 2}, [math.nan, math.inf], retries=0)
+    assert {metrics[f"reward/latency_{q}"] for q in ("p50", "p95", "max")} == {0.0}
     assert metrics["reward/status_ok"] == 2.0 and "reward/excluded" not in metrics
+    assert all(math.isfinite(value) for value in extras_metrics([]).values())
 
 
 def test_step_metrics_report_the_whole_step_with_its_last_mini_batch():
@@ -378,6 +380,48 @@ def test_verl_builds_our_replay_buffer_around_its_own_with_every_builtin_setting
     assert type(dapo._builtin) is ReplayBufferAsync and dapo.filter_groups_metric == "acc"
     assert dapo._step_metrics.samples_per_step == 4  # verl's separate_async.parameter_sync_step
     assert callable(dapo.wait_for_sampleable) and callable(dapo.get_sampleable_count)
+
+
+def test_a_colocated_judges_step_is_reported_once_with_its_totals_and_unscored_sessions_are_not_ok(
+    monkeypatch,
+):
+    """A judge on the training GPUs under ``sync`` with ``parameter_sync_step=2``: verl samples each
+    mini-batch (unscored: extras {}), then our colocated step scores it, then its aggregator averages
+    each key over the mini-batches. The step's ``reward/*`` come once, with its last mini-batch, so
+    they are the step's totals (they were per-mini-batch means, beside unscored sessions counted ok)."""
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1.utils import MetricsAggregator
+
+    import async_reward.v1.replay_buffer as replay_buffer
+    from async_reward.v1.colocated_judge import _record_scored
+
+    config = v1_config(
+        "reward.reward_model.enable=true", "+trainer.v1.sync.parameter_sync_step=2", "data.train_batch_size=2"
+    )
+    buffer = verl_builds_replay_buffer(config)
+    keys = [f"u_{session}_0" for session in range(4)]
+    batch = KVBatchMeta(partition_id="train", keys=keys, tags=[{} for _ in keys])
+    monkeypatch.setattr(buffer._builtin, "sample", lambda **kwargs: (batch, {}))
+    monkeypatch.setattr(replay_buffer, "untrained_sessions", lambda batch: (0, 4))
+    monkeypatch.setattr(replay_buffer, "session_reward_extras", lambda batch: [{} for _ in keys])
+
+    def scored(status: str) -> dict[str, Any]:
+        return {"status": status, "latency_s": 1.0, "attempts": 1, "failure_reason": "", "excluded": False}
+
+    trainer = type("Trainer", (), {"replay_buffer": buffer, "global_steps": 7})()
+    aggregator = MetricsAggregator()
+    for mini_batch in ([scored("ok")] * 4, [scored("ok")] * 2 + [scored("timeout")] * 2):
+        metrics = dict(buffer.sample(global_steps=7, partition_id="train", batch_size=1)[1])
+        assert not any(key.startswith("reward/") for key in metrics)  # unscored: nothing counted
+        metrics.update(_record_scored(trainer, mini_batch, untrained=1))
+        aggregator.add_step_metrics(metrics, sample_count=len(mini_batch))
+    step = aggregator.get_aggregated_metrics()
+    assert step["reward/status_ok"] == 6.0 and step["reward/status_timeout"] == 2.0
+    assert step["reward/untrained"] == 2.0 and step["reward/latency_p50"] == 1.0
+    # with verl's own replay buffer the trainer keeps the step's count (verl's parameter_sync_step)
+    plain = type("Trainer", (), {"replay_buffer": object(), "global_steps": 3, "parameter_sync_step": 2})()
+    assert _record_scored(plain, [scored("ok")], 0) == {}
+    assert _record_scored(plain, [scored("error")], 0)["reward/status_ok"] == 1.0
 
 
 def test_our_replay_buffer_needs_verls_config():

@@ -268,7 +268,7 @@ class PipelinedRewardLoopManager:
 
         ``timing_s/reward_submit_to_done`` (elapsed so far while samples are pending),
         ``timing_s/reward_blocked`` (time callers spent in ``get_chunk``: the trainer's idle time),
-        ``reward/latency_p50|p95|max`` (seconds per sample in a worker, NaN before any result),
+        ``reward/latency_p50|p95|max`` (seconds per sample in a worker, 0 before any result),
         ``reward/status_ok|timeout|error|invalid`` (counts), ``reward/excluded`` (samples flagged for no
         gradient under ``on_failure: exclude``), ``reward/retries`` (attempts beyond the first of each call),
         ``reward/in_flight`` and ``reward/queued`` (samples running / waiting, as of the workers' last

@@ -34,16 +34,21 @@ def status_metrics(
     retries: int,
     excluded: int | None = None,
 ) -> dict[str, float]:
-    """``reward/status_<x>`` for every status, ``reward/latency_{p50,p95,max}`` (seconds, NaN when no
-    latency is known), ``reward/retries`` (attempts beyond the first of each call: :func:`sample_retries`)
-    and, when given, ``reward/excluded``."""
+    """``reward/status_<x>`` for every status, ``reward/latency_{p50,p95,max}`` (seconds, over the finite
+    latencies; 0 when none is known), ``reward/retries`` (attempts beyond the first of each call:
+    :func:`sample_retries`) and, when given, ``reward/excluded``.
+
+    Every value is finite: a NaN (no latency known, e.g. a step whose every session raised) would poison
+    a tracker's step averages, and a missing key would leave gaps in the same dashboard. 0 with the
+    status counts beside it reads unambiguously, as the decoupled mode's ``timing_s/reward_compute/*``
+    do for a step in which no session finished scoring."""
     latencies = np.asarray(latencies_s, dtype=float)
-    latencies = latencies[~np.isnan(latencies)]
+    latencies = latencies[np.isfinite(latencies)]
     if latencies.size:
         p50, p95 = (float(v) for v in np.percentile(latencies, [50, 95]))
         latency_max = float(latencies.max())
     else:
-        p50 = p95 = latency_max = math.nan
+        p50 = p95 = latency_max = 0.0
     metrics = {"reward/latency_p50": p50, "reward/latency_p95": p95, "reward/latency_max": latency_max}
     for status in Status:
         metrics[f"reward/status_{status.value}"] = float(status_counts.get(status.value, 0))

@@ -24,8 +24,11 @@ group; and it writes back what the streaming path writes:
   mini-batch in which no session trains cannot be generated again here (the policy is asleep; the
   streaming path skips it and generates its prompts again), so the step stops with that cause instead
   of an optimizer step on nothing;
-* the ``reward/*`` metrics of the scored mini-batch, into the step's metrics (the replay buffer saw
-  the mini-batch before it was scored).
+* the scored mini-batch's extras into the step's ``reward/*`` count
+  (:meth:`~async_reward.v1.replay_buffer.RewardReplayBuffer.record_scored`: the replay buffer saw the
+  mini-batch before it was scored), so that with ``parameter_sync_step > 1`` the step is reported
+  once, with its last mini-batch, rather than per mini-batch (verl's aggregator would average the
+  counts).
 
 If scoring raises (``on_failure: raise``), the judge is put back to sleep before the error goes on:
 verl's ``compute_rm_score`` has no ``finally``, and an awake judge would hold the GPUs the policy
@@ -48,7 +51,7 @@ from verl.utils import tensordict_utils as tu
 
 from async_reward.managers.base import AsyncRewardManager
 from async_reward.training.exclusion import trainable_rows
-from async_reward.training.metrics import extras_metrics
+from async_reward.v1.replay_buffer import StepRewardMetrics
 
 __all__ = ["compute_reward_colocate", "install_colocate_step"]
 
@@ -157,11 +160,10 @@ def compute_reward_colocate(
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(write))
     if validate:
         return batch
+    untrained_sessions = len({keys[i].rpartition("_")[0] for i in np.flatnonzero(untrained)})
+    step = _record_scored(trainer, _session_extras(keys, extras), untrained_sessions)
     if metrics is not None:
-        metrics.update(extras_metrics(_session_extras(keys, extras)))
-        metrics["reward/untrained"] = float(
-            len({keys[i].rpartition("_")[0] for i in np.flatnonzero(untrained)})
-        )
+        metrics.update(step)
     if not untrained.any():
         return batch
     if untrained.all():
@@ -175,6 +177,20 @@ def compute_reward_colocate(
         )
     drop = getattr(trainer.replay_buffer, "_drop_surplus_untrained", None)
     return drop(batch, trainer.global_steps) if callable(drop) else batch
+
+
+def _record_scored(trainer: Any, extras: list[dict[str, Any]], untrained: int) -> dict[str, float]:
+    """Count a scored training mini-batch in its step's ``reward/*`` metrics; the step's metrics once
+    its last mini-batch (of verl's ``parameter_sync_step``) is in, else {}. Our replay buffer keeps
+    the count; with verl's own one the trainer keeps one of its own."""
+    record = getattr(trainer.replay_buffer, "record_scored", None)
+    if callable(record):
+        return dict(record(trainer.global_steps, extras, untrained))
+    counter = trainer.__dict__.get("_async_reward_step_metrics")
+    if counter is None:
+        counter = StepRewardMetrics(int(getattr(trainer, "parameter_sync_step", 1) or 1))
+        trainer._async_reward_step_metrics = counter
+    return counter.add(trainer.global_steps, extras, untrained)
 
 
 def _read_fields(keys: list[str], partition: str) -> TensorDict:

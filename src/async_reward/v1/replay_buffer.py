@@ -9,7 +9,10 @@ verl lets a config name a custom sampler there (``trainer.v1.sampler.custom_samp
 were configured (so sync/async choice, DAPO group filtering and failed-group refills behave exactly as
 without us), wrapped so that ``sample`` adds the ``reward/*`` metrics of the batch it hands out. With
 ``parameter_sync_step > 1`` a training step samples several mini-batches; the metrics cover the whole
-step and are reported with its last mini-batch (verl would average per-mini-batch counts).
+step and are reported with its last mini-batch (verl would average per-mini-batch counts). With a judge
+on the training GPUs verl scores each mini-batch only after ``sample`` (its sessions have no extras
+yet), so the colocated step (:mod:`async_reward.v1.colocated_judge`) hands the scored extras in through
+:meth:`RewardReplayBuffer.record_scored` instead, into the same per-step count.
 
 It also keeps from verl what verl cannot train on (``on_failure: exclude``): a mini-batch in which no
 session has a loss token is dropped and its prompts are generated again
@@ -42,6 +45,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from async_reward.config.checks import trains_critic
 from async_reward.config.v1 import MAX_UNTRAINED_SKIPS_KEY, max_untrained_skips
+from async_reward.judge.in_job.settings import colocated_judge
 from async_reward.training.exclusion import MIN_SCORED_PER_GROUP, rows_for_update
 from async_reward.training.metrics import extras_metrics
 from async_reward.v1.checks import check_v1
@@ -85,6 +89,10 @@ class RewardReplayBuffer:
         self._excluding = OmegaConf.select(self._config, "reward.async_reward.on_failure") == "exclude"
         sync_steps = (trainer_config or {}).get("parameter_sync_step", 1)
         self._step_metrics = StepRewardMetrics(int(sync_steps))
+        self._scored_after_sampling = colocated_judge(self._config)
+        """A judge on the training GPUs scores each mini-batch after ``sample`` (verl's
+        ``_compute_reward_colocate``): what ``sample`` reads is unscored, so it counts none of it and
+        :meth:`record_scored` counts the scored mini-batch instead."""
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """verl's ``sample``; a training batch also yields the step's ``reward/*`` metrics, and a
@@ -99,7 +107,8 @@ class RewardReplayBuffer:
             if self._excluding:
                 starve_lone_scored(batch)
             untrained, sessions = untrained_sessions(batch)
-            extras = session_reward_extras(batch)
+            # unscored sessions (a colocated judge scores after sampling) are not counted as ok
+            extras = [] if self._scored_after_sampling else session_reward_extras(batch)
             if not sessions or untrained < sessions:
                 break
             self._step_metrics.skipped(extras, untrained)
@@ -109,10 +118,20 @@ class RewardReplayBuffer:
                 global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
             )
             metrics = merge_sampler_metrics(metrics, more)
-        step = self._step_metrics.add(global_steps, extras, untrained)
+        step = {} if self._scored_after_sampling else self._step_metrics.add(global_steps, extras, untrained)
         if untrained:
             batch = self._drop_surplus_untrained(batch, global_steps)
         return batch, {**metrics, **step}
+
+    def record_scored(
+        self, global_steps: int, extras: list[dict[str, Any]], untrained: int = 0
+    ) -> dict[str, float]:
+        """Count one training mini-batch scored after sampling by a judge on the training GPUs (its
+        sessions' extras, and how many train on nothing); returns the step's ``reward/*`` metrics
+        once its last mini-batch is in, else {}. Called by the colocated step, so that the step is
+        reported once, with its last mini-batch, as without a colocated judge (verl's aggregator
+        would average per-mini-batch counts)."""
+        return self._step_metrics.add(global_steps, extras, untrained)
 
     def _drop_surplus_untrained(self, batch: KVBatchMeta, global_steps: int) -> KVBatchMeta:
         """The batch without the rows (sessions' outputs without a loss token) that could make one of

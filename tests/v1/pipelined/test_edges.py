@@ -200,6 +200,71 @@ def test_chunk_timeout_s_bounds_waits_for_scores_only_and_counts_what_was_waited
     assert batch.ungenerated(read_groups(generating, batch.uids)) == ["b", "c", "d"]
 
 
+class TagStore:
+    """TransferQueue's tag calls the step makes, in memory; ``extras`` are the sessions' scored
+    ``reward_extra_info`` (a session without an entry wrote its trajectory but no score)."""
+
+    def __init__(self, tags: dict[str, dict[str, Any]], extras: dict[str, dict[str, Any]]) -> None:
+        self.tags, self.extras = tags, extras
+
+    def kv_list(self, partition: str) -> dict[str, dict[str, dict[str, Any]]]:
+        return {partition: {key: dict(tag) for key, tag in self.tags.items()}}
+
+    def kv_clear(self, keys: list[str], partition_id: str) -> None:
+        for key in keys:
+            self.tags.pop(key, None)
+
+    def kv_put(self, key: str, partition_id: str, tag: dict[str, Any]) -> None:
+        self.tags[key] = dict(tag)
+
+
+def test_a_step_whose_every_group_failed_counts_every_session_and_logs_finite_latencies() -> None:
+    """``on_failure: raise``, ``rollout.n=2``: in group a one session was scored ``ok`` before its
+    sibling raised while scored (its trajectory written, no score); group b raised while generated
+    (nothing written). Both groups fail and are cleared, the step trains nothing, and its
+    ``reward/*`` still count all four sessions (they counted none, with NaN latencies)."""
+    from types import SimpleNamespace
+
+    from async_reward.v1.pipelined.trainer import PPOTrainerPipelined
+    from async_reward.v1.pipelined.untrained import UntrainedSteps
+
+    tags = {
+        "a": {"is_prompt": True, "status": "failure"},
+        "a_0_0": {"seq_len": 5},
+        "a_1_0": {"seq_len": 5},
+        "b": {"is_prompt": True, "status": "failure"},
+    }
+    ok = {"status": "ok", "latency_s": 0.5, "attempts": 1, "failure_reason": "", "excluded": False}
+    store = TagStore(tags, {"a_0_0": ok})
+    trainer = PPOTrainerPipelined.__new__(PPOTrainerPipelined)
+    trainer._tq = store
+    trainer.config = OmegaConf.create(
+        {
+            "data": {"train_batch_size": 2},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 1}, "rollout": {"n": 2}},
+            "trainer": {"critic_warmup": 0},
+        }
+    )
+    trainer.pipeline_config = SimpleNamespace(mini_batch=True, chunk_timeout_s=None, staleness_limit=1)
+    trainer._watchdog, trainer.global_steps, trainer._counted_deaths = None, 1, set()
+    trainer._untrained = UntrainedSteps(8)
+    batch = InFlightBatch(step=1, version=0, sizes={"a": 2, "b": 2})
+    trainer.on_sample_begin = trainer.on_sample_end = lambda: None
+    trainer._gather_batch_by_batch = lambda timing: (batch, read_groups(store.tags, batch.uids))
+    trainer._prepare = lambda meta, metrics, timing: meta
+    trainer._last_step = lambda: 10
+    trainer._pause_between_polls = lambda: None
+    trainer._session_extras = lambda meta: [dict(store.extras.get(key, {})) for key in meta.keys]
+    metrics: dict[str, Any] = {}
+    trainer.step(metrics, {})
+    assert metrics["pipeline/untrained_step"] == 1.0 and metrics["pipeline/failed_groups"] == 2.0
+    counts = {status: metrics[f"reward/status_{status}"] for status in ("ok", "timeout", "error", "invalid")}
+    assert counts == {"ok": 1.0, "timeout": 0.0, "error": 3.0, "invalid": 0.0}
+    assert metrics["reward/latency_p50"] == metrics["reward/latency_max"] == 0.5
+    assert all(math.isfinite(value) for value in metrics.values() if isinstance(value, float))
+    assert not {"a", "a_0_0", "a_1_0", "b"} & set(store.tags)  # the failed groups were cleared
+
+
 class StepClock:
     """A monotonic clock the test moves (the watchdog's checks are due by it)."""
 
@@ -377,6 +442,7 @@ def test_untrained_steps_past_max_untrained_skips_stop_the_run_naming_the_key(
     (first,) = logged_steps(tmp_path / "metrics.jsonl")
     assert first["training/global_step"] == 1 and first["pipeline/untrained_step"] == 1.0
     assert first["pipeline/failed_groups"] == 4.0 and first["pipeline/num_updates"] == 0.0
+    assert first["reward/status_error"] == 8.0 and first["reward/status_ok"] == 0.0  # all raised
 
 
 def pipelined_agent_loop_workers() -> list[Any]:

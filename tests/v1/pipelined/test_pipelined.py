@@ -394,7 +394,8 @@ def test_raise_fails_one_group_and_the_step_trains_the_others(tmp_path, model_di
     assert Counter(row.index for row in trained) == {0: 2, 1: 2, 3: 2}  # group 2 dropped whole
     (metrics,) = step_logs(run)
     assert metrics["pipeline/failed_groups"] == 1.0 and metrics["pipeline/num_updates"] == 3.0
-    assert metrics["reward/status_ok"] == 6.0
+    # every session counted: the failed group's scored one too, and its raised one as an error
+    assert metrics["reward/status_ok"] == 7.0 and metrics["reward/status_error"] == 1.0
 
 
 # ----------------------------------------------------------------------------- the reward wait

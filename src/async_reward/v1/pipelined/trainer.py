@@ -92,6 +92,8 @@ logger = logging.getLogger(__name__)
 PARTITION = "train"
 #: A prompt's own session count, read by verl's agent loop in place of ``rollout.n``.
 ROLLOUT_N_FIELD = "__rollout_n__"
+#: The extras counted for a session of a failed group that has no score (it raised): an error.
+RAISED_SESSION: dict[str, Any] = {"status": "error", "failure_reason": "the session raised: its group failed"}
 
 
 @register_trainer(PIPELINED_MODE)
@@ -502,7 +504,7 @@ class PPOTrainerPipelined(PPOTrainer):
             def ready(groups: dict[str, GroupState], last: bool = last_chunk) -> bool:
                 finished, failed = current.take_scored(groups)
                 pending.extend(finished)
-                self._drop_failed(failed, groups)
+                counts["extras"].extend(self._drop_failed(failed, groups, current))
                 return current.settled or (not last and len(pending) >= per_chunk)
 
             start = time.perf_counter()
@@ -592,13 +594,26 @@ class PPOTrainerPipelined(PPOTrainer):
     def _reward_blocked(self, start: float, end: float, chunk: int) -> None:
         """Called after each wait for scored groups (the benchmark draws its timeline from it)."""
 
-    def _drop_failed(self, failed: list[str], groups: dict[str, GroupState]) -> None:
-        """Clear groups whose session raised (verl tagged them ``failure``, so none writes again)."""
+    def _drop_failed(
+        self, failed: list[str], groups: dict[str, GroupState], batch: InFlightBatch
+    ) -> list[dict[str, Any]]:
+        """Clear groups whose session raised (verl tagged them ``failure``, so none writes again);
+        returns the extras of all their sessions, for the step's ``reward/*`` metrics.
+
+        They are read before the clear, or a step whose every group failed would log no session at
+        all. A session scored before its sibling raised counts with its own status; one without a
+        score (it raised while scored, or while generated, and so wrote nothing) counts as
+        :data:`RAISED_SESSION` (``reward/status_error``): our managers give every scored session a
+        ``status``, so a session of a failed group without one is a session that raised."""
         if not failed:
-            return
+            return []
         logger.warning("%d group(s) ended in failure (a session raised): dropped from the batch", len(failed))
-        keys = [*failed, *(key for uid in failed for key in groups[uid].keys)]
-        self._tq.kv_clear(keys=keys, partition_id=PARTITION)
+        written = _meta(groups, set(failed))
+        scored = [info for info in self._session_extras(written) if "status" in info] if written.keys else []
+        sessions = sum(batch.sizes[uid] for uid in failed)
+        raised = [dict(RAISED_SESSION) for _ in range(max(sessions - len(scored), 0))]
+        self._tq.kv_clear(keys=[*failed, *written.keys], partition_id=PARTITION)
+        return [*scored, *raised]
 
     def _wait(
         self,
