@@ -24,6 +24,7 @@ from async_reward._core.http import (
     get_session,
     post_json,
 )
+from async_reward._core.http_secrets import secrets_of
 from async_reward._core.retry import AttemptsExhausted, default_is_transient, retry_async
 from async_reward.config import RetryConfig
 from tests.support.hostile_service import Origin, collect, echo_headers, gzip_bomb, redirect, serve
@@ -320,6 +321,8 @@ async def test_short_secrets_are_redacted_and_plain_short_values_kept(server: Se
     text = json.dumps(body)
     assert body["debug"]["headers"]["X-Api-Key"] == "[redacted]"
     assert body["debug"]["headers"]["X-Region"] == "eu"
+    # One or two characters are never searched for: "7" would garble a judge's "[[7]]" everywhere.
+    assert secrets_of("http://127.0.0.1/v1?token=7", {"X-Api-Key": "k9"}) == []
     assert body["debug"]["headers"]["Authorization"] == "[redacted]"  # Basic base64(user:pw7)
     assert body["debug"]["url"].endswith("/echo_headers?token=[redacted]&mode=fast")
     for secret in ("Zq7#k2P", "pw7", "Tk5"):

@@ -34,6 +34,10 @@ in every string of the reply would garble it. A parameter or header whose name r
 (``api_key``, ``token``, ``Authorization``) has its value redacted whatever its length, as the URL's
 password is."""
 
+_MIN_SECRET = 3
+"""The shortest value searched for at all: one or two characters are no secret a server could be
+kept from echoing, and replacing ``7`` in every string would garble the judge's ``[[7]]`` itself."""
+
 # A JSON escape: a surrogate pair, one \uXXXX (not a lone surrogate, which no str can hold), or \" \\ \/
 # \b \f \n \r \t.
 _JSON_ESCAPE = re.compile(
@@ -68,7 +72,9 @@ def secrets_of(url: str, headers: Mapping[str, str] | None) -> list[str]:
         basic = credentials.encode()
         found |= {credentials.password, basic, basic.rsplit(" ", 1)[-1]}
     found |= {value for name, value in query if is_secret_name(name) or len(value) >= _MIN_PLAIN_SECRET}
-    spellings = {spelling for secret in found if secret for spelling in _spellings(secret)}
+    spellings = {
+        spelling for secret in found if len(secret) >= _MIN_SECRET for spelling in _spellings(secret)
+    }
     return sorted(spellings, key=lambda spelling: (-len(spelling), spelling))
 
 
